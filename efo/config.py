@@ -1,0 +1,331 @@
+"""Settings: environment variables with prefix ``EFO_`` and/or a YAML file; the environment wins.
+
+Nested settings use ``__`` in the environment: YAML ``pool.max_pending_bytes`` is
+``EFO_POOL__MAX_PENDING_BYTES``. Sizes are in bytes, durations in seconds (``_s`` suffix).
+Validation happens once, before any AWS call; a failure is a :class:`ConfigError` whose message
+names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from efo.errors import ConfigError
+
+ENV_PREFIX = "EFO_"
+NESTED_DELIMITER = "__"
+
+
+@dataclass(frozen=True, slots=True)
+class InitialPosition:
+    """Where shards without a checkpoint start, at the application's first start only."""
+
+    kind: Literal["LATEST", "TRIM_HORIZON", "AT_TIMESTAMP"]
+    timestamp: datetime | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> InitialPosition:
+        value = text.strip()
+        upper = value.upper()
+        if upper in ("LATEST", "TRIM_HORIZON"):
+            return cls(upper)  # type: ignore[arg-type]
+        if upper.startswith("AT_TIMESTAMP:"):
+            raw = value.split(":", 1)[1].strip()
+            try:
+                stamp = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(
+                    f"AT_TIMESTAMP needs an ISO-8601 time such as 2026-01-31T12:00:00Z, got {raw!r}"
+                ) from None
+            if stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=UTC)
+            return cls("AT_TIMESTAMP", stamp.astimezone(UTC))
+        raise ValueError("allowed: LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601>")
+
+    def __str__(self) -> str:
+        if self.timestamp is not None:
+            return f"AT_TIMESTAMP:{self.timestamp.isoformat()}"
+        return self.kind
+
+
+SINK_GRAMMAR = "parquet:<path or URI>, handler:<module>:<function>, console"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSpec:
+    kind: Literal["parquet", "handler", "console"]
+    target: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> SinkSpec:
+        kind, _, rest = text.strip().partition(":")
+        if kind == "parquet" and rest:
+            return cls("parquet", rest)
+        if kind == "handler" and re.fullmatch(r"[\w.]+:\w+", rest):
+            return cls("handler", rest)
+        if kind == "console" and not rest:
+            return cls("console")
+        raise ValueError(f"allowed: {SINK_GRAMMAR}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.target}" if self.target else self.kind
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolSettings(_Section):
+    max_pending_records: int = Field(
+        200_000, ge=1, description="Records read from Kinesis and not yet committed by the sink, at most."
+    )
+    max_pending_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Bytes of record data read and not yet committed, at most."
+    )
+
+
+class BatchSettings(_Section):
+    max_records: int = Field(50_000, ge=1, description="A batch closes at this many records.")
+    max_bytes: int = Field(64 * 1024 * 1024, ge=1, description="A batch closes at this many bytes of data.")
+    max_wait_s: float = Field(5.0, gt=0, description="A batch closes this long after its first record arrived.")
+
+
+class CheckpointSettings(_Section):
+    interval_s: float = Field(
+        5.0, gt=0, description="Checkpoints are coalesced per shard and written at most this often."
+    )
+
+
+class LeaseSettings(_Section):
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="How often this worker's heartbeat row is written.")
+    failover_s: float = Field(
+        10.0,
+        gt=0,
+        description="A worker whose heartbeat has not changed for this long is dead; its leases are taken.",
+    )
+
+    @model_validator(mode="after")
+    def _failover_outlasts_heartbeats(self) -> LeaseSettings:
+        if self.failover_s < 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                f"lease.failover_s ({self.failover_s}) must be at least twice "
+                f"lease.heartbeat_interval_s ({self.heartbeat_interval_s})"
+            )
+        return self
+
+
+class SubscriptionSettings(_Section):
+    read_timeout_s: float = Field(
+        30.0, gt=0, description="A subscription silent for this long is cancelled and renewed."
+    )
+    backoff_initial_s: float = Field(0.3, gt=0, description="First retry delay of a failed subscription.")
+    backoff_max_s: float = Field(5.0, gt=0, description="Longest retry delay; retries never give up.")
+
+
+class ShardSettings(_Section):
+    sync_interval_s: float = Field(
+        10.0, gt=0, description="How often ListShards looks for new shards (splits and merges)."
+    )
+
+
+class SinkSettings(_Section):
+    max_attempts: int = Field(5, ge=1, description="Attempts of one batch before the service stops.")
+    retry_backoff_s: float = Field(1.0, ge=0, description="First delay between sink attempts; doubles.")
+
+
+class LogSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto: JSON unless standard error is a terminal."
+    )
+
+
+class SparkSettings(_Section):
+    master: str = Field("local[2]", description="Spark master for the embedded session.")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (YAML map).")
+
+
+class Settings(BaseSettings):
+    """Everything ``efo run`` needs. Field descriptions are the README's configuration table."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED_DELIMITER,
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    stream: str = Field(description="Stream name or ARN (required).")
+    app: str = Field(description="Application name (required); also the table and consumer name unless set.")
+    table: str | None = Field(None, description="DynamoDB lease and checkpoint table. Default: app.")
+    consumer_name: str | None = Field(None, description="EFO consumer to find or register. Default: app.")
+    consumer_arn: str | None = Field(None, description="Use this registered consumer (not with consumer_name).")
+    initial_position: str = Field(
+        "LATEST",
+        description="LATEST, TRIM_HORIZON or AT_TIMESTAMP:<ISO-8601>; applies only at the first start.",
+    )
+    sink: str = Field(description=f"Where batches go (required): {SINK_GRAMMAR}.")
+    region: str | None = Field(None, description="AWS region. Default: the AWS SDK's (AWS_REGION).")
+    kinesis_endpoint: str | None = Field(None, description="Kinesis endpoint URL (local stack, VPC endpoint).")
+    dynamodb_endpoint: str | None = Field(None, description="DynamoDB endpoint URL.")
+    worker_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="This worker's name in the lease table. Default: host name + pid.",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, description="SIGTERM: time to finish and checkpoint the running batch."
+    )
+    pool: PoolSettings = Field(default_factory=PoolSettings)  # type: ignore[arg-type]
+    batch: BatchSettings = Field(default_factory=BatchSettings)  # type: ignore[arg-type]
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)  # type: ignore[arg-type]
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)  # type: ignore[arg-type]
+    subscription: SubscriptionSettings = Field(default_factory=SubscriptionSettings)  # type: ignore[arg-type]
+    shards: ShardSettings = Field(default_factory=ShardSettings)  # type: ignore[arg-type]
+    sink_retry: SinkSettings = Field(default_factory=SinkSettings)  # type: ignore[arg-type]
+    log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
+    spark: SparkSettings = Field(default_factory=SparkSettings)  # type: ignore[arg-type]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init arguments; the environment wins over it.
+        return (env_settings, init_settings)
+
+    @field_validator("stream", "app")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value.strip()
+
+    @field_validator("initial_position")
+    @classmethod
+    def _initial_position(cls, value: str) -> str:
+        return str(InitialPosition.parse(value))
+
+    @field_validator("sink")
+    @classmethod
+    def _sink(cls, value: str) -> str:
+        return str(SinkSpec.parse(value))
+
+    @field_validator("kinesis_endpoint", "dynamodb_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/.*)?", value):
+            raise ValueError("allowed: an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _consumer_choice(self) -> Settings:
+        if self.consumer_name and self.consumer_arn:
+            raise ValueError("set consumer_name or consumer_arn, not both")
+        if self.consumer_arn and not self.consumer_arn.startswith("arn:"):
+            raise ValueError(f"consumer_arn {self.consumer_arn!r} is not an ARN")
+        return self
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.app
+
+    @property
+    def consumer(self) -> str:
+        return self.consumer_name or self.app
+
+    @property
+    def start(self) -> InitialPosition:
+        return InitialPosition.parse(self.initial_position)
+
+    @property
+    def sink_spec(self) -> SinkSpec:
+        return SinkSpec.parse(self.sink)
+
+    @property
+    def stream_name(self) -> str:
+        if self.stream.startswith("arn:"):
+            return self.stream.rsplit("/", 1)[-1]
+        return self.stream
+
+
+def _env_name(location: tuple[int | str, ...]) -> str:
+    return ENV_PREFIX + NESTED_DELIMITER.join(str(part).upper() for part in location)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        location = tuple(part for part in item["loc"] if part != "__root__")
+        field = ".".join(str(part) for part in location) or "configuration"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "missing":
+            lines.append(f"{field} ({_env_name(location)}) is required")
+        elif item["type"] == "extra_forbidden":
+            lines.append(f"{field} ({_env_name(location)}) is not a setting")
+        elif location:
+            value = item.get("input")
+            lines.append(f"{field} ({_env_name(location)}) = {value!r}: {message}")
+        else:
+            lines.append(message)
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read the YAML file (if any) and the environment; raise ConfigError naming every bad field."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read the configuration file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"the configuration file {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"the configuration file {path} must hold a mapping of settings")
+        values.update(loaded or {})
+    values.update(overrides)
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated from the field definitions above."""
+    rows = ["| setting | environment | default | meaning |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: tuple[str, ...]) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, (*prefix, name))
+                continue
+            location = (*prefix, name)
+            if field.is_required():
+                default = "required"
+            elif field.default_factory is not None:
+                default = "host-pid" if name == "worker_id" else f"`{field.default_factory()!r}`"  # type: ignore[call-arg]
+            elif field.default is None:
+                default = ""
+            else:
+                default = f"`{field.default}`"
+            rows.append(f"| `{'.'.join(location)}` | `{_env_name(location)}` | {default} | {field.description or ''} |")
+
+    walk(Settings, ())
+    return "\n".join(rows)

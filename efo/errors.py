@@ -1,0 +1,165 @@
+"""The project's errors, and the one place where AWS error codes are translated.
+
+Every error the service can stop on is an :class:`EfoError`. Its ``exit_code`` is what the process
+exits with (0 success, 1 runtime failure, 2 usage or configuration, 3 a named resource not found)
+and ``retriable`` says whether a subscription or lease loop may try again.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import aiohttp
+import botocore.exceptions
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+EXIT_NOT_FOUND = 3
+
+
+class EfoError(Exception):
+    """Root of every error efo raises on purpose. ``str(error)`` is one line for an operator."""
+
+    exit_code: ClassVar[int] = EXIT_RUNTIME
+    retriable: ClassVar[bool] = False
+
+
+class ConfigError(EfoError):
+    exit_code = EXIT_CONFIG
+
+
+class ResourceNotFound(EfoError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class AccessDenied(EfoError):
+    pass
+
+
+class InvalidRequest(EfoError):
+    """AWS rejected the arguments (InvalidArgument, ValidationException): a bug or a bad setting."""
+
+
+class KmsUnusable(EfoError):
+    """The stream's KMS key is disabled, missing or not accessible."""
+
+
+class StreamRecreated(EfoError):
+    """The table's checkpoints belong to an earlier stream of the same name."""
+
+    exit_code = EXIT_CONFIG
+
+
+class LeaseLost(EfoError):
+    """A conditional write found another owner or a newer lease counter (fencing)."""
+
+    retriable = True
+
+
+class Retriable(EfoError):
+    """Throttling, 5xx, a reset connection, a read timeout, a shard still in use: try again later."""
+
+    retriable = True
+
+
+class EndpointUnreachable(EfoError):
+    """A connection could not be opened at all. Retriable inside a running subscription; fatal at start."""
+
+    retriable = True
+
+
+class SinkFailed(EfoError):
+    pass
+
+
+_RETRIABLE_CODES = frozenset(
+    {
+        "ResourceInUseException",
+        "LimitExceededException",
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "Throttling",
+        "RequestLimitExceeded",
+        "InternalFailure",
+        "InternalFailureException",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "ServiceUnavailableException",
+        "KMSThrottlingException",
+        "RequestExpired",
+        "ExpiredIteratorException",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"ResourceNotFoundException", "TableNotFoundException"})
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDeniedException",
+        "AccessDenied",
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "MissingAuthenticationToken",
+        "MissingAuthenticationTokenException",
+        "ExpiredTokenException",
+        "KMSAccessDeniedException",
+    }
+)
+_KMS_CODES = frozenset({"KMSDisabledException", "KMSInvalidStateException", "KMSNotFoundException", "KMSOptInRequired"})
+_INVALID_CODES = frozenset({"InvalidArgumentException", "ValidationException", "SerializationException"})
+
+
+def error_code(exc: BaseException) -> str | None:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code")
+        return str(code) if code else None
+    return None
+
+
+def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
+    """Map a botocore / aiohttp / network error into an :class:`EfoError`.
+
+    ``resource`` names what the call was about ("stream 'orders'", "table 'app'") so the
+    message tells the operator which thing is missing or forbidden; ``hint`` says what to do.
+    """
+    if isinstance(exc, EfoError):
+        return exc
+    suffix = f"; {hint}" if hint else ""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = error_code(exc) or "Unknown"
+        message = exc.response.get("Error", {}).get("Message") or str(exc)
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in _NOT_FOUND_CODES:
+            return ResourceNotFound(f"{resource} not found ({code}: {message}){suffix}")
+        if code in _ACCESS_CODES:
+            return AccessDenied(
+                f"access to {resource} denied ({code}: {message}); "
+                "check the credentials and the IAM policy in the README"
+            )
+        if code in _KMS_CODES:
+            return KmsUnusable(f"the KMS key of {resource} cannot be used ({code}: {message})")
+        if code in _RETRIABLE_CODES or (isinstance(status, int) and status >= 500):
+            return Retriable(f"{code} on {resource}: {message}")
+        if code in _INVALID_CODES:
+            return InvalidRequest(f"{resource}: {code}: {message}{suffix}")
+        return EfoError(f"{resource}: {code}: {message}{suffix}")
+    if isinstance(exc, botocore.exceptions.EndpointConnectionError | aiohttp.ClientConnectorError):
+        return EndpointUnreachable(f"cannot connect to the endpoint for {resource}: {exc}{suffix}")
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return AccessDenied(
+            f"no AWS credentials found for {resource}: set AWS_PROFILE, AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY or a web identity (IRSA)"
+        )
+    if isinstance(exc, botocore.exceptions.NoRegionError):
+        return ConfigError("no AWS region: set EFO_REGION (or AWS_REGION)")
+    if isinstance(
+        exc,
+        TimeoutError
+        | ConnectionError
+        | aiohttp.ClientError
+        | botocore.exceptions.ConnectionError
+        | botocore.exceptions.HTTPClientError
+        | botocore.exceptions.ResponseParserError
+        | botocore.exceptions.ReadTimeoutError,
+    ):
+        return Retriable(f"{type(exc).__name__} on {resource}: {exc}")
+    return EfoError(f"{type(exc).__name__} on {resource}: {exc}")

@@ -1,0 +1,89 @@
+"""What travels from a subscription to the Spark driver, and positions within a shard.
+
+Records travel as columns (one list per field, one chunk per SubscribeToShard event) so the driver
+can build an Arrow table without a Python object per record. Sequence numbers are strings on the
+wire and in the output, and compared as integers everywhere (they run to 128 digits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+PositionKind = Literal["LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER"]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A SubscribeToShard starting position, and the shape in which checkpoints are stored.
+
+    ``AFTER_SEQUENCE_NUMBER n`` resumes after record n. ``sub_sequence_number`` is kept for KPL
+    aggregates: ``AT_SEQUENCE_NUMBER n`` with ``sub_sequence_number k`` means "re-read record n and
+    drop its sub-records at or below k".
+    """
+
+    kind: PositionKind
+    sequence_number: str | None = None
+    sub_sequence_number: int | None = None
+    timestamp: datetime | None = None
+
+    def starting_position(self) -> dict[str, Any]:
+        """The ``StartingPosition`` argument of SubscribeToShard."""
+        position: dict[str, Any] = {"Type": self.kind}
+        if self.sequence_number is not None:
+            position["SequenceNumber"] = self.sequence_number
+        if self.timestamp is not None:
+            position["Timestamp"] = self.timestamp
+        return position
+
+    def delivered_through(self) -> tuple[int, int] | None:
+        """The (sequence, sub-sequence) at or below which a record was already delivered."""
+        if self.sequence_number is None:
+            return None
+        seq = int(self.sequence_number)
+        if self.kind == "AFTER_SEQUENCE_NUMBER":
+            return (seq, MAX_SUB_SEQUENCE)
+        if self.kind == "AT_SEQUENCE_NUMBER" and self.sub_sequence_number is not None:
+            return (seq, self.sub_sequence_number)
+        return (seq - 1, MAX_SUB_SEQUENCE)
+
+    def __str__(self) -> str:
+        if self.sequence_number is not None:
+            sub = f"/{self.sub_sequence_number}" if self.sub_sequence_number is not None else ""
+            return f"{self.kind}:{self.sequence_number}{sub}"
+        if self.timestamp is not None:
+            return f"{self.kind}:{self.timestamp.isoformat()}"
+        return self.kind
+
+
+MAX_SUB_SEQUENCE = 2**63 - 1
+
+
+def after(sequence_number: str) -> Position:
+    return Position("AFTER_SEQUENCE_NUMBER", sequence_number)
+
+
+@dataclass(slots=True)
+class RecordChunk:
+    """The records of one SubscribeToShard event of one shard, as columns, in sequence order."""
+
+    stream: str
+    shard_id: str
+    serial: int  # per shard, increasing: the coordinator's handle for the ack
+    sequence_numbers: list[str] = field(default_factory=list)
+    sub_sequence_numbers: list[int | None] = field(default_factory=list)
+    partition_keys: list[str] = field(default_factory=list)
+    explicit_hash_keys: list[str | None] = field(default_factory=list)
+    arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
+    data: list[bytes] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    data_bytes: int = 0
+    grant: Any = None  # the pool budget this chunk holds until its batch is committed
+
+    def __len__(self) -> int:
+        return len(self.sequence_numbers)
+
+    @property
+    def last(self) -> tuple[str, int | None]:
+        return self.sequence_numbers[-1], self.sub_sequence_numbers[-1]

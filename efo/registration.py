@@ -1,0 +1,112 @@
+"""The stream and its Enhanced Fan-Out consumer: describe, find or register, wait until ACTIVE.
+
+Shared by the service and the operator CLI. Deregistration is deliberately an operator action
+only (``efo consumer deregister``): a data path that deregisters races other workers' registrations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from efo.errors import ResourceNotFound, error_code, translate
+
+log = structlog.get_logger("efo.registration")
+
+CONSUMER_ACTIVE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    name: str
+    arn: str
+    created_at: datetime
+    status: str
+    open_shards: int
+
+
+def _as_datetime(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    return datetime.fromtimestamp(float(value), UTC)
+
+
+async def describe_stream(kinesis: Any, stream: str) -> StreamInfo:
+    key = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
+    try:
+        summary = (await kinesis.describe_stream_summary(**key))["StreamDescriptionSummary"]
+    except Exception as exc:
+        raise translate(
+            exc,
+            resource=f"stream {stream!r}",
+            hint="check EFO_STREAM and EFO_REGION, or create the stream",
+        ) from None
+    return StreamInfo(
+        name=summary["StreamName"],
+        arn=summary["StreamARN"],
+        created_at=_as_datetime(summary["StreamCreationTimestamp"]),
+        status=summary["StreamStatus"],
+        open_shards=int(summary.get("OpenShardCount") or 0),
+    )
+
+
+async def describe_consumer(
+    kinesis: Any, *, stream_arn: str, name: str | None = None, arn: str | None = None
+) -> dict[str, Any] | None:
+    """The consumer's description, or None when no consumer of that name is registered."""
+    args: dict[str, Any] = {"ConsumerARN": arn} if arn else {"StreamARN": stream_arn, "ConsumerName": name}
+    try:
+        return dict((await kinesis.describe_stream_consumer(**args))["ConsumerDescription"])
+    except Exception as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            return None
+        raise translate(exc, resource=f"consumer {arn or name!r}") from None
+
+
+async def ensure_consumer(
+    kinesis: Any,
+    *,
+    stream_arn: str,
+    name: str | None = None,
+    arn: str | None = None,
+    timeout_s: float = CONSUMER_ACTIVE_TIMEOUT_S,
+) -> str:
+    """Return the ARN of an ACTIVE consumer: the given ARN, or the named one, registering it if needed."""
+    deadline = time.monotonic() + timeout_s
+    delay_s = 0.5
+    while True:
+        description = await describe_consumer(kinesis, stream_arn=stream_arn, name=name, arn=arn)
+        if description is None and arn:
+            raise ResourceNotFound(
+                f"consumer {arn!r} is not registered; register one with 'efo consumer register' "
+                "or set EFO_CONSUMER_NAME instead of EFO_CONSUMER_ARN to have efo register it"
+            )
+        if description is None:
+            description = await _register(kinesis, stream_arn, str(name))
+        status = description.get("ConsumerStatus") if description else None
+        if description is not None and status == "ACTIVE":
+            return str(description["ConsumerARN"])
+        if status == "DELETING":  # a restart onto a consumer still being deleted: wait, then register
+            log.warning("consumer.deleting", consumer=name or arn)
+        if time.monotonic() > deadline:
+            raise ResourceNotFound(
+                f"consumer {name or arn!r} did not become ACTIVE within {timeout_s:.0f} s (last status: {status})"
+            )
+        await asyncio.sleep(delay_s)
+        delay_s = min(delay_s * 1.5, 5.0)  # DescribeStreamConsumer allows 20 TPS per stream
+
+
+async def _register(kinesis: Any, stream_arn: str, name: str) -> dict[str, Any] | None:
+    try:
+        response = await kinesis.register_stream_consumer(StreamARN=stream_arn, ConsumerName=name)
+    except Exception as exc:
+        if error_code(exc) == "ResourceInUseException":  # registered concurrently by another worker
+            return None
+        raise translate(exc, resource=f"consumer {name!r} of stream {stream_arn}") from None
+    log.info("consumer.registered", consumer=name, stream=stream_arn)
+    return dict(response["Consumer"])

@@ -1,0 +1,135 @@
+"""The asyncio side of ``efo run``, in a thread of its own.
+
+The Spark driver owns the main thread and the signals; it starts a :class:`Service`, takes
+batches from its :class:`Handoff`, and reports commits back. Everything that crosses between
+the two threads goes through the thread-safe methods below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable
+
+import structlog
+
+from efo.aws import Clients, Endpoints
+from efo.config import Settings
+from efo.coordinator import Commit, Coordinator
+from efo.errors import EfoError, translate
+from efo.handoff import Handoff
+from efo.leases import LeaseTable
+from efo.observability import METRICS
+from efo.pool import PendingPool
+from efo.registration import describe_stream, ensure_consumer
+from efo.shards import list_shards
+
+log = structlog.get_logger("efo.service")
+
+
+class Service:
+    def __init__(self, settings: Settings, handoff: Handoff | None = None) -> None:
+        self.settings = settings
+        self.handoff = handoff or Handoff()
+        self.error: EfoError | None = None
+        self.finished = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._driver_done: asyncio.Event | None = None
+        self._coordinator: Coordinator | None = None
+        self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
+
+    # ---- called from the driver thread ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        self._loop_ready.wait()
+
+    def commit(self, commits: Iterable[Commit]) -> None:
+        commits = list(commits)
+        self._call(lambda: self._coordinator.on_committed(commits) if self._coordinator else None)
+
+    def request_stop(self) -> None:
+        self._call(lambda: self._stop.set() if self._stop else None)
+
+    def driver_finished(self) -> None:
+        self._call(lambda: self._driver_done.set() if self._driver_done else None)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _call(self, fn: object) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn)  # type: ignore[arg-type]
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
+
+    # ---- the service thread -----------------------------------------------------------------
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except EfoError as exc:
+            self.error = exc
+        except BaseException as exc:
+            self.error = translate(exc, resource="the service")
+            log.exception("service.crashed")
+        finally:
+            self.handoff.close()
+            self.finished.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._driver_done = asyncio.Event()
+        self._loop_ready.set()
+        try:
+            await self._serve()
+        except* EfoError as group:
+            raise group.exceptions[0] from None
+
+    async def _serve(self) -> None:
+        assert self._stop is not None and self._driver_done is not None
+        settings = self.settings
+        endpoints = Endpoints(settings.region, settings.kinesis_endpoint, settings.dynamodb_endpoint)
+        async with Clients(endpoints) as clients:
+            kinesis = await clients.kinesis()
+            stream = await describe_stream(kinesis, settings.stream)
+            consumer_arn = await ensure_consumer(
+                kinesis,
+                stream_arn=stream.arn,
+                name=None if settings.consumer_arn else settings.consumer,
+                arn=settings.consumer_arn,
+            )
+            log.info("consumer.active", stream=stream.name, consumer_arn=consumer_arn)
+            dynamodb = await clients.dynamodb()
+            table = LeaseTable(
+                dynamodb,
+                table=settings.table_name,
+                app=settings.app,
+                stream_arn=stream.arn,
+                worker_id=settings.worker_id,
+            )
+            await table.ensure_table()
+            shard_count = len((await list_shards(kinesis, stream.arn)).shards)
+            subscriber = await clients.subscriptions(shard_count, settings.subscription.read_timeout_s)
+            pool = PendingPool(settings.pool.max_pending_records, settings.pool.max_pending_bytes)
+            METRICS.pool_records.set_function(lambda: pool.records)
+            METRICS.pool_bytes.set_function(lambda: pool.bytes)
+            coordinator = Coordinator(
+                settings=settings,
+                stream=stream,
+                consumer_arn=consumer_arn,
+                kinesis=kinesis,
+                subscriber_client=subscriber,
+                table=table,
+                pool=pool,
+                handoff=self.handoff,
+            )
+            await coordinator.bootstrap()
+            self._coordinator = coordinator
+            await coordinator.run(self._stop, self._driver_done)

@@ -1,0 +1,48 @@
+"""Record chunks to one ``pyarrow.Table`` with the public schema; no Python object per row on Spark's side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+
+import pyarrow as pa
+
+from efo.records import RecordChunk
+
+#: The DataFrame schema: a public contract, documented in the README.
+SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("shard_id", pa.string(), nullable=False),
+        pa.field("sequence_number", pa.string(), nullable=False),
+        pa.field("sub_sequence_number", pa.int64()),
+        pa.field("partition_key", pa.string(), nullable=False),
+        pa.field("explicit_hash_key", pa.string()),
+        pa.field("approximate_arrival_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+        pa.field("data", pa.binary(), nullable=False),
+        pa.field("error", pa.string()),
+    ]
+)
+
+
+def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
+    def column(name: str) -> list[object]:
+        return list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
+
+    def repeated(name: str) -> list[str]:
+        return list(chain.from_iterable([getattr(chunk, name)] * len(chunk) for chunk in chunks))
+
+    return pa.Table.from_arrays(
+        [
+            pa.array(repeated("stream"), pa.string()),
+            pa.array(repeated("shard_id"), pa.string()),
+            pa.array(column("sequence_numbers"), pa.string()),
+            pa.array(column("sub_sequence_numbers"), pa.int64()),
+            pa.array(column("partition_keys"), pa.string()),
+            pa.array(column("explicit_hash_keys"), pa.string()),
+            pa.array(column("arrival_ms"), pa.timestamp("ms", tz="UTC")),
+            pa.array(column("data"), pa.binary()),
+            pa.array(column("errors"), pa.string()),
+        ],
+        schema=SCHEMA,
+    )

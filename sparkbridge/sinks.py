@@ -1,0 +1,101 @@
+"""Sinks: where a batch's DataFrame goes. A sink is anything with ``write(df, batch)``.
+
+Writing your own takes a few lines::
+
+    class MySink:
+        def write(self, df: DataFrame, batch: BatchInfo) -> None:
+            df.write.format("delta").mode("append").save("s3://bucket/table")
+
+Delivery is at-least-once: after a crash a batch may be written again. De-duplicate on
+``(shard_id, sequence_number, sub_sequence_number)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from efo.config import SinkSpec
+from efo.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRange:
+    first_sequence_number: str
+    last_sequence_number: str
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What a sink learns about the batch besides its rows."""
+
+    batch_id: str  # stable across retries of the same batch
+    records: int
+    bytes: int
+    shards: dict[str, ShardRange] = field(default_factory=dict)
+    attempt: int = 1
+
+
+class Sink(Protocol):
+    def write(self, df: DataFrame, batch: BatchInfo) -> None: ...
+
+
+BATCH_COLUMN = "efo_batch_id"
+
+
+class ParquetSink:
+    """Each batch is one partition ``efo_batch_id=<id>`` under the path, written through Spark's
+    committer with dynamic partition overwrite: staged, then moved in at job commit; a retry of the
+    same batch replaces its own partition and nothing else."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        (
+            df.withColumn(BATCH_COLUMN, F.lit(batch.batch_id))
+            .write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy(BATCH_COLUMN)
+            .parquet(self.path)
+        )
+
+
+class HandlerSink:
+    """``handler:<module>:<function>``: calls ``function(df, batch)``."""
+
+    def __init__(self, target: str) -> None:
+        module_name, _, function_name = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"sink (EFO_SINK) = 'handler:{target}': cannot import module {module_name!r}: {exc}"
+            ) from None
+        function = getattr(module, function_name, None)
+        if not callable(function):
+            raise ConfigError(f"sink (EFO_SINK) = 'handler:{target}': {module_name} has no function {function_name!r}")
+        self._function: Callable[[DataFrame, BatchInfo], Any] = function
+
+    def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        self._function(df, batch)
+
+
+class ConsoleSink:
+    def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        print(f"batch {batch.batch_id}: {batch.records} records")
+        df.show(20, truncate=60)
+
+
+def make_sink(spec: SinkSpec) -> Sink:
+    if spec.kind == "parquet":
+        return ParquetSink(spec.target)
+    if spec.kind == "handler":
+        return HandlerSink(spec.target)
+    return ConsoleSink()
