@@ -121,6 +121,7 @@ class Coordinator:
         self._checkpoint_now = asyncio.Event()
         self._observed: dict[str, tuple[int | None, float]] = {}
         self._ready = False
+        self._finished: set[str] = set()  # SHARD_END written by this worker (a table read may be older)
         self._group: asyncio.TaskGroup | None = None
 
     # ---- start-up -------------------------------------------------------------------------
@@ -224,7 +225,7 @@ class Coordinator:
             state = await self.table.read()
         dead = self._dead_workers(state)
         for lease in state.leases.values():
-            if lease.finished or lease.shard_id in self.shards:
+            if lease.finished or lease.shard_id in self.shards or lease.shard_id in self._finished:
                 continue
             if not self._parents_finished(lease, state, graph):
                 continue
@@ -337,20 +338,21 @@ class Coordinator:
                 log.warning("checkpoint.failed", shard_id=state.shard_id, error=str(exc))
 
     async def _write_checkpoint(self, state: ShardState) -> None:
+        if state.drained:
+            state.lease = await self.table.checkpoint(state.lease, None)
+            METRICS.checkpoints_written.inc()
+            self._finished.add(state.shard_id)
+            self.shards.pop(state.shard_id, None)  # done here; the table says so from now on
+            METRICS.shards_owned.set(len(self.shards))
+            children = list(state.ended.child_shard_ids) if state.ended else []
+            log.info("checkpoint.shard_end", shard_id=state.shard_id, children=children)
+            self._sync_now.set()  # its children may start now
+            return
         due = state.checkpoint_due
         if due is not None and due != state.lease.checkpoint:
             state.lease = await self.table.checkpoint(state.lease, due)
             METRICS.checkpoints_written.inc()
             log.debug("checkpoint.written", shard_id=state.shard_id, position=str(due))
-        if state.drained and not state.lease.finished:
-            state.lease = await self.table.checkpoint(state.lease, None)
-            METRICS.checkpoints_written.inc()
-            log.info(
-                "checkpoint.shard_end",
-                shard_id=state.shard_id,
-                children=list(state.ended.child_shard_ids if state.ended else ()),
-            )
-            self._sync_now.set()  # its children may start now
 
     def _drop_shard(self, state: ShardState) -> None:
         if state.task is not None:

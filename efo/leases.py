@@ -210,11 +210,12 @@ class LeaseTable:
 
     async def claim(self, lease: Lease) -> Lease:
         """Take the lease as it was read (same owner, same counter), or raise LeaseLost."""
-        condition = "lease_counter = :counter AND " + (
+        condition = "lease_counter = :counter AND position_kind <> :end AND " + (
             "lease_owner = :previous" if lease.owner else "attribute_not_exists(lease_owner)"
         )
         values: dict[str, Any] = {
             ":counter": {"N": str(lease.counter)},
+            ":end": {"S": SHARD_END},
             ":me": {"S": self.worker_id},
             ":one": {"N": "1"},
         }

@@ -92,44 +92,57 @@ class Service:
         except* EfoError as group:
             raise group.exceptions[0] from None
 
+    def preflight(self) -> None:
+        """Check the stream, the consumer and the table before Spark starts (seconds, not a JVM
+        start-up, to learn of a typo), in a loop of its own that leaves no thread behind."""
+        asyncio.run(self._preflight())
+
+    async def _preflight(self) -> None:
+        async with Clients(self._endpoints()) as clients:
+            await self._prepare(clients)
+
+    def _endpoints(self) -> Endpoints:
+        return Endpoints(self.settings.region, self.settings.kinesis_endpoint, self.settings.dynamodb_endpoint)
+
+    async def _prepare(self, clients: Clients) -> Coordinator:
+        settings = self.settings
+        kinesis = await clients.kinesis()
+        stream = await describe_stream(kinesis, settings.stream)
+        consumer_arn = await ensure_consumer(
+            kinesis,
+            stream_arn=stream.arn,
+            name=None if settings.consumer_arn else settings.consumer,
+            arn=settings.consumer_arn,
+        )
+        table = LeaseTable(
+            await clients.dynamodb(),
+            table=settings.table_name,
+            app=settings.app,
+            stream_arn=stream.arn,
+            worker_id=settings.worker_id,
+        )
+        await table.ensure_table()
+        shard_count = len((await list_shards(kinesis, stream.arn)).shards)
+        coordinator = Coordinator(
+            settings=settings,
+            stream=stream,
+            consumer_arn=consumer_arn,
+            kinesis=kinesis,
+            subscriber_client=await clients.subscriptions(shard_count, settings.subscription.read_timeout_s),
+            table=table,
+            pool=PendingPool(settings.pool.max_pending_records, settings.pool.max_pending_bytes),
+            handoff=self.handoff,
+        )
+        await coordinator.bootstrap()
+        return coordinator
+
     async def _serve(self) -> None:
         assert self._stop is not None and self._driver_done is not None
-        settings = self.settings
-        endpoints = Endpoints(settings.region, settings.kinesis_endpoint, settings.dynamodb_endpoint)
-        async with Clients(endpoints) as clients:
-            kinesis = await clients.kinesis()
-            stream = await describe_stream(kinesis, settings.stream)
-            consumer_arn = await ensure_consumer(
-                kinesis,
-                stream_arn=stream.arn,
-                name=None if settings.consumer_arn else settings.consumer,
-                arn=settings.consumer_arn,
-            )
-            log.info("consumer.active", stream=stream.name, consumer_arn=consumer_arn)
-            dynamodb = await clients.dynamodb()
-            table = LeaseTable(
-                dynamodb,
-                table=settings.table_name,
-                app=settings.app,
-                stream_arn=stream.arn,
-                worker_id=settings.worker_id,
-            )
-            await table.ensure_table()
-            shard_count = len((await list_shards(kinesis, stream.arn)).shards)
-            subscriber = await clients.subscriptions(shard_count, settings.subscription.read_timeout_s)
-            pool = PendingPool(settings.pool.max_pending_records, settings.pool.max_pending_bytes)
+        async with Clients(self._endpoints()) as clients:
+            coordinator = await self._prepare(clients)
+            log.info("consumer.active", stream=coordinator.stream.name, consumer_arn=coordinator.consumer_arn)
+            pool = coordinator.pool
             METRICS.pool_records.set_function(lambda: pool.records)
             METRICS.pool_bytes.set_function(lambda: pool.bytes)
-            coordinator = Coordinator(
-                settings=settings,
-                stream=stream,
-                consumer_arn=consumer_arn,
-                kinesis=kinesis,
-                subscriber_client=subscriber,
-                table=table,
-                pool=pool,
-                handoff=self.handoff,
-            )
-            await coordinator.bootstrap()
             self._coordinator = coordinator
             await coordinator.run(self._stop, self._driver_done)

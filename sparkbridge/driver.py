@@ -22,7 +22,6 @@ from pyspark.sql import SparkSession
 from efo.config import Settings
 from efo.coordinator import Commit
 from efo.errors import EXIT_OK, EXIT_RUNTIME, EfoError, SinkFailed
-from efo.handoff import Handoff
 from efo.observability import METRICS
 from efo.records import RecordChunk
 from efo.service import Service
@@ -49,12 +48,12 @@ def describe_batch(batch_id: str, chunks: Sequence[RecordChunk], attempt: int = 
 
 
 class Driver:
-    def __init__(self, spark: SparkSession, sink: Sink, settings: Settings) -> None:
+    def __init__(self, spark: SparkSession, sink: Sink, settings: Settings, service: Service | None = None) -> None:
         self.spark = spark
         self.sink = sink
         self.settings = settings
-        self.handoff = Handoff()
-        self.service = Service(settings, self.handoff)
+        self.service = service or Service(settings)
+        self.handoff = self.service.handoff
         self._stopping = threading.Event()
         self._run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         self._batches = 0

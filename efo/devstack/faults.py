@@ -1,0 +1,102 @@
+"""Fault-injection rules for the conformance proxy (control API: ``/_efo/faults``)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, cast
+
+Action = Literal["error", "exception_frame", "reset", "stall"]
+ACTIONS: tuple[Action, ...] = ("error", "exception_frame", "reset", "stall")
+# Actions that act inside an event stream only make sense for SubscribeToShard.
+STREAM_ACTIONS: frozenset[str] = frozenset({"exception_frame", "reset", "stall"})
+SUBSCRIBE = "SubscribeToShard"
+
+
+class RuleError(ValueError):
+    """A fault rule posted to the control API is invalid."""
+
+
+@dataclass
+class FaultRule:
+    id: int
+    operation: str  # X-Amz-Target operation name (e.g. "PutRecords"), or "*" for any
+    action: Action
+    shard_id: str | None = None
+    count: int = 1  # remaining firings
+    after_events: int = 0  # stream actions: events forwarded before the fault fires
+    status: int = 400  # error
+    error_code: str = "InternalFailure"  # error: __type; exception_frame: :exception-type
+    message: str = "fault injected by efo devstack proxy"
+    stall_s: float | None = None  # stall: None = until the client goes away
+
+    def matches(self, operation: str, shard_id: str | None) -> bool:
+        if self.operation not in ("*", operation):
+            return False
+        return self.shard_id is None or self.shard_id == shard_id
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _get(raw: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = raw.get(key)
+    if value is None:
+        return default
+    accepted: tuple[type, ...] = (int, float) if kind is float else (kind,)
+    if isinstance(value, bool) or not isinstance(value, accepted):
+        raise RuleError(f"{key} must be of type {kind.__name__}")
+    return float(value) if kind is float else value
+
+
+class FaultRules:
+    def __init__(self) -> None:
+        self._rules: list[FaultRule] = []
+        self._ids = itertools.count(1)
+
+    def add(self, raw: object) -> FaultRule:
+        if not isinstance(raw, dict):
+            raise RuleError("rule must be a JSON object")
+        unknown = set(raw) - {f for f in FaultRule.__dataclass_fields__ if f != "id"}
+        if unknown:
+            raise RuleError(f"unknown rule fields: {sorted(unknown)}")
+        action = raw.get("action")
+        if action not in ACTIONS:
+            raise RuleError(f"action must be one of {list(ACTIONS)}")
+        operation = _get(raw, "operation", str, None)
+        if not operation:
+            raise RuleError("operation is required (e.g. 'SubscribeToShard', or '*')")
+        if action in STREAM_ACTIONS and operation != SUBSCRIBE:
+            raise RuleError(f"action {action!r} only applies to operation {SUBSCRIBE!r}")
+        rule = FaultRule(
+            id=next(self._ids),
+            operation=operation,
+            action=cast(Action, action),
+            shard_id=_get(raw, "shard_id", str, None),
+            count=_get(raw, "count", int, 1),
+            after_events=_get(raw, "after_events", int, 0),
+            status=_get(raw, "status", int, 400),
+            error_code=_get(raw, "error_code", str, "InternalFailure"),
+            message=_get(raw, "message", str, FaultRule.message),
+            stall_s=_get(raw, "stall_s", float, None),
+        )
+        if rule.count < 1 or rule.after_events < 0 or not 400 <= rule.status <= 599:
+            raise RuleError("count must be >= 1, after_events >= 0, status in 400..599")
+        self._rules.append(rule)
+        return rule
+
+    def take(self, operation: str, shard_id: str | None) -> FaultRule | None:
+        """Return the first matching rule and consume one of its firings."""
+        for rule in self._rules:
+            if rule.matches(operation, shard_id):
+                rule.count -= 1
+                if rule.count == 0:
+                    self._rules.remove(rule)
+                return rule
+        return None
+
+    def clear(self) -> None:
+        self._rules.clear()
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [rule.to_json() for rule in self._rules]

@@ -1,0 +1,394 @@
+"""Start and stop the local dev stack: kinesis-local, the conformance proxy in front of it, moto (DynamoDB).
+
+Used by pytest fixtures (children die with the test process) and by ``efo dev up`` (children outlive
+the CLI; ``efo dev down`` finds them again through a state file).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_REGION = "us-east-1"
+DEFAULT_SHARD_LIMIT = 200
+DEFAULT_OPERATION_DELAY = "100ms"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0
+STATE_FILE_NAME = "stack.json"
+
+# kinesis-local waits this long (default 500ms each) before a stream/consumer/shard change completes.
+_DELAY_ENV_VARS = (
+    "CREATE_STREAM_DURATION",
+    "DELETE_STREAM_DURATION",
+    "REGISTER_STREAM_CONSUMER_DURATION",
+    "DEREGISTER_STREAM_CONSUMER_DURATION",
+    "START_STREAM_ENCRYPTION_DURATION",
+    "STOP_STREAM_ENCRYPTION_DURATION",
+    "MERGE_SHARDS_DURATION",
+    "SPLIT_SHARD_DURATION",
+    "UPDATE_SHARD_COUNT_DURATION",
+    "UPDATE_STREAM_MODE_DURATION",
+)
+_PR_SET_PDEATHSIG = 1
+
+
+class StackError(RuntimeError):
+    """The stack (or one of its processes) could not be started or located."""
+
+
+@dataclass(frozen=True)
+class StackEndpoints:
+    kinesis_endpoint: str  # the conformance proxy: clients always go through it
+    kinesis_upstream_endpoint: str  # raw kinesis-local, for diagnostics only
+    dynamodb_endpoint: str
+    region: str
+    kinesis_port: int
+    proxy_port: int
+    dynamodb_port: int
+    kinesis_pid: int
+    proxy_pid: int
+    dynamodb_pid: int
+    log_dir: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A started process as remembered in the state file; ``start_time`` guards against pid reuse."""
+
+    name: str
+    pid: int
+    start_time: int
+    log_path: str
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def devstack_dir() -> Path:
+    return Path(os.environ.get("EFO_DEVSTACK_DIR") or repo_root() / "devstack")
+
+
+def kinesis_local_dir(base: Path | None = None) -> Path:
+    package = (base or devstack_dir()) / "node_modules" / "kinesis-local"
+    if not (package / "main.js").is_file():
+        raise StackError(
+            f"kinesis-local is not installed at {package}; run `npm ci --prefix devstack` (or `make`) in the repo root"
+        )
+    return package
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) from /proc/<pid>/stat; None if the process is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def is_running(record: ProcessRecord) -> bool:
+    return process_start_time(record.pid) == record.start_time
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class _Child:
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.name = name
+        self.popen = popen
+        self.log_path = log_path
+        self.start_time = process_start_time(popen.pid) or 0
+
+    def record(self) -> ProcessRecord:
+        return ProcessRecord(self.name, self.popen.pid, self.start_time, str(self.log_path))
+
+    def wait_ready(self, probe: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.popen.poll()
+            if code is not None:
+                raise StackError(
+                    f"{self.name} exited with code {code} during startup; log {self.log_path}:\n"
+                    f"{_log_tail(self.log_path)}"
+                )
+            if probe():
+                return
+            time.sleep(0.05)
+        raise StackError(
+            f"{self.name} (pid {self.popen.pid}) not ready after {timeout_s:.0f}s; log {self.log_path}:\n"
+            f"{_log_tail(self.log_path)}"
+        )
+
+    def stop(self, timeout_s: float) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout_s)
+
+
+class LocalStack:
+    """The local AWS stack. ``start()`` returns its endpoints; ``stop()`` is idempotent.
+
+    ``die_with_parent`` (default) makes the children receive SIGTERM when the starting thread's
+    process dies (Linux PDEATHSIG); ``efo dev up`` turns it off so the stack outlives the CLI.
+    """
+
+    def __init__(
+        self,
+        *,
+        region: str = DEFAULT_REGION,
+        kinesis_port: int | None = None,
+        proxy_port: int | None = None,
+        dynamodb_port: int | None = None,
+        subscription_lifetime_s: float = 0.0,
+        shard_limit: int = DEFAULT_SHARD_LIMIT,
+        operation_delay: str = DEFAULT_OPERATION_DELAY,
+        log_dir: Path | None = None,
+        die_with_parent: bool = True,
+        devstack: Path | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ) -> None:
+        self.region = region
+        self._ports = (kinesis_port, proxy_port, dynamodb_port)
+        self.subscription_lifetime_s = subscription_lifetime_s
+        self.shard_limit = shard_limit
+        self.operation_delay = operation_delay
+        self.log_dir = log_dir
+        self.die_with_parent = die_with_parent
+        self.devstack = devstack
+        self.ready_timeout_s = ready_timeout_s
+        self._children: list[_Child] = []
+        self.endpoints: StackEndpoints | None = None
+
+    def __enter__(self) -> StackEndpoints:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def processes(self) -> list[ProcessRecord]:
+        return [child.record() for child in self._children]
+
+    def start(self) -> StackEndpoints:
+        if self.endpoints is not None:
+            return self.endpoints
+        package = kinesis_local_dir(self.devstack)
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="efo-devstack-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        kinesis_port, proxy_port, dynamodb_port = (p or free_port() for p in self._ports)
+        try:
+            kinesis = self._spawn(
+                "kinesis-local",
+                ["node", "-r", str(package.parent.parent / "loopback.cjs"), str(package / "main.js")],
+                self._kinesis_env(package, kinesis_port),
+                log_dir,
+            )
+            dynamodb = self._spawn(
+                "moto-dynamodb",
+                [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(dynamodb_port)],
+                None,
+                log_dir,
+            )
+            kinesis.wait_ready(lambda: _port_open(kinesis_port), self.ready_timeout_s)
+            upstream = f"http://{LOOPBACK}:{kinesis_port}"
+            proxy = self._spawn(
+                "efo-proxy",
+                [
+                    sys.executable,
+                    "-m",
+                    "efo.devstack.proxy",
+                    "--port",
+                    str(proxy_port),
+                    "--upstream",
+                    upstream,
+                    "--subscription-lifetime-s",
+                    str(self.subscription_lifetime_s),
+                ],
+                {"PYTHONPATH": _python_path()},
+                log_dir,
+            )
+            proxy.wait_ready(lambda: _http_ok(f"http://{LOOPBACK}:{proxy_port}/_efo/faults"), self.ready_timeout_s)
+            dynamodb.wait_ready(lambda: _port_open(dynamodb_port), self.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.endpoints = StackEndpoints(
+            kinesis_endpoint=f"http://{LOOPBACK}:{proxy_port}",
+            kinesis_upstream_endpoint=upstream,
+            dynamodb_endpoint=f"http://{LOOPBACK}:{dynamodb_port}",
+            region=self.region,
+            kinesis_port=kinesis_port,
+            proxy_port=proxy_port,
+            dynamodb_port=dynamodb_port,
+            kinesis_pid=kinesis.popen.pid,
+            proxy_pid=proxy.popen.pid,
+            dynamodb_pid=dynamodb.popen.pid,
+            log_dir=str(log_dir),
+        )
+        return self.endpoints
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        # Proxy first so it drops upstream subscriptions before kinesis-local goes away.
+        for child in reversed(self._children):
+            child.stop(timeout_s)
+        self._children.clear()
+        self.endpoints = None
+
+    def _kinesis_env(self, package: Path, port: int) -> dict[str, str]:
+        env = {
+            "KINESIS_MOCK_PLAIN_PORT": str(port),
+            # The TLS listener cannot be disabled; give it its own free loopback port.
+            "KINESIS_MOCK_TLS_PORT": str(free_port()),
+            "KINESIS_MOCK_CERT_PATH": str(package / "server.json"),
+            "SHARD_LIMIT": str(self.shard_limit),
+            "AWS_REGION": self.region,
+            "AWS_ACCOUNT_ID": "000000000000",
+        }
+        env.update(dict.fromkeys(_DELAY_ENV_VARS, self.operation_delay))
+        return env
+
+    def _spawn(self, name: str, argv: Sequence[str], extra_env: dict[str, str] | None, log_dir: Path) -> _Child:
+        log_path = log_dir / f"{name}.log"
+        env = {**os.environ, **(extra_env or {})}
+        with log_path.open("ab") as log_file:
+            try:
+                popen = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=log_dir,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if self.die_with_parent else None,
+                )
+            except OSError as exc:
+                raise StackError(f"cannot start {name} ({argv[0]}): {exc}") from exc
+        child = _Child(name, popen, log_path)
+        self._children.append(child)
+        return child
+
+
+def _python_path() -> str:
+    existing = os.environ.get("PYTHONPATH")
+    root = str(repo_root())
+    return f"{root}{os.pathsep}{existing}" if existing else root
+
+
+# State file for `efo dev up` / `down` / `status` ----------------------------------------------
+
+
+def state_path(state_dir: Path) -> Path:
+    return state_dir / STATE_FILE_NAME
+
+
+def write_state(state_dir: Path, endpoints: StackEndpoints, processes: Sequence[ProcessRecord]) -> Path:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_path(state_dir)
+    payload = {"endpoints": endpoints.to_json(), "processes": [asdict(p) for p in processes]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_state(state_dir: Path) -> tuple[StackEndpoints, list[ProcessRecord]] | None:
+    path = state_path(state_dir)
+    try:
+        payload = json.loads(path.read_text())
+        endpoints = StackEndpoints(**payload["endpoints"])
+        processes = [ProcessRecord(**p) for p in payload["processes"]]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StackError(f"unreadable stack state file {path}: {exc}") from exc
+    return endpoints, processes
+
+
+def stop_processes(processes: Sequence[ProcessRecord], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM, wait, then SIGKILL each recorded process that is still the one we started."""
+    alive = [p for p in processes if is_running(p)]
+    for record in alive:
+        _signal(record, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(is_running(p) for p in alive):
+        time.sleep(0.05)
+    for record in alive:
+        if is_running(record):
+            _signal(record, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(is_running(p) for p in alive):
+        time.sleep(0.05)
+    survivors = [f"{p.name} (pid {p.pid})" for p in alive if is_running(p)]
+    if survivors:
+        raise StackError(f"processes did not exit: {', '.join(survivors)}")
+
+
+def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
+    try:
+        os.kill(record.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,70 @@
+"""Shared fixtures: the local AWS stack (kinesis-local behind the conformance proxy, moto DynamoDB)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from aiobotocore.session import get_session
+from botocore.config import Config
+
+from efo.devstack.stack import LocalStack, StackEndpoints
+
+DUMMY_CREDENTIALS = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+
+
+@pytest.fixture(scope="session")
+def stack_subscription_lifetime_s() -> float:
+    """Subscription lifetime the session stack's proxy enforces (0 = off); env EFO_TEST_SUBSCRIPTION_LIFETIME_S."""
+    return float(os.environ.get("EFO_TEST_SUBSCRIPTION_LIFETIME_S", "0"))
+
+
+@pytest.fixture(scope="session")
+def local_stack(
+    tmp_path_factory: pytest.TempPathFactory, stack_subscription_lifetime_s: float
+) -> Iterator[StackEndpoints]:
+    log_dir: Path = tmp_path_factory.mktemp("devstack-logs")
+    with LocalStack(subscription_lifetime_s=stack_subscription_lifetime_s, log_dir=log_dir) as endpoints:
+        yield endpoints
+
+
+@pytest.fixture
+def kinesis_client(local_stack: StackEndpoints) -> Any:
+    """A boto3 Kinesis client (through the proxy) with retries off, so injected errors surface."""
+    return boto3.client(
+        "kinesis",
+        endpoint_url=local_stack.kinesis_endpoint,
+        region_name=local_stack.region,
+        config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
+        **DUMMY_CREDENTIALS,
+    )
+
+
+@pytest.fixture
+def dynamodb_client(local_stack: StackEndpoints) -> Any:
+    return boto3.client(
+        "dynamodb", endpoint_url=local_stack.dynamodb_endpoint, region_name=local_stack.region, **DUMMY_CREDENTIALS
+    )
+
+
+@pytest.fixture
+def aio_kinesis_client(local_stack: StackEndpoints) -> Callable[..., Any]:
+    """Factory for aiobotocore Kinesis clients: ``async with aio_kinesis_client() as client: ...``.
+
+    ``endpoint_url`` may be overridden (e.g. to point at an in-process proxy).
+    """
+
+    def create(endpoint_url: str | None = None) -> Any:
+        return get_session().create_client(
+            "kinesis",
+            endpoint_url=endpoint_url or local_stack.kinesis_endpoint,
+            region_name=local_stack.region,
+            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
+            **DUMMY_CREDENTIALS,
+        )
+
+    return create

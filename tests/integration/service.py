@@ -1,0 +1,203 @@
+"""Helpers for integration tests of ``efo run``: streams, producers, the service process, its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+
+from efo.devstack.stack import StackEndpoints
+
+# Settings that make a test run quick without changing behaviour.
+FAST_SETTINGS = {
+    "EFO_BATCH__MAX_WAIT_S": "1",
+    "EFO_CHECKPOINT__INTERVAL_S": "0.5",
+    "EFO_SHARDS__SYNC_INTERVAL_S": "1",
+    "EFO_LEASE__HEARTBEAT_INTERVAL_S": "0.5",
+    "EFO_LEASE__FAILOVER_S": "2",
+    "EFO_SPARK__MASTER": "local[1]",
+    "EFO_SPARK__CONF": json.dumps(
+        {"spark.driver.memory": "512m", "spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1"}
+    ),
+    "EFO_LOG__FORMAT": "json",
+}
+
+
+@dataclass(frozen=True)
+class Put:
+    shard_id: str
+    sequence_number: str
+    partition_key: str
+    data: bytes
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def create_stream(kinesis: Any, name: str, shards: int, timeout_s: float = 30.0) -> None:
+    kinesis.create_stream(StreamName=name, ShardCount=shards)
+    wait_active(kinesis, name, timeout_s)
+
+
+def wait_active(kinesis: Any, name: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
+        assert time.monotonic() < deadline, f"stream {name} not ACTIVE after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def put_records(kinesis: Any, stream: str, count: int, *, keys: int = 16, tag: str = "r") -> list[Put]:
+    """Put ``count`` records; returns what Kinesis acknowledged, in the order it acknowledged them."""
+    acknowledged: list[Put] = []
+    sent = 0
+    while sent < count:
+        batch = [
+            {"Data": f"{tag}-{sent + i}".encode(), "PartitionKey": f"k{(sent + i) % keys}"}
+            for i in range(min(500, count - sent))
+        ]
+        pending = batch
+        while pending:
+            response = kinesis.put_records(StreamName=stream, Records=pending)
+            retry = []
+            for entry, result in zip(pending, response["Records"], strict=True):
+                if "SequenceNumber" in result:
+                    acknowledged.append(
+                        Put(result["ShardId"], result["SequenceNumber"], entry["PartitionKey"], entry["Data"])
+                    )
+                else:
+                    retry.append(entry)
+            pending = retry
+        sent += len(batch)
+    return acknowledged
+
+
+def split_first_shard(kinesis: Any, stream: str) -> str:
+    shard = kinesis.list_shards(StreamName=stream)["Shards"][0]
+    low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
+    kinesis.split_shard(StreamName=stream, ShardToSplit=shard["ShardId"], NewStartingHashKey=str((low + high) // 2))
+    wait_active(kinesis, stream)
+    return str(shard["ShardId"])
+
+
+@dataclass
+class ServiceRun:
+    """One ``efo run`` process with JSON logs captured to a file."""
+
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    _offset: int = field(default=0)
+
+    def start(self) -> ServiceRun:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "efo.cli", "run"], env=self.env, stdout=log, stderr=log
+            )
+        return self
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+    def wait_for_event(self, name: str, timeout_s: float = 90.0, count: int = 1) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [e for e in self.events() if e.get("event") == name]
+            if len(found) >= count:
+                return found[count - 1]
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"efo run exited {self.process.returncode} before {name}:\n{self.tail()}")
+            time.sleep(0.2)
+        raise AssertionError(f"no {name} within {timeout_s} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)  # the process, never its group: the JVM must outlive the drain
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"efo run did not stop within {timeout_s} s:\n{self.tail()}") from None
+
+
+def service_env(
+    stack: StackEndpoints, *, stream: str, app: str, output: Path, initial_position: str, **extra: str
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFO_")}
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "EFO_STREAM": stream,
+            "EFO_APP": app,
+            "EFO_INITIAL_POSITION": initial_position,
+            "EFO_SINK": f"parquet:{output}",
+            "EFO_REGION": stack.region,
+            "EFO_KINESIS_ENDPOINT": stack.kinesis_endpoint,
+            "EFO_DYNAMODB_ENDPOINT": stack.dynamodb_endpoint,
+            **FAST_SETTINGS,
+            **extra,
+        }
+    )
+    return env
+
+
+def read_output(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    table = ds.dataset(str(path), format="parquet", partitioning="hive").to_table()
+    return table.to_pylist()
+
+
+def wait_for_rows(
+    path: Path, count: int, run: ServiceRun | None = None, timeout_s: float = 90.0
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        try:
+            rows = read_output(path)
+        except (OSError, ValueError):
+            rows = []
+        if len(rows) >= count:
+            return rows
+        if run is not None and run.process is not None and run.process.poll() is not None:
+            raise AssertionError(f"efo run exited {run.process.returncode}:\n{run.tail()}")
+        time.sleep(0.5)
+    raise AssertionError(f"{len(rows)} of {count} rows after {timeout_s} s" + (f":\n{run.tail()}" if run else ""))
+
+
+def keys(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(r["shard_id"], r["sequence_number"]) for r in rows]
+
+
+def assert_exactly(rows: list[dict[str, Any]], puts: list[Put]) -> None:
+    got = keys(rows)
+    expected = {(p.shard_id, p.sequence_number) for p in puts}
+    missing = expected - set(got)
+    assert not missing, f"{len(missing)} acknowledged records missing, e.g. {sorted(missing)[:3]}"
+    assert len(got) == len(set(got)), f"{len(got) - len(set(got))} duplicates"
+    unexpected = set(got) - expected
+    assert not unexpected, f"{len(unexpected)} records that were never put, e.g. {sorted(unexpected)[:3]}"

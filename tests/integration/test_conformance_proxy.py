@@ -1,0 +1,353 @@
+"""The conformance proxy makes kinesis-local behave like AWS for SubscribeToShard (aiobotocore client)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from botocore.exceptions import ClientError
+
+from efo.devstack.proxy import ProxyConfig, start_proxy
+from efo.devstack.stack import StackEndpoints
+
+pytestmark = pytest.mark.integration
+
+SHARD0 = "shardId-000000000000"
+TRIM_HORIZON = {"Type": "TRIM_HORIZON"}
+AioFactory = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    arn: str
+    consumer_arn: str
+
+
+def _wait_until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def make_stream(kinesis: Any, shards: int = 1) -> Stream:
+    name = f"conf-{uuid.uuid4().hex[:10]}"
+    kinesis.create_stream(StreamName=name, ShardCount=shards)
+
+    def summary() -> dict[str, Any]:
+        result: dict[str, Any] = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+        return result
+
+    _wait_until(lambda: summary()["StreamStatus"] == "ACTIVE", f"stream {name} ACTIVE")
+    arn = summary()["StreamARN"]
+    consumer_arn = kinesis.register_stream_consumer(StreamARN=arn, ConsumerName="efo-test")["Consumer"]["ConsumerARN"]
+    _wait_until(
+        lambda: kinesis.describe_stream_consumer(ConsumerARN=consumer_arn)["ConsumerDescription"]["ConsumerStatus"]
+        == "ACTIVE",
+        "consumer ACTIVE",
+    )
+    return Stream(name, arn, consumer_arn)
+
+
+def put(kinesis: Any, stream: Stream, prefix: str, count: int) -> list[tuple[bytes, str]]:
+    sent = []
+    for i in range(count):
+        data, key = f"{prefix}{i}".encode(), f"pk-{prefix}{i}"
+        kinesis.put_record(StreamName=stream.name, Data=data, PartitionKey=key)
+        sent.append((data, key))
+    return sent
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+def records_of(events: list[dict[str, Any]]) -> list[tuple[bytes, str]]:
+    return [(r["Data"], r["PartitionKey"]) for e in events for r in e["Records"]]
+
+
+async def subscribe(client: Any, stream: Stream, position: dict[str, str] = TRIM_HORIZON) -> Any:
+    response = await client.subscribe_to_shard(
+        ConsumerARN=stream.consumer_arn, ShardId=SHARD0, StartingPosition=position
+    )
+    return response["EventStream"]
+
+
+async def read_all(
+    event_stream: Any,
+    timeout_s: float,
+    on_event: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """All events until the server ends the stream (fails if it does not end within timeout_s)."""
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout_s):
+        async for item in event_stream:
+            events.append(item["SubscribeToShardEvent"])
+            if on_event is not None:
+                on_event(len(events), events[-1])
+    return events
+
+
+def add_fault(endpoints: StackEndpoints, rule: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{endpoints.kinesis_endpoint}/_efo/faults",
+        data=json.dumps(rule).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 201
+        result: dict[str, Any] = json.load(response)
+        return result
+
+
+def list_faults(endpoints: StackEndpoints) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{endpoints.kinesis_endpoint}/_efo/faults", timeout=5) as response:
+        result: list[dict[str, Any]] = json.load(response)
+        return result
+
+
+@pytest.fixture(autouse=True)
+def _clear_faults(local_stack: StackEndpoints) -> Iterator[None]:
+    yield
+    request = urllib.request.Request(f"{local_stack.kinesis_endpoint}/_efo/faults", method="DELETE")
+    urllib.request.urlopen(request, timeout=5).close()
+
+
+def test_subscribe_gets_initial_response_and_records(kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 3)
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            event_stream = await subscribe(client, stream)
+            async with asyncio.timeout(5):
+                async for item in event_stream:
+                    event = item["SubscribeToShardEvent"]
+                    assert records_of([event]) == sent
+                    assert "ChildShards" not in event  # AWS omits it mid-shard
+                    assert event["ContinuationSequenceNumber"] == event["Records"][-1]["SequenceNumber"]
+                    break
+
+    run(scenario())
+
+
+def test_split_ends_parent_subscription_with_child_shards(kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "before", 3)
+
+    def split_after_first_event(index: int, _event: dict[str, Any]) -> None:
+        if index == 1:
+            sent.extend(put(kinesis_client, stream, "late", 2))  # still in the parent, just before the split
+            kinesis_client.split_shard(StreamName=stream.name, ShardToSplit=SHARD0, NewStartingHashKey=str(2**127))
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            events = await read_all(await subscribe(client, stream), 15, split_after_first_event)
+        assert records_of(events) == sent
+        final = events[-1]
+        assert final["Records"] == []
+        assert "ContinuationSequenceNumber" not in final
+        children = {c["ShardId"]: c for c in final["ChildShards"]}
+        assert set(children) == {"shardId-000000000001", "shardId-000000000002"}
+        assert all(c["ParentShards"] == [SHARD0] for c in children.values())
+        assert children["shardId-000000000002"]["HashKeyRange"]["StartingHashKey"] == str(2**127)
+        assert all("ChildShards" not in e for e in events[:-1])
+
+    run(scenario())
+
+
+def test_subscription_lifetime_then_resubscribe_without_loss_or_duplicates(
+    local_stack: StackEndpoints, kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 3)
+
+    def put_more(index: int, _event: dict[str, Any]) -> None:
+        if index == 1:
+            sent.extend(put(kinesis_client, stream, "b", 2))
+
+    async def scenario() -> None:
+        runner, port = await start_proxy(
+            ProxyConfig(upstream=local_stack.kinesis_upstream_endpoint, subscription_lifetime_s=2.5)
+        )
+        try:
+            async with aio_kinesis_client(f"http://127.0.0.1:{port}") as client:
+                started = time.monotonic()
+                first = await read_all(await subscribe(client, stream), 10, put_more)
+                assert 2.0 <= time.monotonic() - started <= 5.0
+                continuation = first[-1]["ContinuationSequenceNumber"]
+                sent.extend(put(kinesis_client, stream, "c", 2))
+                position = {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": continuation}
+                second = await read_all(await subscribe(client, stream, position), 10)
+        finally:
+            await runner.cleanup()
+        assert records_of(first) + records_of(second) == sent
+
+    run(scenario())
+
+
+def test_concurrent_subscription_is_refused_at_the_call(kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:
+    stream = make_stream(kinesis_client)
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            first = await subscribe(client, stream)
+            async with asyncio.timeout(5):
+                await anext(aiter(first))
+            with pytest.raises(ClientError) as refused:
+                await subscribe(client, stream)
+            assert refused.value.response["Error"]["Code"] == "ResourceInUseException"
+
+    run(scenario())
+
+
+def test_disconnect_releases_the_upstream_subscription(kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:
+    stream = make_stream(kinesis_client)
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            event_stream = await subscribe(client, stream)
+            async with asyncio.timeout(5):
+                await anext(aiter(event_stream))
+        await asyncio.sleep(5)
+        async with aio_kinesis_client() as client:
+            event_stream = await subscribe(client, stream)
+            async with asyncio.timeout(5):
+                event = (await anext(aiter(event_stream)))["SubscribeToShardEvent"]
+            assert event["Records"] == []
+
+    run(scenario())
+
+
+def test_fault_control_api_lists_and_rejects(local_stack: StackEndpoints) -> None:
+    rule = add_fault(local_stack, {"operation": "PutRecord", "action": "error", "count": 2})
+    assert rule["count"] == 2
+    assert [r["id"] for r in list_faults(local_stack)] == [rule["id"]]
+    bad = urllib.request.Request(
+        f"{local_stack.kinesis_endpoint}/_efo/faults",
+        data=json.dumps({"operation": "PutRecord", "action": "reset"}).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as rejected:
+        urllib.request.urlopen(bad, timeout=5)
+    assert rejected.value.code == 400
+    with pytest.raises(urllib.error.HTTPError) as unknown:
+        urllib.request.urlopen(f"{local_stack.kinesis_endpoint}/_efo/nope", timeout=5)
+    assert unknown.value.code == 404
+
+
+def test_fault_error_on_plain_operation(local_stack: StackEndpoints, kinesis_client: Any) -> None:
+    stream = make_stream(kinesis_client)
+    add_fault(
+        local_stack,
+        {"operation": "PutRecord", "action": "error", "error_code": "ProvisionedThroughputExceededException"},
+    )
+    with pytest.raises(ClientError) as failed:
+        put(kinesis_client, stream, "x", 1)
+    assert failed.value.response["Error"]["Code"] == "ProvisionedThroughputExceededException"
+    assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    put(kinesis_client, stream, "x", 1)  # count=1: fired once, then gone
+    assert list_faults(local_stack) == []
+
+
+def test_fault_error_on_subscribe(
+    local_stack: StackEndpoints, kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    stream = make_stream(kinesis_client)
+    add_fault(
+        local_stack,
+        {"operation": "SubscribeToShard", "shard_id": SHARD0, "action": "error", "status": 500, "message": "boom"},
+    )
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            with pytest.raises(ClientError) as failed:
+                await subscribe(client, stream)
+        assert failed.value.response["Error"] == {"Code": "InternalFailure", "Message": "boom"}
+
+    run(scenario())
+
+
+def test_fault_exception_frame(
+    local_stack: StackEndpoints, kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    stream = make_stream(kinesis_client)
+    add_fault(
+        local_stack,
+        {
+            "operation": "SubscribeToShard",
+            "action": "exception_frame",
+            "after_events": 1,
+            "error_code": "ResourceInUseException",
+        },
+    )
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            with pytest.raises(ClientError) as failed:
+                await read_all(await subscribe(client, stream), 10)
+        assert failed.value.response["Error"]["Code"] == "ResourceInUseException"
+
+    run(scenario())
+
+
+def test_fault_reset_mid_frame(
+    local_stack: StackEndpoints, kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    stream = make_stream(kinesis_client)
+    put(kinesis_client, stream, "a", 1)
+    add_fault(local_stack, {"operation": "SubscribeToShard", "action": "reset", "after_events": 1})
+    seen: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await read_all(await subscribe(client, stream), 10, lambda _i, e: seen.append(e))
+
+    run(scenario())
+    assert len(seen) == 1
+
+
+def test_fault_stall(local_stack: StackEndpoints, kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:
+    stream = make_stream(kinesis_client)
+    add_fault(local_stack, {"operation": "SubscribeToShard", "action": "stall", "after_events": 1, "stall_s": 2.5})
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            event_stream = aiter(await subscribe(client, stream))
+            async with asyncio.timeout(10):
+                await anext(event_stream)
+                started = time.monotonic()
+                await anext(event_stream)
+                assert time.monotonic() - started >= 2.4
+
+    run(scenario())
+
+
+def test_subscribe_to_already_closed_shard_ends_after_its_records(
+    kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 2)
+    kinesis_client.split_shard(StreamName=stream.name, ShardToSplit=SHARD0, NewStartingHashKey=str(2**127))
+    _wait_until(lambda: len(kinesis_client.list_shards(StreamName=stream.name)["Shards"]) == 3, "split done")
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            events = await read_all(await subscribe(client, stream), 10)
+        assert records_of(events) == sent
+        assert len(events[-1]["ChildShards"]) == 2
+        assert "ContinuationSequenceNumber" not in events[-1]
+
+    run(scenario())

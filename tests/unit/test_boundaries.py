@@ -1,0 +1,16 @@
+"""Package boundaries: efo never imports pyspark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_importing_efo_and_its_cli_loads_no_pyspark_module() -> None:
+    code = (
+        "import sys, efo, efo.cli, efo.service, efo.coordinator, efo.subscription, efo.leases;"
+        "efo.cli.build_parser();"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
