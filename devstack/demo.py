@@ -22,7 +22,7 @@ from typing import Any
 import botocore.session
 import pyarrow.dataset as ds
 
-from efo.devstack.stack import LocalStack, StackEndpoints
+from efo.devstack.stack import LocalStack, StackEndpoints, die_with_parent_process
 
 STREAM = "efo-demo"
 
@@ -143,7 +143,13 @@ def main() -> int:
         }
         log_path = workdir / "efo-run.log"
         with log_path.open("wb") as log:
-            service = subprocess.Popen([sys.executable, "-m", "efo.cli", "run"], env=env, stdout=log, stderr=log)
+            service = subprocess.Popen(
+                [sys.executable, "-m", "efo.cli", "run"],
+                env=env,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent_process,
+            )
         print(f"demo: efo run started (pid {service.pid}, log {log_path})", flush=True)
         try:
             produced = produce(kinesis, STREAM, args.records, split_after=args.records // 2)

@@ -119,7 +119,8 @@ def is_running(record: ProcessRecord) -> bool:
     return process_start_time(record.pid) == record.start_time
 
 
-def _die_with_parent() -> None:
+def die_with_parent_process() -> None:
+    """preexec_fn: the child gets SIGTERM when the thread that started it dies (Linux PDEATHSIG)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -323,7 +324,7 @@ class LocalStack:
                     env=env,
                     cwd=log_dir,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if self.die_with_parent else None,
+                    preexec_fn=die_with_parent_process if self.die_with_parent else None,
                 )
             except OSError as exc:
                 raise StackError(f"cannot start {name} ({argv[0]}): {exc}") from exc

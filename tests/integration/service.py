@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
-from efo.devstack.stack import StackEndpoints
+from efo.devstack.stack import StackEndpoints, die_with_parent_process
 
 # Settings that make a test run quick without changing behaviour.
 FAST_SETTINGS = {
@@ -103,7 +103,11 @@ class ServiceRun:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "efo.cli", "run"], env=self.env, stdout=log, stderr=log
+                [sys.executable, "-m", "efo.cli", "run"],
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent_process,
             )
         return self
 

@@ -1,0 +1,48 @@
+# Every target works from a fresh clone: it creates .venv, installs the project with its pinned
+# dependencies (constraints.txt) and the pinned local Kinesis (devstack/package-lock.json).
+# The servers a target starts are its own children and stop with it, also when interrupted.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+NODE_INSTALLED := devstack/node_modules/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-unit test-integration lint format clean
+
+install: $(INSTALLED) $(NODE_INSTALLED)
+
+$(INSTALLED): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev]'
+	touch $@
+
+$(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
+	npm ci --prefix devstack --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: install
+	$(BIN)/python devstack/demo.py
+
+test: install lint
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) devstack/node_modules .efo-dev .pytest_cache .mypy_cache .ruff_cache
