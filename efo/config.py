@@ -183,6 +183,17 @@ class Settings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="This worker's name in the lease table. Default: host name + pid.",
     )
+    value_format: Literal["binary", "utf8", "json"] = Field(
+        "binary",
+        description="Decode `data` into added columns: utf8 adds `value`; json adds the EFO_JSON_SCHEMA columns.",
+    )
+    json_schema: str | None = Field(
+        None, description="Spark DDL of the JSON payload, e.g. `id BIGINT, name STRING` (with value_format=json)."
+    )
+    spark_remote: str | None = Field(
+        None, description="Spark Connect URL (sc://host:port): run the batches on a Spark cluster, not a local JVM."
+    )
+    metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: off).")
     shutdown_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM: time to finish and checkpoint the running batch."
     )
@@ -231,6 +242,19 @@ class Settings(BaseSettings):
         if value is not None and not re.fullmatch(r"https?://[^\s/]+(/.*)?", value):
             raise ValueError("allowed: an http:// or https:// URL")
         return value
+
+    @field_validator("spark_remote")
+    @classmethod
+    def _spark_remote(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("sc://"):
+            raise ValueError("allowed: a Spark Connect URL such as sc://spark-connect:15002")
+        return value
+
+    @model_validator(mode="after")
+    def _json_needs_schema(self) -> Settings:
+        if self.value_format == "json" and not (self.json_schema and self.json_schema.strip()):
+            raise ValueError("value_format json needs json_schema (EFO_JSON_SCHEMA), a Spark DDL string")
+        return self
 
     @model_validator(mode="after")
     def _consumer_choice(self) -> Settings:

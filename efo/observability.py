@@ -56,6 +56,7 @@ class Metrics:
     records_received: Counter
     records_committed: Counter
     records_duplicate: Counter
+    records_invalid_json: Counter
     checkpoints_written: Counter
     subscriptions_started: Counter
     subscription_errors: Counter
@@ -76,6 +77,11 @@ class Metrics:
             ),
             records_duplicate=Counter(
                 "efo_records_duplicate_total", "Records dropped as already delivered.", registry=registry
+            ),
+            records_invalid_json=Counter(
+                "efo_records_invalid_json_total",
+                "Rows whose data did not parse as JSON (kept, error set).",
+                registry=registry,
             ),
             checkpoints_written=Counter("efo_checkpoints_written_total", "Checkpoint writes.", registry=registry),
             subscriptions_started=Counter(

@@ -71,6 +71,7 @@ class RecordChunk:
     stream: str
     shard_id: str
     serial: int  # per shard, increasing: the coordinator's handle for the ack
+    epoch: int = 0  # which start of the shard in this process; a new epoch resets the driver's watermark
     sequence_numbers: list[str] = field(default_factory=list)
     sub_sequence_numbers: list[int | None] = field(default_factory=list)
     partition_keys: list[str] = field(default_factory=list)

@@ -21,6 +21,7 @@ import structlog
 from efo.config import SubscriptionSettings
 from efo.errors import EfoError, LeaseLost, error_code, translate
 from efo.handoff import Handoff
+from efo.observability import METRICS
 from efo.pool import PendingPool
 from efo.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
 
@@ -122,6 +123,7 @@ class ShardSubscription:
                 if not error.retriable or isinstance(error, LeaseLost):
                     raise error from None
                 delay_s = self._backoff.next_delay_s()
+                METRICS.subscription_errors.labels(code=error_code(exc) or type(exc).__name__).inc()
                 log.warning(
                     "subscription.retry",
                     shard_id=self.shard_id,
@@ -154,6 +156,7 @@ class ShardSubscription:
             StartingPosition=self.position.starting_position(),
         )
         self._last_success_at = self._clock()
+        METRICS.subscriptions_started.inc()
         stream = response["EventStream"]
         log.info("subscription.started", shard_id=self.shard_id, attempt=self.attempt, position=str(self.position))
         try:
@@ -172,10 +175,12 @@ class ShardSubscription:
     async def _on_event(self, event: dict[str, Any]) -> ShardEnded | None:
         chunk = RecordChunk(self.stream, self.shard_id, serial=0)
         delivered = self._delivered
+        duplicates = 0
         for record in event.get("Records", ()):
             sequence_number = record["SequenceNumber"]
             sequence = int(sequence_number)
             if not _is_newer(sequence, MAX_SUB_SEQUENCE, delivered):
+                duplicates += 1
                 continue
             data = record["Data"]
             chunk.sequence_numbers.append(sequence_number)
@@ -186,6 +191,9 @@ class ShardSubscription:
             chunk.data.append(data)
             chunk.errors.append(None)
             chunk.data_bytes += len(data)
+        if duplicates:
+            METRICS.records_duplicate.inc(duplicates)
+        METRICS.records_received.inc(len(chunk))
         continuation = event.get("ContinuationSequenceNumber")
         if not self._started:
             self._started = True

@@ -1,13 +1,19 @@
-"""``efo run``: the whole service in one process. Loaded lazily by the CLI (efo never imports pyspark)."""
+"""``efo run``: the whole service in one process. Loaded lazily by the CLI (efo never imports pyspark).
+
+Users who already have a SparkSession call :func:`run_with_session` with theirs.
+"""
 
 from __future__ import annotations
 
+from pyspark.sql import SparkSession
+
 from efo.config import Settings
-from efo.observability import configure_logging
+from efo.observability import METRICS, configure_logging
 from efo.service import Service
+from sparkbridge.batches import BatchRunner, ValueDecoder
 from sparkbridge.driver import Driver
 from sparkbridge.session import build_session
-from sparkbridge.sinks import make_sink
+from sparkbridge.sinks import Sink, make_sink
 
 
 def run(settings: Settings) -> int:
@@ -15,10 +21,34 @@ def run(settings: Settings) -> int:
     sink = make_sink(settings.sink_spec)  # a bad handler fails before Spark starts
     service = Service(settings)
     service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
-    spark = build_session(settings.spark.master, settings.spark.conf, app_name=f"efo-{settings.app}")
-    driver = Driver(spark, sink, settings, service)
-    driver.install_signal_handlers()
+    spark = build_session(settings, app_name=f"efo-{settings.app}")
     try:
-        return driver.run()
+        return _drive(spark, sink, settings, service, install_signals=True)
     finally:
         spark.stop()
+
+
+def run_with_session(
+    spark: SparkSession, settings: Settings, sink: Sink | None = None, *, install_signals: bool = False
+) -> int:
+    """Run the service on the caller's SparkSession, which stays open. From the main thread,
+    ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)."""
+    service = Service(settings)
+    service.preflight()
+    return _drive(spark, sink or make_sink(settings.sink_spec), settings, service, install_signals=install_signals)
+
+
+def _drive(spark: SparkSession, sink: Sink, settings: Settings, service: Service, *, install_signals: bool) -> int:
+    if settings.metrics_port:
+        METRICS.serve(settings.metrics_port)
+    runner = BatchRunner(
+        spark,
+        sink,
+        max_attempts=settings.sink_retry.max_attempts,
+        retry_backoff_s=settings.sink_retry.retry_backoff_s,
+        decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs the session
+    )
+    driver = Driver(runner, settings, service)
+    if install_signals:
+        driver.install_signal_handlers()
+    return driver.run()

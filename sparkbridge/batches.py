@@ -1,0 +1,213 @@
+"""One batch, from chunks to a committed sink write: dedupe, Arrow, DataFrame, decoding, sink.
+
+Pure of threads and AWS, so it is tested with a real SparkSession and no service.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from efo.errors import ConfigError, SinkFailed
+from efo.observability import METRICS
+from efo.records import MAX_SUB_SEQUENCE, RecordChunk
+from sparkbridge.arrow import to_table
+from sparkbridge.sinks import BatchInfo, ShardRange, Sink
+
+log = structlog.get_logger("sparkbridge.batches")
+
+CORRUPT_JSON_COLUMN = "_efo_corrupt_json"
+INVALID_JSON = "invalid_json"
+
+
+def describe_batch(batch_id: str, chunks: Sequence[RecordChunk], attempt: int = 1) -> BatchInfo:
+    shards: dict[str, ShardRange] = {}
+    for chunk in chunks:
+        known = shards.get(chunk.shard_id)
+        first = known.first_sequence_number if known else chunk.sequence_numbers[0]
+        count = (known.records if known else 0) + len(chunk)
+        shards[chunk.shard_id] = ShardRange(first, chunk.sequence_numbers[-1], count)
+    return BatchInfo(
+        batch_id=batch_id,
+        records=sum(len(c) for c in chunks),
+        bytes=sum(c.data_bytes for c in chunks),
+        shards=shards,
+        attempt=attempt,
+    )
+
+
+class DeliveryWatermark:
+    """Per shard, the highest (sequence, sub-sequence) handed to the sink. Rows at or below it
+    reached the driver twice (a resubscribe overlap) and are dropped. A new epoch of the shard (it
+    was restarted at an explicit position) resets it, which may move it backwards on purpose."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, tuple[int, int, int]] = {}  # shard -> (epoch, sequence, sub)
+
+    def filter(self, chunk: RecordChunk) -> tuple[RecordChunk, int]:
+        mark = self._marks.get(chunk.shard_id)
+        if mark is not None and mark[0] != chunk.epoch:
+            mark = None
+        keep = [
+            i
+            for i, (seq, sub) in enumerate(zip(chunk.sequence_numbers, chunk.sub_sequence_numbers, strict=True))
+            if mark is None or (int(seq), MAX_SUB_SEQUENCE if sub is None else sub) > mark[1:]
+        ]
+        if keep:
+            seq, sub = chunk.sequence_numbers[keep[-1]], chunk.sub_sequence_numbers[keep[-1]]
+            self._marks[chunk.shard_id] = (chunk.epoch, int(seq), MAX_SUB_SEQUENCE if sub is None else sub)
+        dropped = len(chunk) - len(keep)
+        if not dropped:
+            return chunk, 0
+        kept = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch, grant=chunk.grant)
+        for name in (
+            "sequence_numbers",
+            "sub_sequence_numbers",
+            "partition_keys",
+            "explicit_hash_keys",
+            "arrival_ms",
+            "data",
+            "errors",
+        ):
+            column = getattr(chunk, name)
+            setattr(kept, name, [column[i] for i in keep])
+        kept.data_bytes = sum(len(d) for d in kept.data)
+        return kept, dropped
+
+
+class ValueDecoder:
+    """``value_format``: binary (nothing added), utf8 (adds ``value``), json (adds the schema's
+    columns; a row that does not parse keeps nulls, gets ``error = invalid_json`` and is counted
+    through ``DataFrame.observe``, in the sink's own Spark job)."""
+
+    def __init__(self, value_format: str, json_schema: str | None) -> None:
+        self.value_format = value_format
+        self.schema: StructType | None = None
+        if value_format == "json":
+            assert json_schema
+            try:
+                parsed = StructType.fromDDL(json_schema)
+                if not isinstance(parsed, StructType):
+                    parsed = StructType([StructField("value", parsed)])
+            except Exception as exc:
+                raise ConfigError(
+                    f"json_schema (EFO_JSON_SCHEMA) = {json_schema!r}: not a Spark DDL schema: {exc}"
+                ) from None
+            self.schema = StructType([*parsed.fields, StructField(CORRUPT_JSON_COLUMN, StringType())])
+
+    def decode(self, df: DataFrame) -> tuple[DataFrame, Observation | None]:
+        if self.value_format == "utf8":
+            return df.withColumn("value", F.col("data").cast("string")), None
+        if self.schema is None:
+            return df, None
+        parsed = F.from_json(
+            F.col("data").cast("string"),
+            self.schema,
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_JSON_COLUMN},
+        )
+        bad: Column = F.col(f"_parsed.{CORRUPT_JSON_COLUMN}").isNotNull()
+        names = [f.name for f in self.schema.fields if f.name != CORRUPT_JSON_COLUMN]
+        out = (
+            df.withColumn("_parsed", parsed)
+            .withColumn("error", F.when(bad, F.lit(INVALID_JSON)).otherwise(F.col("error")))
+            .select(
+                *[F.col(c) for c in df.columns], *[F.col(f"_parsed.{n}").alias(n) for n in names], bad.alias("_bad")
+            )
+        )
+        observation = Observation("efo_json")
+        out = out.observe(observation, F.sum(F.col("_bad").cast("long")).alias("invalid_json"))
+        return out.drop("_bad"), observation
+
+
+def observed(observation: Observation | None) -> dict[str, Any] | None:
+    """The observed metrics if the sink ran a Spark action on the DataFrame; never blocks."""
+    if observation is None:
+        return None
+    jo = getattr(observation, "_jo", None)
+    if jo is not None:  # classic session: get() would block until an action runs
+        if not jo.future().isCompleted():
+            return None
+        return observation.get
+    try:  # Spark Connect: metrics arrive with the action's result, get() raises otherwise
+        return observation.get
+    except Exception:
+        return None
+
+
+@dataclass
+class BatchResult:
+    info: BatchInfo
+    chunks: list[RecordChunk]  # as read: every one of them is acknowledged, kept rows or not
+    duplicates: int
+    invalid_json: int | None
+    duration_s: float
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        spark: SparkSession,
+        sink: Sink,
+        *,
+        max_attempts: int,
+        retry_backoff_s: float,
+        decoder: ValueDecoder | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.spark = spark
+        self.sink = sink
+        self.max_attempts = max_attempts
+        self.retry_backoff_s = retry_backoff_s
+        self.decoder = decoder or ValueDecoder("binary", None)
+        self.watermark = DeliveryWatermark()
+        self._sleep = sleep
+
+    def run(self, batch_id: str, chunks: list[RecordChunk]) -> BatchResult:
+        """Write the batch through the sink, retrying the same rows; raise SinkFailed at the end."""
+        started = time.monotonic()
+        kept: list[RecordChunk] = []
+        duplicates = 0
+        for chunk in chunks:
+            filtered, dropped = self.watermark.filter(chunk)
+            duplicates += dropped
+            if len(filtered):
+                kept.append(filtered)
+        if duplicates:
+            METRICS.records_duplicate.inc(duplicates)
+            log.info("batch.duplicates_dropped", batch_id=batch_id, records=duplicates)
+        info = describe_batch(batch_id, kept) if kept else BatchInfo(batch_id, 0, 0)
+        invalid_json: int | None = None
+        if kept:
+            df, observation = self.decoder.decode(self.spark.createDataFrame(to_table(kept)))
+            for attempt in range(1, self.max_attempts + 1):
+                info = describe_batch(batch_id, kept, attempt)
+                try:
+                    self.sink.write(df, info)
+                    break
+                except Exception as exc:
+                    if attempt == self.max_attempts:
+                        raise SinkFailed(
+                            f"sink failed on batch {batch_id} after {attempt} attempts: {type(exc).__name__}: {exc}"
+                        ) from None
+                    delay_s = self.retry_backoff_s * 2 ** (attempt - 1)
+                    log.warning(
+                        "sink.retry",
+                        batch_id=batch_id,
+                        attempt=attempt,
+                        error=f"{type(exc).__name__}: {exc}",
+                        delay_s=delay_s,
+                    )
+                    self._sleep(delay_s)
+            metrics = observed(observation)
+            if metrics is not None:
+                invalid_json = int(metrics.get("invalid_json") or 0)
+                if invalid_json:
+                    METRICS.records_invalid_json.inc(invalid_json)
+        return BatchResult(info, chunks, duplicates, invalid_json, time.monotonic() - started)
