@@ -1,0 +1,102 @@
+"""Shutdown and sink failure: a graceful stop commits and checkpoints what it took, a failing sink
+stops the service without moving a checkpoint past the failed batch."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from efo.devstack.stack import StackEndpoints
+
+from .service import (
+    ServiceRun,
+    assert_exactly,
+    create_stream,
+    put_records,
+    read_output,
+    service_env,
+    unique,
+    wait_for_rows,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_sigterm_mid_stream_drains_and_restart_delivers_the_rest_exactly_once(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    stream, app = unique("term"), unique("app")
+    create_stream(kinesis_client, stream, 2)
+    env = service_env(
+        local_stack,
+        stream=stream,
+        app=app,
+        output=tmp_path / "out",
+        initial_position="TRIM_HORIZON",
+        EFO_CHECKPOINT__INTERVAL_S="30",  # only the shutdown flush can save the position
+    )
+    puts = put_records(kinesis_client, stream, 100, tag="t0")
+    run = ServiceRun(env, tmp_path / "first.log").start()
+    run.wait_for_event("batch.committed")
+    with ThreadPoolExecutor(1) as pool:  # keep producing while the service stops
+        producing = pool.submit(
+            lambda: [put_records(kinesis_client, stream, 60, tag=f"t{i}") for i in range(1, 16) if not time.sleep(0.2)]
+        )
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert run.stop() == 0
+        assert time.monotonic() - started < 30
+        puts += [p for batch in producing.result() for p in batch]
+    events = [e["event"] for e in run.events()]
+    assert "service.stopping" in events and "leases.released" in events
+    committed_before = len(read_output(tmp_path / "out"))
+    assert 0 < committed_before < len(puts), "the stop should land mid-stream"
+
+    restarted = ServiceRun(env, tmp_path / "second.log").start()
+    wait_for_rows(tmp_path / "out", len(puts), restarted)
+    assert restarted.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), puts)
+
+
+def test_failing_sink_stops_with_exit_1_and_no_checkpoint_moves_past_the_failed_batch(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    stream, app = unique("sinkfail"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    puts = put_records(kinesis_client, stream, 200, tag="f")
+    handlers = tmp_path / "handlers"
+    handlers.mkdir()
+    (handlers / "broken_sink.py").write_text(
+        "def write(df, batch):\n    raise RuntimeError(f'warehouse unavailable for {batch.batch_id}')\n"
+    )
+    common = {"EFO_SINK_RETRY__MAX_ATTEMPTS": "2", "EFO_SINK_RETRY__RETRY_BACKOFF_S": "0.1"}
+    env = service_env(
+        local_stack,
+        stream=stream,
+        app=app,
+        output=tmp_path / "out",
+        initial_position="TRIM_HORIZON",
+        EFO_SINK="handler:broken_sink:write",
+        PYTHONPATH=str(handlers),
+        **common,
+    )
+    failing = ServiceRun(env, tmp_path / "failing.log").start()
+    assert failing.process is not None
+    assert failing.process.wait(120) == 1
+    log = failing.log_path.read_text()
+    assert "efo: sink failed on batch" in log and "after 2 attempts" in log and "warehouse unavailable" in log
+    assert "Traceback" not in log
+
+    fixed = ServiceRun(
+        service_env(
+            local_stack, stream=stream, app=app, output=tmp_path / "out", initial_position="TRIM_HORIZON", **common
+        ),
+        tmp_path / "fixed.log",
+    ).start()
+    wait_for_rows(tmp_path / "out", len(puts), fixed)
+    assert fixed.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), puts)
