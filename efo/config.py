@@ -92,6 +92,20 @@ class PoolSettings(_Section):
     max_pending_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Bytes of record data read and not yet committed, at most."
     )
+    reserved_records_per_shard: int = Field(
+        1_000, ge=0, description="Part of the pool kept for each shard so a hot shard cannot starve the rest."
+    )
+    reserved_bytes_per_shard: int = Field(1024 * 1024, ge=0, description="The same reserve, in bytes.")
+    backpressure_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A subscription waiting this long for budget closes its stream and resubscribes later.",
+    )
+    max_uncheckpointed_records: int = Field(
+        1_000_000,
+        ge=1,
+        description="Committed records whose checkpoint is not yet written; at this many, reading pauses.",
+    )
 
 
 class BatchSettings(_Section):

@@ -51,6 +51,7 @@ class ShardState:
     checkpoint_due: Position | None = None  # committed, not yet written
     urgent: bool = False  # write at once rather than at the next interval
     serial: int = 0
+    uncheckpointed_records: int = 0  # committed by the sink, checkpoint not yet written
     first_event: bool = False
     ended: ShardEnded | None = None
     task: asyncio.Task[None] | None = None
@@ -85,7 +86,8 @@ class ShardState:
         else:
             self.checkpoint_due = resume
 
-    def committed(self, serial: int) -> None:
+    def committed(self, serial: int, records: int) -> None:
+        self.uncheckpointed_records += records
         while self.outstanding and self.outstanding[0][0] <= serial:
             _, resume = self.outstanding.popleft()
             self.checkpoint_due = resume
@@ -267,6 +269,7 @@ class Coordinator:
         assert self._group is not None and lease.checkpoint is not None
         state = ShardState(lease, on_progress=self._on_progress)
         self.shards[lease.shard_id] = state
+        self.pool.register(lease.shard_id)
         subscription = ShardSubscription(
             client=self._subscriber_client,
             consumer_arn=self.consumer_arn,
@@ -285,7 +288,12 @@ class Coordinator:
         )
 
     async def _run_shard(self, state: ShardState, subscription: ShardSubscription) -> None:
-        state.ended = await subscription.run()
+        try:
+            state.ended = await subscription.run()
+        except LeaseLost as exc:  # another worker owns the shard now: stop it here, nothing else
+            log.warning("lease.lost", shard_id=state.shard_id, error=str(exc))
+            self._drop_shard(state)
+            return
         self._maybe_finish(state)
 
     # ---- commits and checkpoints ----------------------------------------------------------
@@ -298,13 +306,26 @@ class Coordinator:
             METRICS.records_committed.inc(commit.records)
             state = self.shards.get(commit.shard_id)
             if state is not None:
-                state.committed(commit.serial)
+                state.committed(commit.serial, commit.records)
                 self._maybe_finish(state)
+        self._apply_backlog_bound()
 
     def _maybe_finish(self, state: ShardState) -> None:
         if state.drained:
             state.urgent = True
             self._checkpoint_now.set()
+
+    def _apply_backlog_bound(self) -> None:
+        """Pause reading while too many committed records wait for their checkpoint (DynamoDB down
+        or throttled), so the duplicates a crash would cause stay bounded."""
+        backlog = sum(s.uncheckpointed_records for s in self.shards.values())
+        bound = self.settings.pool.max_uncheckpointed_records
+        if backlog >= bound and not self.pool.paused:
+            self.pool.pause()
+            log.warning("pool.paused", records=backlog, bound=bound)
+        elif backlog < bound and self.pool.paused:
+            self.pool.resume()
+            log.info("pool.resumed", records=backlog)
 
     async def _checkpoint_loop(self) -> None:
         interval_s = self.settings.checkpoint.interval_s
@@ -342,23 +363,30 @@ class Coordinator:
             state.lease = await self.table.checkpoint(state.lease, None)
             METRICS.checkpoints_written.inc()
             self._finished.add(state.shard_id)
-            self.shards.pop(state.shard_id, None)  # done here; the table says so from now on
-            METRICS.shards_owned.set(len(self.shards))
+            self._forget(state)  # done here; the table says so from now on
             children = list(state.ended.child_shard_ids) if state.ended else []
             log.info("checkpoint.shard_end", shard_id=state.shard_id, children=children)
             self._sync_now.set()  # its children may start now
             return
         due = state.checkpoint_due
+        committed = state.uncheckpointed_records
         if due is not None and due != state.lease.checkpoint:
             state.lease = await self.table.checkpoint(state.lease, due)
             METRICS.checkpoints_written.inc()
+            state.uncheckpointed_records -= committed
+            self._apply_backlog_bound()
             log.debug("checkpoint.written", shard_id=state.shard_id, position=str(due))
 
     def _drop_shard(self, state: ShardState) -> None:
         if state.task is not None:
             state.task.cancel()
+        self._forget(state)
+
+    def _forget(self, state: ShardState) -> None:
         self.shards.pop(state.shard_id, None)
+        self.pool.unregister(state.shard_id)
         METRICS.shards_owned.set(len(self.shards))
+        self._apply_backlog_bound()
 
     async def _release_leases(self) -> None:
         for state in list(self.shards.values()):

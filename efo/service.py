@@ -130,7 +130,12 @@ class Service:
             kinesis=kinesis,
             subscriber_client=await clients.subscriptions(shard_count, settings.subscription.read_timeout_s),
             table=table,
-            pool=PendingPool(settings.pool.max_pending_records, settings.pool.max_pending_bytes),
+            pool=PendingPool(
+                settings.pool.max_pending_records,
+                settings.pool.max_pending_bytes,
+                reserved_records=settings.pool.reserved_records_per_shard,
+                reserved_bytes=settings.pool.reserved_bytes_per_shard,
+            ),
             handoff=self.handoff,
         )
         await coordinator.bootstrap()
