@@ -170,3 +170,20 @@ def test_shard_split_during_consumption_loses_nothing_and_keeps_parent_before_ch
             checked += 1
     assert checked > 0
     assert [e for e in run.events() if e["event"] == "checkpoint.shard_end" and e["shard_id"] == parent]
+
+
+def test_more_shards_than_the_http_clients_default_pool_are_all_read(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    """aiobotocore's default pool is 10 connections and stalls silently beyond; each subscription
+    holds one, so the data-plane pool is sized from the shard count."""
+    stream = unique("wide")
+    create_stream(kinesis_client, stream, 16)
+    run = _run(local_stack, tmp_path, stream, unique("app"), "TRIM_HORIZON")
+    ready = run.wait_for_event("service.ready")
+    assert ready["shards"] == 16
+    puts = put_records(kinesis_client, stream, 480, keys=64, tag="wide")
+    assert len({p.shard_id for p in puts}) == 16
+    wait_for_rows(tmp_path / "out", len(puts), run)
+    assert run.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), puts)
