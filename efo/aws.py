@@ -57,11 +57,11 @@ class Clients:
         await self._stack.aclose()
 
     async def kinesis(self) -> Any:
-        config = AioConfig(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+        config = AioConfig(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30)
         return await self._enter(self._control_session, "kinesis", self.endpoints.kinesis, config)
 
     async def dynamodb(self) -> Any:
-        config = AioConfig(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=10)
+        config = AioConfig(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10)
         return await self._enter(self._control_session, "dynamodb", self.endpoints.dynamodb, config)
 
     async def subscriptions(self, shard_count: int, read_timeout_s: float) -> Any:

@@ -22,8 +22,7 @@ from efo.shards import list_shards
 
 
 def _settings(args: argparse.Namespace, *, need_sink: bool = True) -> Settings:
-    defaults = {} if need_sink else {"sink": "console"}
-    return load_settings(args.config, **defaults)
+    return load_settings(args.config, defaults=None if need_sink else {"sink": "console"})
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -132,8 +133,8 @@ class LeaseSettings(_Section):
     def _failover_outlasts_heartbeats(self) -> LeaseSettings:
         if self.failover_s < 2 * self.heartbeat_interval_s:
             raise ValueError(
-                f"lease.failover_s ({self.failover_s}) must be at least twice "
-                f"lease.heartbeat_interval_s ({self.heartbeat_interval_s})"
+                f"lease.failover_s (EFO_LEASE__FAILOVER_S) = {self.failover_s} must be at least twice "
+                f"lease.heartbeat_interval_s (EFO_LEASE__HEARTBEAT_INTERVAL_S) = {self.heartbeat_interval_s}"
             )
         return self
 
@@ -267,15 +268,20 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _json_needs_schema(self) -> Settings:
         if self.value_format == "json" and not (self.json_schema and self.json_schema.strip()):
-            raise ValueError("value_format json needs json_schema (EFO_JSON_SCHEMA), a Spark DDL string")
+            raise ValueError(
+                "value_format (EFO_VALUE_FORMAT) = 'json' needs json_schema (EFO_JSON_SCHEMA), a Spark DDL string"
+            )
         return self
 
     @model_validator(mode="after")
     def _consumer_choice(self) -> Settings:
         if self.consumer_name and self.consumer_arn:
-            raise ValueError("set consumer_name or consumer_arn, not both")
+            raise ValueError(
+                f"consumer_name (EFO_CONSUMER_NAME) = {self.consumer_name!r} and consumer_arn (EFO_CONSUMER_ARN) = "
+                f"{self.consumer_arn!r}: set one of them, not both"
+            )
         if self.consumer_arn and not self.consumer_arn.startswith("arn:"):
-            raise ValueError(f"consumer_arn {self.consumer_arn!r} is not an ARN")
+            raise ValueError(f"consumer_arn (EFO_CONSUMER_ARN) = {self.consumer_arn!r}: allowed: a consumer ARN")
         return self
 
     @property
@@ -315,6 +321,8 @@ def _describe(error: ValidationError) -> str:
             lines.append(f"{field} ({_env_name(location)}) is required")
         elif item["type"] == "extra_forbidden":
             lines.append(f"{field} ({_env_name(location)}) is not a setting")
+        elif item["type"] == "value_error" and isinstance(item.get("input"), dict):
+            lines.append(message)  # a whole-section check: its message names the fields and values
         elif location:
             value = item.get("input")
             lines.append(f"{field} ({_env_name(location)}) = {value!r}: {message}")
@@ -323,9 +331,32 @@ def _describe(error: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(lines)
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Read the YAML file (if any) and the environment; raise ConfigError naming every bad field."""
-    values: dict[str, Any] = {}
+#: EFO_* variables that belong to the tooling, not to the service's settings.
+NON_SETTINGS = ("EFO_DEVSTACK_DIR", "EFO_TEST_")
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """EFO_* variables that name no setting: a typo there would otherwise be silently ignored."""
+    known = {name.upper() for name in Settings.model_fields}
+    unknown = []
+    for name in environ:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper.startswith(NON_SETTINGS):
+            continue
+        top = upper.removeprefix(ENV_PREFIX).split(NESTED_DELIMITER, 1)[0]
+        if top not in known:
+            unknown.append(name)
+    return sorted(unknown)
+
+
+def load_settings(
+    config_file: str | Path | None = None, *, defaults: dict[str, Any] | None = None, **overrides: Any
+) -> Settings:
+    """Read the YAML file (if any) and the environment; raise ConfigError naming every bad field.
+
+    ``defaults`` apply only where neither the file nor the environment sets a value; ``overrides``
+    win over the file (the environment still wins over both)."""
+    values: dict[str, Any] = dict(defaults or {})
     if config_file is not None:
         path = Path(config_file)
         try:
@@ -338,6 +369,12 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
             raise ConfigError(f"the configuration file {path} must hold a mapping of settings")
         values.update(loaded or {})
     values.update(overrides)
+    unknown = unknown_environment(os.environ)
+    if unknown:
+        raise ConfigError(
+            "invalid configuration: "
+            + "; ".join(f"{name} is not a setting (see 'efo config table' for the names)" for name in unknown)
+        )
     try:
         return Settings(**values)
     except ValidationError as exc:

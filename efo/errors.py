@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import aiohttp
 import botocore.exceptions
+import botocore.parsers
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -143,7 +144,10 @@ def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
             return InvalidRequest(f"{resource}: {code}: {message}{suffix}")
         return EfoError(f"{resource}: {code}: {message}{suffix}")
     if isinstance(exc, botocore.exceptions.EndpointConnectionError | aiohttp.ClientConnectorError):
-        return EndpointUnreachable(f"cannot connect to the endpoint for {resource}: {exc}{suffix}")
+        return EndpointUnreachable(
+            f"cannot connect to the endpoint for {resource}: {exc}; check the endpoint settings "
+            "(EFO_KINESIS_ENDPOINT, EFO_DYNAMODB_ENDPOINT, EFO_REGION) and the network"
+        )
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return AccessDenied(
             f"no AWS credentials found for {resource}: set AWS_PROFILE, AWS_ACCESS_KEY_ID/"
@@ -158,7 +162,7 @@ def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
         | aiohttp.ClientError
         | botocore.exceptions.ConnectionError
         | botocore.exceptions.HTTPClientError
-        | botocore.exceptions.ResponseParserError
+        | botocore.parsers.ResponseParserError
         | botocore.exceptions.ReadTimeoutError,
     ):
         return Retriable(f"{type(exc).__name__} on {resource}: {exc}")

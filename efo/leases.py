@@ -154,6 +154,25 @@ class LeaseTable:
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
 
+    async def read_lease(self, shard_id: str) -> Lease | None:
+        """One shard's lease, strongly consistent (a subscription asks this before it resubscribes
+        after another subscriber took the shard over)."""
+        try:
+            response = await self._ddb.get_item(
+                TableName=self.table, Key=self._key(SHARD_PREFIX + shard_id), ConsistentRead=True
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        if "Item" not in response:
+            return None
+        state = TableState()
+        self._absorb(state, response["Item"])
+        return state.leases.get(shard_id)
+
+    async def holds(self, lease: Lease) -> bool:
+        current = await self.read_lease(lease.shard_id)
+        return current is not None and current.owner == self.worker_id and current.counter == lease.counter
+
     @staticmethod
     def _absorb(state: TableState, item: dict[str, Any]) -> None:
         sort_key = item["sk"]["S"]

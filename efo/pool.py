@@ -24,6 +24,7 @@ class Grant:
     records: int
     bytes: int
     owner: str | None = None
+    admitted: bool = False
     released: bool = False
 
 
@@ -122,10 +123,11 @@ class PendingPool:
         try:
             await future
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
+            if grant.admitted:
                 self.release(grant)  # admitted just as we were cancelled: give it back
             else:
-                self._waiters.remove(entry)
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
                 self._admit()
             raise
         return grant
@@ -158,6 +160,7 @@ class PendingPool:
         return len(self._waiters)
 
     def _take(self, grant: Grant) -> None:
+        grant.admitted = True
         self.records += grant.records
         self.bytes += grant.bytes
         if grant.owner is not None:
@@ -182,5 +185,7 @@ class PendingPool:
 
     def _grant(self, entry: tuple[Grant, asyncio.Future[None]]) -> None:
         grant, future = entry
+        if future.done():  # cancelled while queued; its task removes nothing it was not given
+            return
         self._take(grant)
         future.set_result(None)

@@ -108,12 +108,6 @@ class Service:
         settings = self.settings
         kinesis = await clients.kinesis()
         stream = await describe_stream(kinesis, settings.stream)
-        consumer_arn = await ensure_consumer(
-            kinesis,
-            stream_arn=stream.arn,
-            name=None if settings.consumer_arn else settings.consumer,
-            arn=settings.consumer_arn,
-        )
         table = LeaseTable(
             await clients.dynamodb(),
             table=settings.table_name,
@@ -122,6 +116,12 @@ class Service:
             worker_id=settings.worker_id,
         )
         await table.ensure_table()
+        consumer_arn = await ensure_consumer(
+            kinesis,
+            stream_arn=stream.arn,
+            name=None if settings.consumer_arn else settings.consumer,
+            arn=settings.consumer_arn,
+        )
         shard_count = len((await list_shards(kinesis, stream.arn)).shards)
         coordinator = Coordinator(
             settings=settings,

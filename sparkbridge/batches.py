@@ -135,10 +135,13 @@ def observed(observation: Observation | None) -> dict[str, Any] | None:
         if not jo.future().isCompleted():
             return None
         return observation.get
-    try:  # Spark Connect: metrics arrive with the action's result, get() raises otherwise
-        return observation.get
+    # Spark Connect: get() returns a dict the client fills in when an action's response carries the
+    # metrics; until then it is empty (not an error), and it raises if collecting them failed.
+    try:
+        metrics = observation.get
     except Exception:
         return None
+    return dict(metrics) if metrics else None
 
 
 @dataclass

@@ -1,0 +1,241 @@
+"""Rows/s of the whole Spark bridge against Spark alone ingesting the identical Arrow tables.
+
+Bridge (timed): ``Handoff.take_batch`` -> ``BatchRunner.run`` (watermark, ``to_table``,
+``createDataFrame``, sink write) -> the chunks' pool grants released on the asyncio loop thread
+(what ``Service.commit`` ends in). Spark alone (timed): ``spark.createDataFrame(table)`` + the same
+sink write, on tables built by ``to_table`` from the same chunks outside the timed region.
+
+Chunks (1 KiB random records) and their pool grants are built before any timing. The two variants
+run interleaved (alternating which goes first), after one untimed warm-up each; medians of the repeats.
+
+    .venv/bin/python bench/spark_ingest.py [--sizes 10000,100000] [--repeats 5] [--sinks parquet,noop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyspark.sql import DataFrame, SparkSession
+
+from efo.config import load_settings
+from efo.handoff import Handoff
+from efo.pool import Grant, PendingPool
+from efo.records import RecordChunk
+from sparkbridge.arrow import to_table
+from sparkbridge.batches import BatchRunner, DeliveryWatermark
+from sparkbridge.session import build_session
+from sparkbridge.sinks import BatchInfo, ParquetSink, Sink
+
+SEQUENCE_BASE = 49_590_338_271_490_256_608_559_692_538_361_571_095_921_575_989_136_588_898  # 56 digits, like Kinesis
+
+
+class NoopSink:
+    """Materializes every row and column in Spark, writes nothing."""
+
+    def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+
+def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: int) -> list[RecordChunk]:
+    chunks: list[RecordChunk] = []
+    serials = [0] * shards
+    for start in range(0, records, chunk_records):
+        shard = (start // chunk_records) % shards
+        serials[shard] += 1
+        c = RecordChunk("bench", f"shardId-{shard:012d}", serials[shard])
+        for i in range(start, min(records, start + chunk_records)):
+            data = os.urandom(record_bytes)
+            c.sequence_numbers.append(str(SEQUENCE_BASE + i))
+            c.sub_sequence_numbers.append(None)
+            c.partition_keys.append(f"pk-{i % 64}")
+            c.explicit_hash_keys.append(None)
+            c.arrival_ms.append(1_700_000_000_000 + i)
+            c.data.append(data)
+            c.errors.append(None)
+            c.data_bytes += len(data)
+        chunks.append(c)
+    return chunks
+
+
+class LoopThread:
+    """An asyncio loop on its own thread holding the PendingPool, as the service thread does."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool = PendingPool(10**12, 10**15)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="bench-loop", daemon=True)
+        self._thread.start()
+
+    def grant(self, chunks: list[RecordChunk]) -> None:
+        for c in chunks:
+            c.grant = asyncio.run_coroutine_threadsafe(
+                self.pool.acquire(len(c), c.data_bytes, c.shard_id), self.loop
+            ).result()
+
+    def release(self, chunks: list[RecordChunk]) -> None:
+        """Hand the grants to the loop (Service.commit) and wait until it has released them."""
+        grants: list[Grant] = [c.grant for c in chunks]
+        done: Future[None] = Future()
+
+        def release_all() -> None:
+            for g in grants:
+                self.pool.release(g)
+            done.set_result(None)
+
+        self.loop.call_soon_threadsafe(release_all)
+        done.result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+
+
+def time_bridge(spark: SparkSession, sink: Sink, chunks: list[RecordChunk], loop: LoopThread, batch_id: str) -> float:
+    loop.grant(chunks)
+    handoff = Handoff()
+    for c in chunks:
+        handoff.put(c)
+    runner = BatchRunner(spark, sink, max_attempts=1, retry_backoff_s=0)  # a fresh watermark per run
+    rows = sum(len(c) for c in chunks)
+    started = time.perf_counter()
+    batch = handoff.take_batch(rows, 10**15, 0.0)
+    result = runner.run(batch_id, batch)
+    loop.release(result.chunks)
+    elapsed = time.perf_counter() - started
+    assert len(batch) == len(chunks) and result.info.records == rows and loop.pool.records == 0
+    return elapsed
+
+
+def time_spark(spark: SparkSession, sink: Sink, table: Any, info: BatchInfo) -> float:
+    started = time.perf_counter()
+    sink.write(spark.createDataFrame(table), info)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000", help="batch sizes in rows, comma-separated")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per variant, size and sink")
+    parser.add_argument("--sinks", default="parquet,noop", help="parquet and/or noop")
+    parser.add_argument("--record-bytes", type=int, default=1024)
+    parser.add_argument("--chunk-records", type=int, default=500, help="records per chunk (one SubscribeToShard event)")
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--out", default=None, help="parquet output directory (default: a temporary one)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    sinks = [s.strip() for s in args.sinks.split(",")]
+
+    print(f"$ {shlex.join([os.path.relpath(sys.executable), *sys.argv])}\n", flush=True)
+    settings = load_settings(
+        stream="bench",
+        app="bench",
+        sink="console",
+        spark={"master": args.master, "conf": {"spark.driver.memory": args.driver_memory}},
+    )
+    spark = build_session(settings, app_name="efo-bench")
+    spark.sparkContext.setLogLevel("ERROR")
+    chunks = build_chunks(max(sizes), args.chunk_records, args.record_bytes, args.shards)
+    loop = LoopThread()
+    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="efo-bench-"))
+
+    results: dict[tuple[str, int], dict[str, list[float]]] = {}
+    python_side: dict[int, tuple[float, float]] = {}
+    try:
+        for size in sizes:
+            batch = _first_rows(chunks, size)
+            table = to_table(batch)
+            info = BatchInfo("bench", size, sum(c.data_bytes for c in batch))
+            python_side[size] = (
+                _median_s(partial(to_table, batch), args.repeats),
+                _median_s(partial(_filter_all, batch), args.repeats),
+            )
+            for sink_name in sinks:
+                bridge_sink, spark_sink = (
+                    _sink(sink_name, work / f"bridge-{size}"),
+                    _sink(sink_name, work / f"spark-{size}"),
+                )
+                runs = {
+                    "bridge": partial(time_bridge, spark, bridge_sink, batch, loop, "bench"),
+                    "spark": partial(time_spark, spark, spark_sink, table, info),
+                }
+                times: dict[str, list[float]] = {"bridge": [], "spark": []}
+                for repeat in range(args.repeats + 1):  # repeat 0 is the warm-up
+                    for variant in ("bridge", "spark") if repeat % 2 else ("spark", "bridge"):
+                        elapsed = runs[variant]()
+                        if repeat:
+                            times[variant].append(elapsed)
+                results[(sink_name, size)] = times
+                b, s = statistics.median(times["bridge"]), statistics.median(times["spark"])
+                print(f"  {sink_name:8} {size:>7} rows: bridge {b:.3f} s, spark alone {s:.3f} s", flush=True)
+    finally:
+        loop.close()
+        spark.stop()
+
+    print()
+    print(
+        f"{args.repeats} repeats, medians; {args.record_bytes} B records, {args.chunk_records} records/chunk, "
+        f"{args.shards} shards, master {args.master}, driver memory {args.driver_memory}\n"
+    )
+    print("| sink | batch rows | bridge rows/s | Spark alone rows/s | bridge s | Spark s | overhead |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for (sink_name, size), times in results.items():
+        b, s = statistics.median(times["bridge"]), statistics.median(times["spark"])
+        print(f"| {sink_name} | {size:,} | {size / b:,.0f} | {size / s:,.0f} | {b:.3f} | {s:.3f} | {b / s - 1:+.1%} |")
+    print("\nThe bridge's own Python work per batch (medians, measured apart from the runs above):\n")
+    print("| batch rows | to_table s | watermark filter s |")
+    print("|---:|---:|---:|")
+    for size, (table_s, watermark_s) in python_side.items():
+        print(f"| {size:,} | {table_s:.3f} | {watermark_s:.3f} |")
+    return 0
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(max(1, repeats)):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _sink(name: str, path: Path) -> Sink:
+    return ParquetSink(str(path)) if name == "parquet" else NoopSink()
+
+
+def _filter_all(chunks: list[RecordChunk]) -> None:
+    watermark = DeliveryWatermark()
+    for c in chunks:
+        watermark.filter(c)
+
+
+def _first_rows(chunks: list[RecordChunk], rows: int) -> list[RecordChunk]:
+    out: list[RecordChunk] = []
+    total = 0
+    for c in chunks:
+        if total >= rows:
+            break
+        assert total + len(c) <= rows, "batch sizes must be multiples of --chunk-records"
+        out.append(c)
+        total += len(c)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""Settings: EFO_ environment, nested ``__``, the YAML file, validation messages, the README table."""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from efo.config import InitialPosition, load_settings, settings_table
+from efo.errors import EXIT_CONFIG, ConfigError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+REQUIRED = {"EFO_STREAM": "orders", "EFO_APP": "orders-app", "EFO_SINK": "console"}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No EFO_* variable of the developer's shell (in any case) leaks into a test."""
+    for name in list(os.environ):
+        if name.upper().startswith("EFO_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+
+
+def _config_error(monkeypatch: pytest.MonkeyPatch, **values: str) -> str:
+    _env(monkeypatch, **{**REQUIRED, **values})
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.exit_code == EXIT_CONFIG
+    return str(info.value)
+
+
+# ---- environment and file ---------------------------------------------------------------
+
+
+def test_top_level_settings_are_read_from_efo_prefixed_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED, EFO_INITIAL_POSITION="TRIM_HORIZON", EFO_METRICS_PORT="9100")
+    settings = load_settings()
+    assert (settings.stream, settings.app, settings.sink) == ("orders", "orders-app", "console")
+    assert settings.initial_position == "TRIM_HORIZON"
+    assert settings.metrics_port == 9100
+
+
+def test_nested_settings_use_a_double_underscore_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED, EFO_POOL__MAX_PENDING_BYTES="2048", EFO_BATCH__MAX_WAIT_S="0.25")
+    settings = load_settings()
+    assert settings.pool.max_pending_bytes == 2048
+    assert settings.pool.max_pending_records == 200_000  # siblings keep their defaults
+    assert settings.batch.max_wait_s == 0.25
+
+
+def test_environment_variables_without_the_efo_prefix_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED, POOL__MAX_PENDING_BYTES="2048", STREAM="other")
+    settings = load_settings()
+    assert settings.pool.max_pending_bytes == 256 * 1024 * 1024
+    assert settings.stream == "orders"
+
+
+def test_yaml_file_supplies_settings_including_nested_sections(tmp_path: Path) -> None:
+    path = tmp_path / "efo.yaml"
+    path.write_text(
+        "stream: file-stream\napp: file-app\nsink: parquet:/tmp/out\n"
+        "pool: {max_pending_records: 5, max_pending_bytes: 4096}\n"
+    )
+    settings = load_settings(path)
+    assert (settings.stream, settings.app, settings.sink) == ("file-stream", "file-app", "parquet:/tmp/out")
+    assert (settings.pool.max_pending_records, settings.pool.max_pending_bytes) == (5, 4096)
+
+
+def test_environment_wins_over_the_yaml_file_field_by_field_even_inside_a_nested_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "efo.yaml"
+    path.write_text(
+        "stream: file-stream\napp: file-app\nsink: console\npool: {max_pending_records: 5, max_pending_bytes: 4096}\n"
+    )
+    _env(monkeypatch, EFO_APP="env-app", EFO_POOL__MAX_PENDING_BYTES="8192")
+    settings = load_settings(path)
+    assert settings.app == "env-app"
+    assert settings.stream == "file-stream"
+    assert settings.pool.max_pending_bytes == 8192
+    assert settings.pool.max_pending_records == 5  # the file's value for the sibling survives
+
+
+def test_unreadable_or_malformed_config_file_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match=r"missing\.yaml"):
+        load_settings(missing)
+    not_a_mapping = tmp_path / "list.yaml"
+    not_a_mapping.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"list\.yaml must hold a mapping"):
+        load_settings(not_a_mapping)
+
+
+# ---- defaults ---------------------------------------------------------------------------
+
+
+def test_table_and_consumer_names_default_to_the_app_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED)
+    settings = load_settings()
+    assert settings.table_name == "orders-app"
+    assert settings.consumer == "orders-app"
+    assert settings.initial_position == "LATEST"
+
+
+def test_explicit_table_and_consumer_names_override_the_app_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED, EFO_TABLE="leases", EFO_CONSUMER_NAME="fanout")
+    settings = load_settings()
+    assert (settings.table_name, settings.consumer) == ("leases", "fanout")
+
+
+# ---- validation messages ----------------------------------------------------------------
+
+
+def test_bad_initial_position_names_field_env_variable_value_and_allowed_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    message = _config_error(monkeypatch, EFO_INITIAL_POSITION="EARLIEST")
+    assert "initial_position" in message
+    assert "EFO_INITIAL_POSITION" in message
+    assert "'EARLIEST'" in message
+    assert "LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601>" in message
+
+
+def test_sink_outside_the_grammar_names_field_env_variable_value_and_the_grammar(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for bad in ("kafka:topic", "parquet:", "handler:no_function", "console:extra"):
+        message = _config_error(monkeypatch, EFO_SINK=bad)
+        assert "sink (EFO_SINK)" in message
+        assert repr(bad) in message
+        assert "parquet:<path or URI>, handler:<module>:<function>, console" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ("EFO_BATCH__MAX_WAIT_S", "batch.max_wait_s"),
+        ("EFO_SHUTDOWN_TIMEOUT_S", "shutdown_timeout_s"),
+        ("EFO_CHECKPOINT__INTERVAL_S", "checkpoint.interval_s"),
+        ("EFO_SUBSCRIPTION__BACKOFF_INITIAL_S", "subscription.backoff_initial_s"),
+    ],
+)
+def test_negative_duration_names_field_env_variable_value_and_the_bound(
+    monkeypatch: pytest.MonkeyPatch, env: str, field: str
+) -> None:
+    message = _config_error(monkeypatch, **{env: "-1.5"})
+    assert f"{field} ({env})" in message
+    assert "'-1.5'" in message
+    assert "greater than 0" in message
+
+
+def test_consumer_name_and_consumer_arn_together_are_rejected_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _config_error(
+        monkeypatch, EFO_CONSUMER_NAME="fanout", EFO_CONSUMER_ARN="arn:aws:kinesis:eu-west-1:1:stream/s/consumer/c:1"
+    )
+    assert "consumer_name" in message
+    assert "consumer_arn" in message
+    assert "not both" in message
+
+
+def test_consumer_name_and_consumer_arn_conflict_names_the_environment_variables_and_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    arn = "arn:aws:kinesis:eu-west-1:1:stream/s/consumer/c:1"
+    message = _config_error(monkeypatch, EFO_CONSUMER_NAME="fanout", EFO_CONSUMER_ARN=arn)
+    assert "EFO_CONSUMER_NAME" in message
+    assert "EFO_CONSUMER_ARN" in message
+    assert "fanout" in message
+
+
+def test_unknown_nested_key_is_rejected_naming_the_key_and_its_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _config_error(monkeypatch, EFO_POOL__NOPE="1")
+    assert "pool.nope (EFO_POOL__NOPE) is not a setting" in message
+
+
+def test_unknown_key_in_the_yaml_file_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "efo.yaml"
+    path.write_text("stream: s\napp: a\nsink: console\nbatch: {max_recrods: 5}\n")
+    with pytest.raises(ConfigError, match=r"batch\.max_recrods \(EFO_BATCH__MAX_RECRODS\) is not a setting"):
+        load_settings(path)
+
+
+def test_missing_stream_app_and_sink_are_all_reported_with_their_env_variables() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "stream (EFO_STREAM) is required" in message
+    assert "app (EFO_APP) is required" in message
+    assert "sink (EFO_SINK) is required" in message
+
+
+def test_blank_stream_is_rejected_as_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _config_error(monkeypatch, EFO_STREAM="   ")
+    assert "stream (EFO_STREAM)" in message
+    assert "must not be empty" in message
+
+
+# ---- AT_TIMESTAMP -----------------------------------------------------------------------
+
+
+def test_at_timestamp_with_z_suffix_parses_as_utc() -> None:
+    position = InitialPosition.parse("AT_TIMESTAMP:2026-01-31T12:00:00Z")
+    assert position.kind == "AT_TIMESTAMP"
+    assert position.timestamp == datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
+    assert position.timestamp is not None and position.timestamp.utcoffset() is not None
+
+
+def test_at_timestamp_without_offset_is_taken_as_utc() -> None:
+    position = InitialPosition.parse("AT_TIMESTAMP:2026-01-31T12:00:00")
+    assert position.timestamp == datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
+    assert position.timestamp is not None and position.timestamp.tzinfo is not None
+
+
+def test_at_timestamp_with_an_offset_is_converted_to_utc() -> None:
+    position = InitialPosition.parse("at_timestamp:2026-01-31T14:30:00+02:00")
+    assert position.timestamp == datetime(2026, 1, 31, 12, 30, tzinfo=UTC)
+    assert position.timestamp is not None and position.timestamp.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+
+
+def test_at_timestamp_setting_is_normalised_and_exposed_as_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED, EFO_INITIAL_POSITION="AT_TIMESTAMP:2026-01-31T12:00:00Z")
+    settings = load_settings()
+    assert settings.initial_position == "AT_TIMESTAMP:2026-01-31T12:00:00+00:00"
+    assert settings.start == InitialPosition("AT_TIMESTAMP", datetime(2026, 1, 31, 12, tzinfo=UTC))
+
+
+def test_at_timestamp_that_is_not_iso_8601_names_the_value_and_an_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _config_error(monkeypatch, EFO_INITIAL_POSITION="AT_TIMESTAMP:yesterday")
+    assert "initial_position (EFO_INITIAL_POSITION)" in message
+    assert "'yesterday'" in message
+    assert "2026-01-31T12:00:00Z" in message
+
+
+# ---- README -----------------------------------------------------------------------------
+
+
+def test_readme_configuration_table_is_the_generated_settings_table_verbatim() -> None:
+    text = README.read_text()
+    match = re.search(r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->", text, re.S)
+    assert match is not None, "README.md lacks the settings-table markers"
+    assert match.group(1) == settings_table()
+
+
+def test_settings_table_lists_every_setting_with_its_env_variable_and_default() -> None:
+    table = settings_table()
+    assert "| `pool.max_pending_bytes` | `EFO_POOL__MAX_PENDING_BYTES` | `268435456` |" in table
+    assert "| `stream` | `EFO_STREAM` | required |" in table
+    assert "| `worker_id` | `EFO_WORKER_ID` | host-pid |" in table
+
+
+def test_an_efo_variable_that_names_no_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _config_error(monkeypatch, EFO_BATCH_MAX_RECORDS="5")
+    assert "EFO_BATCH_MAX_RECORDS is not a setting" in message
+
+
+def test_tooling_variables_with_the_efo_prefix_are_not_settings_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("EFO_DEVSTACK_DIR", "/tmp/devstack")
+    monkeypatch.setenv("EFO_TEST_SUBSCRIPTION_LIFETIME_S", "3")
+    assert load_settings(stream="s", app="a", sink="console").app == "a"

@@ -1,0 +1,209 @@
+"""The handoff queue: batch bounds, order, close. Time comes from a fake clock; nothing sleeps for long."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from efo.handoff import Handoff, HandoffClosed
+from efo.records import RecordChunk
+
+JOIN_S = 5.0  # only ever reached when a test fails
+
+
+def _chunk(serial: int, records: int = 1, nbytes: int = 10, shard: str = "shard-0") -> RecordChunk:
+    chunk = RecordChunk("s", shard, serial)
+    for i in range(records):
+        chunk.sequence_numbers.append(f"{serial}{i:04d}")
+        chunk.sub_sequence_numbers.append(None)
+        chunk.partition_keys.append("pk")
+        chunk.explicit_hash_keys.append(None)
+        chunk.arrival_ms.append(0)
+        chunk.data.append(b"x")
+        chunk.errors.append(None)
+    chunk.data_bytes = nbytes
+    return chunk
+
+
+def _frozen_clock() -> Callable[[], float]:
+    return lambda: 0.0
+
+
+def _clock(times: Iterator[float]) -> Callable[[], float]:
+    last = [0.0]
+
+    def now() -> float:
+        last[0] = next(times, last[0])
+        return last[0]
+
+    return now
+
+
+def _filled(*chunks: RecordChunk, clock: Callable[[], float] | None = None) -> Handoff:
+    handoff = Handoff(clock=clock or _frozen_clock())
+    for chunk in chunks:
+        handoff.put(chunk)
+    return handoff
+
+
+def _serials(batch: list[RecordChunk]) -> list[int]:
+    return [c.serial for c in batch]
+
+
+def test_batch_closes_when_the_next_chunk_would_pass_max_records() -> None:
+    handoff = _filled(_chunk(1, 4), _chunk(2, 4), _chunk(3, 4))
+    assert _serials(handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=60)) == [1, 2]
+    assert _serials(handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=0)) == [3]
+
+
+def test_batch_closes_as_soon_as_it_reaches_max_records_exactly() -> None:
+    handoff = _filled(_chunk(1, 5), _chunk(2, 5), _chunk(3, 1))
+    # The frozen clock never reaches the deadline: only the record bound can close this batch.
+    assert _serials(handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=60)) == [1, 2]
+
+
+def test_batch_closes_when_the_next_chunk_would_pass_max_bytes() -> None:
+    handoff = _filled(_chunk(1, nbytes=400), _chunk(2, nbytes=400), _chunk(3, nbytes=400))
+    assert _serials(handoff.take_batch(max_records=10**6, max_bytes=1_000, max_wait_s=60)) == [1, 2]
+    assert _serials(handoff.take_batch(max_records=10**6, max_bytes=1_000, max_wait_s=0)) == [3]
+
+
+def test_batch_closes_as_soon_as_it_reaches_max_bytes_exactly() -> None:
+    handoff = _filled(_chunk(1, nbytes=500), _chunk(2, nbytes=500), _chunk(3, nbytes=1))
+    assert _serials(handoff.take_batch(max_records=10**6, max_bytes=1_000, max_wait_s=60)) == [1, 2]
+
+
+def test_batch_closes_at_max_wait_after_its_first_chunk() -> None:
+    # t=0 when the first chunk is seen (the deadline is 0 + 5), t=5 at the next look: time is up.
+    handoff = _filled(_chunk(1), clock=_clock(iter([0.0, 5.0])))
+    done = threading.Event()
+    result: list[RecordChunk] = []
+
+    def take() -> None:
+        result.extend(handoff.take_batch(max_records=100, max_bytes=10**9, max_wait_s=5))
+        done.set()
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    thread.join(JOIN_S)
+    assert done.is_set(), "take_batch did not close the batch at max_wait_s"
+    assert _serials(result) == [1]
+
+
+def test_batch_with_zero_max_wait_returns_what_is_queued_without_waiting() -> None:
+    handoff = _filled(_chunk(1), _chunk(2))
+    assert _serials(handoff.take_batch(max_records=100, max_bytes=10**9, max_wait_s=0)) == [1, 2]
+
+
+def test_a_taker_waiting_for_the_deadline_takes_chunks_put_meanwhile() -> None:
+    about_to_wait = threading.Event()
+    calls = [0]
+
+    def clock() -> float:
+        calls[0] += 1
+        if calls[0] == 2:  # the look just before it waits for more (the lock is still held)
+            about_to_wait.set()
+        return 0.0
+
+    handoff = _filled(_chunk(1, 2), clock=clock)
+    result: list[RecordChunk] = []
+    thread = threading.Thread(
+        target=lambda: result.extend(handoff.take_batch(max_records=4, max_bytes=10**9, max_wait_s=60)), daemon=True
+    )
+    thread.start()
+    assert about_to_wait.wait(JOIN_S)
+    handoff.put(_chunk(2, 2))  # acquires the lock once the taker waits; reaching 4 records closes the batch
+    thread.join(JOIN_S)
+    assert not thread.is_alive()
+    assert _serials(result) == [1, 2]
+
+
+def test_a_chunk_larger_than_max_records_forms_a_batch_of_its_own() -> None:
+    handoff = _filled(_chunk(1, 1), _chunk(2, 50), _chunk(3, 1))
+    assert _serials(handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=60)) == [1]
+    assert _serials(handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=60)) == [2]
+    assert _serials(handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=0)) == [3]
+
+
+def test_a_chunk_larger_than_max_bytes_forms_a_batch_of_its_own() -> None:
+    handoff = _filled(_chunk(1, nbytes=5_000), _chunk(2, nbytes=1))
+    assert _serials(handoff.take_batch(max_records=10**6, max_bytes=1_000, max_wait_s=60)) == [1]
+    assert _serials(handoff.take_batch(max_records=10**6, max_bytes=1_000, max_wait_s=0)) == [2]
+
+
+def test_chunks_come_out_in_the_order_they_were_put_across_batches() -> None:
+    handoff = _filled(*(_chunk(i, records=(i % 3) + 1) for i in range(1, 21)))
+    seen: list[int] = []
+    while len(seen) < 20:
+        batch = handoff.take_batch(max_records=5, max_bytes=10**9, max_wait_s=0, idle_wait_s=0)
+        assert batch, "queue ran dry early"
+        assert sum(len(c) for c in batch) <= 5
+        seen.extend(_serials(batch))
+    assert seen == list(range(1, 21))
+
+
+def test_take_batch_returns_nothing_when_idle() -> None:
+    handoff = Handoff(clock=_frozen_clock())
+    assert handoff.take_batch(max_records=10, max_bytes=10, max_wait_s=0, idle_wait_s=0) == []
+
+
+def test_close_returns_the_chunks_never_taken_in_order() -> None:
+    handoff = _filled(_chunk(1), _chunk(2), _chunk(3))
+    assert _serials(handoff.take_batch(max_records=1, max_bytes=10**9, max_wait_s=0)) == [1]
+    left = handoff.close()
+    assert _serials(left) == [2, 3]
+    assert handoff.closed
+    assert handoff.take_batch(max_records=10, max_bytes=10**9, max_wait_s=0, idle_wait_s=0) == []
+    assert handoff.close() == []  # already handed back once
+
+
+def test_close_wakes_a_taker_waiting_for_a_first_chunk() -> None:
+    handoff = Handoff(clock=_frozen_clock())
+    result: list[list[RecordChunk]] = []
+    thread = threading.Thread(
+        target=lambda: result.append(handoff.take_batch(10, 10**9, 60, idle_wait_s=60)), daemon=True
+    )
+    thread.start()
+    waiting = threading.Event()
+    for _ in range(10_000):  # until the taker sits in Condition.wait (CPython keeps its waiters here)
+        with handoff._cond:
+            if handoff._cond._waiters:  # type: ignore[attr-defined]
+                waiting.set()
+                break
+        waiting.wait(0.001)
+    assert waiting.is_set()
+    handoff.close()
+    thread.join(JOIN_S)
+    assert not thread.is_alive(), "close() did not wake the waiting taker"
+    assert result == [[]]
+
+
+def test_close_wakes_a_taker_waiting_to_fill_its_batch_and_it_keeps_what_it_took() -> None:
+    about_to_wait = threading.Event()
+    calls = [0]
+
+    def clock() -> float:
+        calls[0] += 1
+        if calls[0] == 2:
+            about_to_wait.set()
+        return 0.0
+
+    handoff = _filled(_chunk(1), clock=clock)
+    result: list[RecordChunk] = []
+    thread = threading.Thread(target=lambda: result.extend(handoff.take_batch(100, 10**9, 60)), daemon=True)
+    thread.start()
+    assert about_to_wait.wait(JOIN_S)
+    assert handoff.close() == []  # chunk 1 was already taken
+    thread.join(JOIN_S)
+    assert not thread.is_alive()
+    assert _serials(result) == [1]
+
+
+def test_put_after_close_raises_handoff_closed() -> None:
+    handoff = Handoff(clock=_frozen_clock())
+    handoff.close()
+    with pytest.raises(HandoffClosed):
+        handoff.put(_chunk(1))
+    assert handoff.close() == []
