@@ -52,20 +52,23 @@ class DeliveryWatermark:
         self._marks: dict[str, tuple[int, int, int]] = {}  # shard -> (epoch, sequence, sub)
 
     def filter(self, chunk: RecordChunk) -> tuple[RecordChunk, int]:
+        if not len(chunk):
+            return chunk, 0
         mark = self._marks.get(chunk.shard_id)
         if mark is not None and mark[0] != chunk.epoch:
             mark = None
-        keep = [
-            i
-            for i, (seq, sub) in enumerate(zip(chunk.sequence_numbers, chunk.sub_sequence_numbers, strict=True))
-            if mark is None or (int(seq), MAX_SUB_SEQUENCE if sub is None else sub) > mark[1:]
-        ]
+        # A chunk is in sequence order: past the mark at its first row, it is past it everywhere.
+        if mark is None or self._key(chunk, 0) > mark[1:]:
+            keep = range(len(chunk))
+        else:
+            keep = range(next((i for i in range(len(chunk)) if self._key(chunk, i) > mark[1:]), len(chunk)), len(chunk))
         if keep:
-            seq, sub = chunk.sequence_numbers[keep[-1]], chunk.sub_sequence_numbers[keep[-1]]
-            self._marks[chunk.shard_id] = (chunk.epoch, int(seq), MAX_SUB_SEQUENCE if sub is None else sub)
+            self._marks[chunk.shard_id] = (chunk.epoch, *self._key(chunk, keep[-1]))
         dropped = len(chunk) - len(keep)
         if not dropped:
             return chunk, 0
+        if not keep:
+            return RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch, grant=chunk.grant), dropped
         kept = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch, grant=chunk.grant)
         for name in (
             "sequence_numbers",
@@ -76,10 +79,14 @@ class DeliveryWatermark:
             "data",
             "errors",
         ):
-            column = getattr(chunk, name)
-            setattr(kept, name, [column[i] for i in keep])
+            setattr(kept, name, getattr(chunk, name)[keep.start :])
         kept.data_bytes = sum(len(d) for d in kept.data)
         return kept, dropped
+
+    @staticmethod
+    def _key(chunk: RecordChunk, i: int) -> tuple[int, int]:
+        sub = chunk.sub_sequence_numbers[i]
+        return int(chunk.sequence_numbers[i]), MAX_SUB_SEQUENCE if sub is None else sub
 
 
 class ValueDecoder:
@@ -89,6 +96,7 @@ class ValueDecoder:
 
     def __init__(self, value_format: str, json_schema: str | None) -> None:
         self.value_format = value_format
+        self._observations = 0
         self.schema: StructType | None = None
         if value_format == "json":
             assert json_schema
@@ -121,7 +129,8 @@ class ValueDecoder:
                 *[F.col(c) for c in df.columns], *[F.col(f"_parsed.{n}").alias(n) for n in names], bad.alias("_bad")
             )
         )
-        observation = Observation("efo_json")
+        self._observations += 1  # a name unique per batch: a sink may run several actions
+        observation = Observation(f"efo_json_{self._observations}")
         out = out.observe(observation, F.sum(F.col("_bad").cast("long")).alias("invalid_json"))
         return out.drop("_bad"), observation
 
