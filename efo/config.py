@@ -198,6 +198,14 @@ class Settings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="This worker's name in the lease table. Default: host name + pid.",
     )
+    on_corrupt_aggregate: Literal["passthrough", "dead_letter", "fail"] = Field(
+        "passthrough",
+        description="A KPL aggregate that does not decode: passthrough (raw record, error=corrupt_aggregate), "
+        "dead_letter (to dead_letter_sink) or fail (stop).",
+    )
+    dead_letter_sink: str | None = Field(
+        None, description=f"Where corrupt aggregates go with on_corrupt_aggregate=dead_letter: {SINK_GRAMMAR}."
+    )
     value_format: Literal["binary", "utf8", "json"] = Field(
         "binary",
         description="Decode `data` into added columns: utf8 adds `value`; json adds the EFO_JSON_SCHEMA columns.",
@@ -264,6 +272,20 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith("sc://"):
             raise ValueError("allowed: a Spark Connect URL such as sc://spark-connect:15002")
         return value
+
+    @field_validator("dead_letter_sink")
+    @classmethod
+    def _dead_letter_sink(cls, value: str | None) -> str | None:
+        return None if value is None else str(SinkSpec.parse(value))
+
+    @model_validator(mode="after")
+    def _dead_letters_need_a_sink(self) -> Settings:
+        if self.on_corrupt_aggregate == "dead_letter" and not self.dead_letter_sink:
+            raise ValueError(
+                "on_corrupt_aggregate (EFO_ON_CORRUPT_AGGREGATE) = 'dead_letter' needs dead_letter_sink "
+                f"(EFO_DEAD_LETTER_SINK): {SINK_GRAMMAR}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _json_needs_schema(self) -> Settings:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from efo.config import Settings
+from efo.config import Settings, SinkSpec
 from efo.observability import METRICS, configure_logging
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, ValueDecoder
@@ -47,6 +47,7 @@ def _drive(spark: SparkSession, sink: Sink, settings: Settings, service: Service
         max_attempts=settings.sink_retry.max_attempts,
         retry_backoff_s=settings.sink_retry.retry_backoff_s,
         decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs the session
+        dead_letter_sink=make_sink(SinkSpec.parse(settings.dead_letter_sink)) if settings.dead_letter_sink else None,
     )
     driver = Driver(runner, settings, service)
     if install_signals:

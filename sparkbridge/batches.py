@@ -171,10 +171,12 @@ class BatchRunner:
         max_attempts: int,
         retry_backoff_s: float,
         decoder: ValueDecoder | None = None,
+        dead_letter_sink: Sink | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.spark = spark
         self.sink = sink
+        self.dead_letter_sink = dead_letter_sink
         self.max_attempts = max_attempts
         self.retry_backoff_s = retry_backoff_s
         self.decoder = decoder or ValueDecoder("binary", None)
@@ -182,7 +184,8 @@ class BatchRunner:
         self._sleep = sleep
 
     def run(self, batch_id: str, chunks: list[RecordChunk]) -> BatchResult:
-        """Write the batch through the sink, retrying the same rows; raise SinkFailed at the end."""
+        """Write the batch through the sink (its dead letters first, through the dead-letter sink),
+        retrying the same rows; raise SinkFailed when the attempts run out."""
         started = time.monotonic()
         kept: list[RecordChunk] = []
         duplicates = 0
@@ -194,32 +197,63 @@ class BatchRunner:
         if duplicates:
             METRICS.records_duplicate.inc(duplicates)
             log.info("batch.duplicates_dropped", batch_id=batch_id, records=duplicates)
+        dead = dead_letter_chunks(chunks)
+        if dead:
+            if self.dead_letter_sink is None:
+                raise SinkFailed(f"batch {batch_id} has corrupt aggregates to dead-letter but no dead_letter_sink")
+            dead_df = self.spark.createDataFrame(to_table(dead))
+            self._write(self.dead_letter_sink, dead_df, f"{batch_id}-dead-letters", dead, "dead_letter_sink")
         info = describe_batch(batch_id, kept) if kept else BatchInfo(batch_id, 0, 0)
         invalid_json: int | None = None
         if kept:
             df, observation = self.decoder.decode(self.spark.createDataFrame(to_table(kept)))
-            for attempt in range(1, self.max_attempts + 1):
-                info = describe_batch(batch_id, kept, attempt)
-                try:
-                    self.sink.write(df, info)
-                    break
-                except Exception as exc:
-                    if attempt == self.max_attempts:
-                        raise SinkFailed(
-                            f"sink failed on batch {batch_id} after {attempt} attempts: {type(exc).__name__}: {exc}"
-                        ) from None
-                    delay_s = self.retry_backoff_s * 2 ** (attempt - 1)
-                    log.warning(
-                        "sink.retry",
-                        batch_id=batch_id,
-                        attempt=attempt,
-                        error=f"{type(exc).__name__}: {exc}",
-                        delay_s=delay_s,
-                    )
-                    self._sleep(delay_s)
+            info = self._write(self.sink, df, batch_id, kept, "sink")
             metrics = observed(observation)
             if metrics is not None:
                 invalid_json = int(metrics.get("invalid_json") or 0)
                 if invalid_json:
                     METRICS.records_invalid_json.inc(invalid_json)
         return BatchResult(info, chunks, duplicates, invalid_json, time.monotonic() - started)
+
+    def _write(self, sink: Sink, df: DataFrame, batch_id: str, chunks: list[RecordChunk], name: str) -> BatchInfo:
+        for attempt in range(1, self.max_attempts + 1):
+            info = describe_batch(batch_id, chunks, attempt)
+            try:
+                sink.write(df, info)
+                return info
+            except Exception as exc:
+                if attempt == self.max_attempts:
+                    raise SinkFailed(
+                        f"{name} failed on batch {batch_id} after {attempt} attempts: {type(exc).__name__}: {exc}"
+                    ) from None
+                delay_s = self.retry_backoff_s * 2 ** (attempt - 1)
+                log.warning(
+                    "sink.retry",
+                    sink=name,
+                    batch_id=batch_id,
+                    attempt=attempt,
+                    error=f"{type(exc).__name__}: {exc}",
+                    delay_s=delay_s,
+                )
+                self._sleep(delay_s)
+        raise AssertionError("unreachable")
+
+
+def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
+    """The dead letters of these chunks as chunks of their own, ``error`` naming the reason."""
+    out = []
+    for chunk in chunks:
+        if not chunk.dead_letters:
+            continue
+        dead = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch)
+        for letter in chunk.dead_letters:
+            dead.sequence_numbers.append(letter.sequence_number)
+            dead.sub_sequence_numbers.append(None)
+            dead.partition_keys.append(letter.partition_key)
+            dead.explicit_hash_keys.append(None)
+            dead.arrival_ms.append(letter.arrival_ms)
+            dead.data.append(letter.data)
+            dead.errors.append(f"corrupt_aggregate: {letter.reason}")
+            dead.data_bytes += len(letter.data)
+        out.append(dead)
+    return out

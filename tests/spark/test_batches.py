@@ -173,3 +173,35 @@ def test_utf8_decoding_adds_a_value_column(spark: SparkSession) -> None:
     sink = Recorder()
     runner(spark, sink, decoder=ValueDecoder("utf8", None)).run("b-u", [chunk("s-1", 0, 2)])
     assert [row["value"] for row in sink.calls[0][1]] == ["record-s-1-0", "record-s-1-1"]
+
+
+def test_dead_letters_go_to_the_dead_letter_sink_before_the_batch_and_with_their_reason(spark: SparkSession) -> None:
+    from efo.kpl import DeadLetter
+
+    main, dead = Recorder(), Recorder()
+    r = BatchRunner(spark, main, max_attempts=2, retry_backoff_s=0, dead_letter_sink=dead, sleep=lambda s: None)
+    good = chunk("s-1", 0, 3)
+    only_dead = chunk("s-1", 3, 0, serial=2)
+    only_dead.dead_letters.append(
+        DeadLetter(str(10**40 + 3), "pk-x", 1_700_000_000_003, b"\xf3\x89\x9a\xc2junk", "md5 mismatch")
+    )
+    result = r.run("b-d", [good, only_dead])
+    ((dead_info, dead_rows),) = dead.calls
+    assert dead_info.batch_id == "b-d-dead-letters"
+    assert dead_rows[0]["error"] == "corrupt_aggregate: md5 mismatch" and dead_rows[0]["data"] == bytearray(
+        b"\xf3\x89\x9a\xc2junk"
+    )
+    assert [row["sequence_number"] for row in main.calls[0][1]] == [str(10**40 + i) for i in range(3)]
+    assert [c.serial for c in result.chunks] == [1, 2]  # the dead-letter-only chunk is acknowledged too
+
+
+def test_a_failing_dead_letter_sink_fails_the_batch_before_the_main_sink_runs(spark: SparkSession) -> None:
+    from efo.kpl import DeadLetter
+
+    main, dead = Recorder(), Recorder(fail_times=99)
+    r = BatchRunner(spark, main, max_attempts=2, retry_backoff_s=0, dead_letter_sink=dead, sleep=lambda s: None)
+    c = chunk("s-1", 0, 2)
+    c.dead_letters.append(DeadLetter(str(10**40 + 9), "pk", 1, b"x", "truncated varint"))
+    with pytest.raises(SinkFailed, match="dead_letter_sink failed on batch b-f-dead-letters after 2 attempts"):
+        r.run("b-f", [c])
+    assert main.calls == []
