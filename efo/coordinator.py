@@ -10,6 +10,7 @@ flushes checkpoints and releases its leases.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -123,6 +124,7 @@ class Coordinator:
         self._checkpoint_now = asyncio.Event()
         self._observed: dict[str, tuple[int | None, float]] = {}
         self._ready = False
+        self._epochs = itertools.count(1)  # each start of a shard: resets the driver's watermark
         self._finished: set[str] = set()  # SHARD_END written by this worker (a table read may be older)
         self._group: asyncio.TaskGroup | None = None
 
@@ -280,6 +282,10 @@ class Coordinator:
             handoff=self.handoff,
             progress=state,
             settings=self.settings.subscription,
+            epoch=next(self._epochs),
+            backpressure_timeout_s=self.settings.pool.backpressure_timeout_s,
+            on_corrupt_aggregate=self.settings.on_corrupt_aggregate,
+            lease_check=lambda: self.table.holds(state.lease),
         )
         state.task = self._group.create_task(self._run_shard(state, subscription), name=f"shard-{lease.shard_id}")
         METRICS.shards_owned.set(len(self.shards))

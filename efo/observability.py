@@ -57,6 +57,7 @@ class Metrics:
     records_committed: Counter
     records_duplicate: Counter
     records_invalid_json: Counter
+    corrupt_aggregates: Counter
     checkpoints_written: Counter
     subscriptions_started: Counter
     subscription_errors: Counter
@@ -82,6 +83,9 @@ class Metrics:
                 "efo_records_invalid_json_total",
                 "Rows whose data did not parse as JSON (kept, error set).",
                 registry=registry,
+            ),
+            corrupt_aggregates=Counter(
+                "efo_corrupt_aggregates_total", "KPL aggregates that did not decode.", registry=registry
             ),
             checkpoints_written=Counter("efo_checkpoints_written_total", "Checkpoint writes.", registry=registry),
             subscriptions_started=Counter(

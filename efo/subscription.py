@@ -13,16 +13,19 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
 from efo.config import SubscriptionSettings
+from efo.decoder import ShardEvent, iter_events
 from efo.errors import EfoError, LeaseLost, error_code, translate
 from efo.handoff import Handoff
+from efo.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
 from efo.observability import METRICS
-from efo.pool import PendingPool
+from efo.pool import Grant, PendingPool
 from efo.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
 
 log = structlog.get_logger("efo.subscription")
@@ -87,6 +90,10 @@ class ShardSubscription:
         handoff: Handoff,
         progress: ShardProgress,
         settings: SubscriptionSettings,
+        epoch: int = 0,
+        backpressure_timeout_s: float | None = None,
+        on_corrupt_aggregate: CorruptPolicy = "passthrough",
+        lease_check: Callable[[], Awaitable[bool]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
@@ -101,6 +108,11 @@ class ShardSubscription:
         self._handoff = handoff
         self._progress = progress
         self._settings = settings
+        self.epoch = epoch
+        self._backpressure_timeout_s = backpressure_timeout_s
+        self._on_corrupt: CorruptPolicy = on_corrupt_aggregate
+        self._lease_check = lease_check
+        self._corrupt_logged = False
         self._clock = clock
         self._sleep = sleep
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng)
@@ -114,14 +126,29 @@ class ShardSubscription:
         while True:
             await self._pace()
             self.attempt += 1
+            self._streaming = False
             try:
                 ended = await self._subscribe_once()
             except asyncio.CancelledError:
                 raise
+            except Backpressure as waited:
+                # Nothing of the waiting event was admitted: resume from the last admitted position
+                # once the pool has room, rather than hold the connection open for ever.
+                log.warning(
+                    "subscription.backpressure",
+                    shard_id=self.shard_id,
+                    attempt=self.attempt,
+                    records=waited.records,
+                    waited_s=self._backpressure_timeout_s,
+                )
+                await self._pool.wait_for_room(waited.records, waited.bytes, self.shard_id)
+                continue
             except Exception as exc:
-                error = translate(exc, resource=f"shard {self.shard_id} of stream {self.stream!r}")
+                error = translate(exc, resource=self._resource())
                 if not error.retriable or isinstance(error, LeaseLost):
                     raise error from None
+                if self._streaming and error_code(exc) == "ResourceInUseException":
+                    await self._confirm_lease()
                 delay_s = self._backoff.next_delay_s()
                 METRICS.subscription_errors.labels(code=error_code(exc) or type(exc).__name__).inc()
                 log.warning(
@@ -137,6 +164,15 @@ class ShardSubscription:
             if ended is not None:
                 return ended
             log.info("subscription.renewing", shard_id=self.shard_id, attempt=self.attempt, position=str(self.position))
+
+    def _resource(self) -> str:
+        return f"shard {self.shard_id} of stream {self.stream!r} (consumer {self._consumer_arn})"
+
+    async def _confirm_lease(self) -> None:
+        """ResourceInUse in the middle of a stream: another subscriber took the shard over. Keep
+        going only while the lease is still ours (a strongly consistent read)."""
+        if self._lease_check is not None and not await self._lease_check():
+            raise LeaseLost(f"shard {self.shard_id} was taken over by another subscriber and its lease is gone")
 
     async def _pace(self) -> None:
         now = self._clock()
@@ -156,69 +192,115 @@ class ShardSubscription:
             StartingPosition=self.position.starting_position(),
         )
         self._last_success_at = self._clock()
+        self._streaming = True
         METRICS.subscriptions_started.inc()
         stream = response["EventStream"]
         log.info("subscription.started", shard_id=self.shard_id, attempt=self.attempt, position=str(self.position))
         try:
-            async for event in stream:
-                payload = event.get("SubscribeToShardEvent")
-                if payload is None:
-                    continue
-                self._backoff.reset()
-                ended = await self._on_event(payload)
-                if ended is not None:
-                    return ended
+            async with aclosing(iter_events(stream)) as events:
+                async for event in events:
+                    self._backoff.reset()
+                    ended = await self._on_event(event)
+                    if ended is not None:
+                        return ended
         finally:
             stream.close()
         return None
 
-    async def _on_event(self, event: dict[str, Any]) -> ShardEnded | None:
-        chunk = RecordChunk(self.stream, self.shard_id, serial=0)
-        delivered = self._delivered
-        duplicates = 0
-        for record in event.get("Records", ()):
-            sequence_number = record["SequenceNumber"]
-            sequence = int(sequence_number)
-            if not _is_newer(sequence, MAX_SUB_SEQUENCE, delivered):
-                duplicates += 1
-                continue
-            data = record["Data"]
-            chunk.sequence_numbers.append(sequence_number)
-            chunk.sub_sequence_numbers.append(None)
-            chunk.partition_keys.append(record["PartitionKey"])
-            chunk.explicit_hash_keys.append(None)
-            chunk.arrival_ms.append(int(float(record["ApproximateArrivalTimestamp"]) * 1000))
-            chunk.data.append(data)
-            chunk.errors.append(None)
-            chunk.data_bytes += len(data)
-        if duplicates:
-            METRICS.records_duplicate.inc(duplicates)
+    async def _on_event(self, event: ShardEvent) -> ShardEnded | None:
+        try:
+            rows = expand(
+                event.sequence_numbers,
+                event.partition_keys,
+                event.arrival_ms,
+                event.data,
+                self._delivered,
+                policy=self._on_corrupt,
+            )
+        except CorruptAggregate as exc:
+            raise CorruptAggregate(f"{exc.reason} in shard {self.shard_id} of stream {self.stream!r}") from None
+        chunk = RecordChunk(
+            self.stream,
+            self.shard_id,
+            serial=0,
+            epoch=self.epoch,
+            sequence_numbers=rows.sequence_numbers,
+            sub_sequence_numbers=rows.sub_sequence_numbers,
+            partition_keys=rows.partition_keys,
+            explicit_hash_keys=rows.explicit_hash_keys,
+            arrival_ms=rows.arrival_ms,
+            data=rows.data,
+            errors=rows.errors,
+            data_bytes=rows.data_bytes,
+            dead_letters=rows.dead_letters,
+        )
+        if rows.corrupt:
+            METRICS.corrupt_aggregates.inc(rows.corrupt)
+            if not self._corrupt_logged:  # once per shard: a corrupt producer would flood the log
+                self._corrupt_logged = True
+                log.warning(
+                    "records.corrupt_aggregate",
+                    shard_id=self.shard_id,
+                    sequence_number=_first_corrupt(rows, event),
+                    policy=self._on_corrupt,
+                    records=rows.corrupt,
+                )
+        if rows.duplicates:
+            METRICS.records_duplicate.inc(rows.duplicates)
         METRICS.records_received.inc(len(chunk))
-        continuation = event.get("ContinuationSequenceNumber")
+        continuation = event.continuation_sequence_number
         if not self._started:
             self._started = True
             first = Position("AT_SEQUENCE_NUMBER", chunk.sequence_numbers[0]) if len(chunk) else None
             self._progress.started(first or (after(continuation) if continuation else self.position))
-        if len(chunk):
-            last = chunk.sequence_numbers[-1]
-            if continuation is None or int(continuation) < int(last):
-                resume = after(last)
-            else:
-                resume = after(continuation)
-            chunk.grant = await self._pool.acquire(len(chunk), chunk.data_bytes)
+        last = event.sequence_numbers[-1] if event.sequence_numbers else None
+        if last is not None and _is_newer(int(last), MAX_SUB_SEQUENCE, self._delivered):
+            resume = after(last) if continuation is None or int(continuation) < int(last) else after(continuation)
+            records = len(chunk) + len(chunk.dead_letters)
+            nbytes = chunk.data_bytes + sum(len(letter.data) for letter in chunk.dead_letters)
+            chunk.grant = await self._admit(records, nbytes)
             chunk.serial = self._progress.next_serial()
             self._progress.enqueued(chunk.serial, resume)
             self._handoff.put(chunk)
-            self._delivered = (int(last), MAX_SUB_SEQUENCE)
+            self._delivered = (int(last), MAX_SUB_SEQUENCE)  # the whole event, dead letters included
             self.position = resume
         elif continuation is not None:
             self.position = after(continuation)
             self._progress.idle(self.position)
         if continuation is None:
-            children = tuple(child["ShardId"] for child in event.get("ChildShards") or ())
+            children = tuple(child["ShardId"] for child in event.child_shards)
             log.info("subscription.shard_end", shard_id=self.shard_id, children=list(children))
             return ShardEnded(children)
         return None
+
+    async def _admit(self, records: int, nbytes: int) -> Grant:
+        """Pool budget for an event, before the next event is read; ``Backpressure`` after
+        ``backpressure_timeout_s`` (the caller closes the stream and resubscribes later)."""
+        acquire = self._pool.acquire(records, nbytes, self.shard_id)
+        if self._backpressure_timeout_s is None:
+            return await acquire
+        try:
+            return await asyncio.wait_for(acquire, self._backpressure_timeout_s)
+        except TimeoutError:
+            raise Backpressure(records, nbytes) from None
+
+
+class Backpressure(Exception):
+    """An event waited longer than the backpressure timeout for pool budget (not an error)."""
+
+    def __init__(self, records: int, nbytes: int) -> None:
+        super().__init__(f"waited for pool budget for {records} records")
+        self.records = records
+        self.bytes = nbytes
+
+
+def _first_corrupt(rows: Expanded, event: ShardEvent) -> str | None:
+    if rows.dead_letters:
+        return rows.dead_letters[0].sequence_number
+    for sequence_number, error in zip(rows.sequence_numbers, rows.errors, strict=True):
+        if error is not None:
+            return sequence_number
+    return event.sequence_numbers[0] if event.sequence_numbers else None
 
 
 __all__ = ["Backoff", "EfoError", "ShardEnded", "ShardProgress", "ShardSubscription"]

@@ -1,0 +1,462 @@
+"""Ingest throughput: stock aiobotocore vs a boto3 thread per shard vs efo's subscription path.
+
+A synthetic SubscribeToShard server (bench/synthetic_server.py) runs in its own process on
+127.0.0.1 (pinned to another CPU than this one when there are two), streaming events as fast as
+the client reads. For each shard count and record size, in the same run, interleaved:
+
+* ``stock``: aiobotocore, one task per shard iterating ``response["EventStream"]`` (botocore's
+  parser with its default datetime timestamps), counting records;
+* ``stock-epoch`` (only with ``--variants``): the same through efo's data-plane client, whose
+  parser turns timestamps into epoch-seconds floats instead of datetimes (efo before efo.decoder);
+* ``boto3``: a boto3 thread per shard iterating its EventStream and putting each event's records
+  on a ``queue.Queue`` that the main thread drains and counts;
+* ``efo``: :class:`efo.subscription.ShardSubscription` with efo's data-plane client, its real
+  :class:`PendingPool` and :class:`Handoff`, and a no-op drain thread that takes batches from the
+  handoff and acknowledges them the way the Spark driver does (the grants are released on the
+  loop thread through ``call_soon_threadsafe``, as ``Coordinator.on_committed`` does). Records are
+  counted as they are handed off, so the rate includes pool admission.
+
+Each measurement: ``--warmup`` seconds, then records counted over ``--seconds``. The table shows
+the median of ``--repeats`` measurements per cell. Run from the repository root:
+
+    .venv/bin/python bench/ingest.py [--shards 1,8,64] [--record-size 1024,10240] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import queue
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import structlog
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from synthetic_server import consumer_arn
+
+from efo.aws import Clients, Endpoints
+from efo.config import BatchSettings, PoolSettings, SubscriptionSettings
+from efo.handoff import Handoff
+from efo.pool import Grant, PendingPool
+from efo.records import Position, RecordChunk
+from efo.subscription import ShardSubscription
+
+REGION = "us-east-1"
+VARIANTS = ("stock", "stock-epoch", "boto3", "efo")
+DEFAULT_VARIANTS = ("stock", "boto3", "efo")
+LABELS = {
+    "stock": "stock aiobotocore",
+    "stock-epoch": "aiobotocore, epoch-seconds parser",
+    "boto3": "boto3 threads",
+    "efo": "efo",
+}
+
+
+def _hermetic_aws_environment() -> None:
+    """Dummy credentials; no shared config files; never ask an instance metadata service."""
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": "/nonexistent/efo-bench",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/efo-bench",
+        }
+    )
+    os.environ.pop("AWS_PROFILE", None)
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+
+
+@dataclass
+class Case:
+    shards: int
+    record_bytes: int
+    records_per_event: int
+
+    @property
+    def arn(self) -> str:
+        return consumer_arn(self.record_bytes, self.records_per_event)
+
+    @property
+    def shard_ids(self) -> list[str]:
+        return [f"shardId-{i:012d}" for i in range(self.shards)]
+
+
+@dataclass
+class Window:
+    warmup_s: float
+    seconds: float
+
+
+async def _measure_async(count: Callable[[], int], tasks: list[asyncio.Task[Any]], window: Window) -> float:
+    """Records per second over the window, after the warm-up; fails if a reader died."""
+
+    def check() -> None:
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"a reader failed: {task.exception()!r}")
+
+    await asyncio.sleep(window.warmup_s)
+    check()
+    start, started_at = count(), time.perf_counter()
+    await asyncio.sleep(window.seconds)
+    end, ended_at = count(), time.perf_counter()
+    check()
+    return (end - start) / (ended_at - started_at)
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---- (a) stock aiobotocore -------------------------------------------------------------------
+
+
+async def run_stock(endpoint: str, case: Case, window: Window, *, epoch_seconds: bool = False) -> float:
+    async with AsyncExitStack() as stack:
+        if epoch_seconds:
+            clients = await stack.enter_async_context(Clients(Endpoints(REGION, endpoint, None)))
+            client = await clients.subscriptions(case.shards, 30)
+        else:
+            config = AioConfig(
+                retries={"total_max_attempts": 1}, read_timeout=30, max_pool_connections=2 * case.shards + 16
+            )
+            client = await stack.enter_async_context(
+                get_session().create_client("kinesis", region_name=REGION, endpoint_url=endpoint, config=config)
+            )
+        received = 0
+
+        async def read(shard_id: str) -> None:
+            nonlocal received
+            response = await client.subscribe_to_shard(
+                ConsumerARN=case.arn, ShardId=shard_id, StartingPosition={"Type": "LATEST"}
+            )
+            stream = response["EventStream"]
+            try:
+                async for event in stream:
+                    payload = event.get("SubscribeToShardEvent")
+                    if payload is not None:
+                        received += len(payload["Records"])
+            finally:
+                stream.close()
+
+        tasks = [asyncio.create_task(read(shard_id)) for shard_id in case.shard_ids]
+        try:
+            return await _measure_async(lambda: received, tasks, window)
+        finally:
+            await _cancel(tasks)
+
+
+# ---- (b) a boto3 thread per shard -------------------------------------------------------------
+
+
+def run_boto3(endpoint: str, case: Case, window: Window) -> float:
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1}, read_timeout=30, max_pool_connections=2 * case.shards + 16
+    )
+    client = boto3.session.Session().client("kinesis", region_name=REGION, endpoint_url=endpoint, config=config)
+    events: queue.Queue[list[dict[str, Any]]] = queue.Queue(maxsize=4 * case.shards)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def read(shard_id: str) -> None:
+        try:
+            response = client.subscribe_to_shard(
+                ConsumerARN=case.arn, ShardId=shard_id, StartingPosition={"Type": "LATEST"}
+            )
+            stream = response["EventStream"]
+            try:
+                for event in stream:
+                    payload = event.get("SubscribeToShardEvent")
+                    if payload is not None:
+                        while not stop.is_set():
+                            try:
+                                events.put(payload["Records"], timeout=0.1)
+                                break
+                            except queue.Full:
+                                pass
+                    if stop.is_set():
+                        return
+            finally:
+                stream.close()
+        except BaseException as exc:
+            if not stop.is_set():
+                failures.append(exc)
+
+    threads = [threading.Thread(target=read, args=(s,), daemon=True) for s in case.shard_ids]
+    for thread in threads:
+        thread.start()
+    received = 0
+    started_at = time.perf_counter()
+    phase_end = started_at + window.warmup_s
+    start = None
+    try:
+        while True:
+            now = time.perf_counter()
+            if now >= phase_end:
+                if start is None:
+                    start, measured_from = received, now
+                    phase_end = now + window.seconds
+                    continue
+                if failures:
+                    raise RuntimeError(f"a reader failed: {failures[0]!r}")
+                return (received - start) / (now - measured_from)
+            try:
+                received += len(events.get(timeout=0.05))
+            except queue.Empty:
+                pass
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        client.close()
+
+
+# ---- (c) efo: ShardSubscription + PendingPool + Handoff + a no-op driver ----------------------
+
+
+class _CountingHandoff(Handoff):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records = 0
+
+    def put(self, chunk: RecordChunk) -> None:
+        super().put(chunk)
+        self.records += len(chunk)
+
+
+@dataclass
+class _Progress:
+    """What the coordinator's ShardState does for a subscription, minus the lease."""
+
+    serial: int = 0
+    outstanding: deque[tuple[int, Position]] = field(default_factory=deque)
+    checkpoint_due: Position | None = None
+
+    def next_serial(self) -> int:
+        self.serial += 1
+        return self.serial
+
+    def started(self, first: Position) -> None:
+        self.checkpoint_due = first
+
+    def enqueued(self, serial: int, resume: Position) -> None:
+        self.outstanding.append((serial, resume))
+
+    def idle(self, resume: Position) -> None:
+        if self.outstanding:
+            self.outstanding[-1] = (self.outstanding[-1][0], resume)
+        else:
+            self.checkpoint_due = resume
+
+    def committed(self, serial: int) -> None:
+        while self.outstanding and self.outstanding[0][0] <= serial:
+            _, self.checkpoint_due = self.outstanding.popleft()
+
+
+async def run_efo(endpoint: str, case: Case, window: Window) -> float:
+    # efo's defaults (pydantic fills the fields; mypy runs without the pydantic plugin)
+    pool_settings = PoolSettings()  # type: ignore[call-arg]
+    batch_settings = BatchSettings()  # type: ignore[call-arg]
+    subscription_settings = SubscriptionSettings()  # type: ignore[call-arg]
+    pool = PendingPool(
+        pool_settings.max_pending_records,
+        pool_settings.max_pending_bytes,
+        reserved_records=pool_settings.reserved_records_per_shard,
+        reserved_bytes=pool_settings.reserved_bytes_per_shard,
+    )
+    handoff = _CountingHandoff()
+    progress = {shard_id: _Progress() for shard_id in case.shard_ids}
+    loop = asyncio.get_running_loop()
+
+    def on_committed(commits: list[tuple[str, int, Grant | None]]) -> None:  # the loop thread
+        for shard_id, serial, grant in commits:
+            if grant is not None:
+                pool.release(grant)
+            progress[shard_id].committed(serial)
+
+    stop = threading.Event()
+
+    def drain() -> None:  # the "Spark driver": takes batches, does nothing, acknowledges them
+        while not stop.is_set():
+            batch = handoff.take_batch(
+                batch_settings.max_records, batch_settings.max_bytes, batch_settings.max_wait_s, idle_wait_s=0.1
+            )
+            if batch:
+                commits = [(chunk.shard_id, chunk.serial, chunk.grant) for chunk in batch]
+                loop.call_soon_threadsafe(on_committed, commits)
+
+    drainer = threading.Thread(target=drain, name="bench-drain", daemon=True)
+    drainer.start()
+    async with Clients(Endpoints(REGION, endpoint, None)) as clients:
+        client = await clients.subscriptions(case.shards, subscription_settings.read_timeout_s)
+        tasks = []
+        for shard_id in case.shard_ids:
+            pool.register(shard_id)
+            subscription = ShardSubscription(
+                client=client,
+                consumer_arn=case.arn,
+                stream="bench",
+                shard_id=shard_id,
+                start=Position("LATEST"),
+                pool=pool,
+                handoff=handoff,
+                progress=progress[shard_id],
+                settings=subscription_settings,
+            )
+            tasks.append(asyncio.create_task(subscription.run()))
+        try:
+            return await _measure_async(lambda: handoff.records, tasks, window)
+        finally:
+            await _cancel(tasks)
+            stop.set()
+            handoff.close()
+            drainer.join(timeout=5)
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+def _run_one(variant: str, endpoint: str, case: Case, window: Window) -> float:
+    if variant == "stock":
+        return asyncio.run(run_stock(endpoint, case, window))
+    if variant == "stock-epoch":
+        return asyncio.run(run_stock(endpoint, case, window, epoch_seconds=True))
+    if variant == "boto3":
+        return run_boto3(endpoint, case, window)
+    return asyncio.run(run_efo(endpoint, case, window))
+
+
+def _start_server(cpu: int | None) -> tuple[subprocess.Popen[bytes], str]:
+    command = [sys.executable, str(Path(__file__).with_name("synthetic_server.py")), "--port", "0"]
+    if cpu is not None:
+        command += ["--cpu", str(cpu)]
+    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert server.stdout is not None
+    line = server.stdout.readline().decode().strip()
+    if not line.startswith("PORT "):
+        server.kill()
+        raise RuntimeError(f"the synthetic server did not start: {line!r}")
+    return server, f"http://127.0.0.1:{line.split()[1]}"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def _size(n: int) -> str:
+    return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} B"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shards", type=_ints, default=[1, 8, 64], help="comma-separated shard counts")
+    parser.add_argument("--record-size", type=_ints, default=[1024, 10240], help="comma-separated record sizes, bytes")
+    parser.add_argument(
+        "--records-per-event", type=int, default=None, help="default: 100, at most 256 KiB of record data per event"
+    )
+    parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before measuring")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the table shows the median")
+    parser.add_argument(
+        "--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}"
+    )
+    parser.add_argument("--no-pin", action="store_true", help="do not pin server and client to different CPUs")
+    args = parser.parse_args()
+
+    _hermetic_aws_environment()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants: {sorted(unknown)}")
+    window = Window(args.warmup, args.seconds)
+    cases = [
+        Case(shards, size, args.records_per_event or max(1, min(100, 256 * 1024 // size)))
+        for size in args.record_size
+        for shards in args.shards
+    ]
+
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu = client_cpu = None
+    if not args.no_pin and len(cpus) >= 2:
+        client_cpu, server_cpu = cpus[0], cpus[1]
+        os.sched_setaffinity(0, {client_cpu})
+
+    print(f"command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+    print(
+        f"python {sys.version.split()[0]}, {len(cpus)} CPUs, server pinned to CPU {server_cpu}, "
+        f"client to CPU {client_cpu}; {args.warmup}s warm-up + {args.seconds}s per run, median of {args.repeats}",
+        flush=True,
+    )
+    server, endpoint = _start_server(server_cpu)
+    results: dict[tuple[int, int, str], list[float]] = {}
+    began = time.perf_counter()
+    try:
+        for repeat in range(args.repeats):
+            for case in cases:
+                # Rotate the order every repeat so no variant always runs first (or last).
+                order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
+                for variant in order:
+                    rate = _run_one(variant, endpoint, case, window)
+                    results.setdefault((case.shards, case.record_bytes, variant), []).append(rate)
+                    print(
+                        f"  repeat {repeat + 1}: {case.shards:3d} shards {_size(case.record_bytes):>6} "
+                        f"{variant:5s} {rate:10,.0f} records/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        server.kill()
+        server.wait()
+    elapsed = time.perf_counter() - began
+
+    def median(case: Case, variant: str) -> float | None:
+        rates = results.get((case.shards, case.record_bytes, variant))
+        return statistics.median(rates) if rates else None
+
+    def cell(value: float | None) -> str:
+        return f"{value:,.0f}" if value is not None else "-"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}x" if a is not None and b else "-"
+
+    pairs = (("efo", "stock"), ("efo", "stock-epoch"), ("efo", "boto3"))
+    ratios = [(a, b) for a, b in pairs if {a, b} <= set(variants)]
+    print()
+    print(
+        "| shards | record | records/event | "
+        + " | ".join(LABELS[v] for v in variants)
+        + "".join(f" | {a}/{b}" for a, b in ratios)
+        + " |"
+    )
+    print("|---:" * (3 + len(variants) + len(ratios)) + "|")
+    for case in cases:
+        row = [str(case.shards), _size(case.record_bytes), str(case.records_per_event)]
+        row += [cell(median(case, v)) for v in variants]
+        row += [ratio(median(case, a), median(case, b)) for a, b in ratios]
+        print("| " + " | ".join(row) + " |")
+    print(f"\nrecords/s, median of {args.repeats}; total {elapsed:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

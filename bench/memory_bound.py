@@ -1,0 +1,188 @@
+"""Memory is bounded by configuration: RSS of ``efo run`` at 64 shards with a stalled sink.
+
+Starts the local stack (kinesis-local with SHARD_LIMIT raised), a 64-shard stream, and ``efo run``
+whose sink never returns (the first batch blocks forever), so nothing is ever committed and the
+pool fills. It writes several times the pool's budget into the stream and samples the service's
+resident memory (the Python process; the JVM is a separate process with its own heap setting)
+against the bound:
+
+    RSS <= baseline + max_pending_bytes * k_bytes + max_pending_records * k_record
+           + shards * (one event in flight + the HTTP read buffer)
+
+where ``baseline`` is the RSS measured after ``service.ready`` and before any record, ``k_bytes`` the
+Python cost per payload byte held (1: bytes objects), ``k_record`` the per-record overhead of the
+columns (sequence number and partition key strings, list slots, ints), and one event in flight is
+the largest event the stream delivers. Runs twice, with two pool sizes, to show that memory
+follows the configuration, not the amount of data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import botocore.session
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from efo.devstack.stack import LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
+
+K_RECORD_BYTES = 420  # measured: strings, list slots and ints per record in a RecordChunk
+HTTP_READ_BUFFER_BYTES = 2**17  # aiohttp's StreamReader high-water mark (2 x 64 KiB)
+STALL_MODULE = "def write(df, batch):\n    import time\n    while True:\n        time.sleep(3600)\n"
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def client(endpoints: StackEndpoints) -> Any:
+    return botocore.session.get_session().create_client(
+        "kinesis",
+        endpoint_url=endpoints.kinesis_endpoint,
+        region_name=endpoints.region,
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    )
+
+
+def produce(kinesis: Any, stream: str, shards: list[dict[str, Any]], records: int, size: int) -> int:
+    payload = os.urandom(size)
+    sent = 0
+    while sent < records:
+        entries = [
+            {
+                "Data": payload,
+                "PartitionKey": "k",
+                "ExplicitHashKey": shards[(sent + i) % len(shards)]["HashKeyRange"]["StartingHashKey"],
+            }
+            for i in range(min(500, records - sent))
+        ]
+        response = kinesis.put_records(StreamName=stream, Records=entries)
+        sent += len(entries) - response.get("FailedRecordCount", 0)
+    return sent
+
+
+def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int, workdir: Path) -> dict[str, Any]:
+    kinesis = client(endpoints)
+    stream = f"mem-{pool_mib}-{int(time.time())}"
+    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
+    while kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
+        time.sleep(0.2)
+    shards = kinesis.list_shards(StreamName=stream)["Shards"]
+    pool_bytes = pool_mib * 2**20
+    pool_records = max(1, pool_bytes // args.record_bytes)
+    handlers = workdir / "handlers"
+    handlers.mkdir(exist_ok=True)
+    (handlers / "stalled_sink.py").write_text(STALL_MODULE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(handlers),
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "EFO_STREAM": stream,
+        "EFO_APP": stream,
+        "EFO_INITIAL_POSITION": "TRIM_HORIZON",
+        "EFO_SINK": "handler:stalled_sink:write",
+        "EFO_REGION": endpoints.region,
+        "EFO_KINESIS_ENDPOINT": endpoints.kinesis_endpoint,
+        "EFO_DYNAMODB_ENDPOINT": endpoints.dynamodb_endpoint,
+        "EFO_POOL__MAX_PENDING_BYTES": str(pool_bytes),
+        "EFO_POOL__MAX_PENDING_RECORDS": str(pool_records),
+        "EFO_BATCH__MAX_WAIT_S": "1",
+        "EFO_SPARK__MASTER": "local[1]",
+        "EFO_LOG__FORMAT": "json",
+        "EFO_SHUTDOWN_TIMEOUT_S": "2",
+    }
+    log_path = workdir / f"efo-{pool_mib}.log"
+    with log_path.open("wb") as log:
+        service = subprocess.Popen(
+            [sys.executable, "-m", "efo.cli", "run"],
+            env=env,
+            stdout=log,
+            stderr=log,
+            preexec_fn=die_with_parent_process,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while b'"service.ready"' not in log_path.read_bytes():
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"efo run did not get ready; see {log_path}")
+            time.sleep(0.2)
+        time.sleep(2)
+        baseline = rss_bytes(service.pid)
+        total_bytes = args.data_factor * pool_bytes
+        records = total_bytes // args.record_bytes
+        started = time.monotonic()
+        produced = produce(kinesis, stream, shards, records, args.record_bytes)
+        samples = []
+        while time.monotonic() - started < args.seconds:
+            samples.append((round(time.monotonic() - started, 1), rss_bytes(service.pid)))
+            time.sleep(0.5)
+        event_bytes = min(produced // args.shards, 10_000) * args.record_bytes  # kinesis-local: <= 10,000 per event
+        bound = (
+            baseline + pool_bytes + pool_records * K_RECORD_BYTES + args.shards * (event_bytes + HTTP_READ_BUFFER_BYTES)
+        )
+        received = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        return {
+            "pool_mib": pool_mib,
+            "produced_mib": produced * args.record_bytes / 2**20,
+            "baseline": baseline,
+            "peak": max(rss for _, rss in samples),
+            "bound": bound,
+            "samples": samples,
+            "events": len(received),
+        }
+    finally:
+        service.send_signal(signal.SIGKILL)
+        service.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, default=64)
+    parser.add_argument("--record-bytes", type=int, default=4096)
+    parser.add_argument("--pools-mib", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--data-factor", type=int, default=3, help="data written, in multiples of the pool")
+    parser.add_argument("--seconds", type=float, default=25.0, help="how long RSS is sampled after producing starts")
+    args = parser.parse_args()
+    command = "python bench/memory_bound.py " + shlex.join(sys.argv[1:])
+    workdir = Path(tempfile.mkdtemp(prefix="efo-membench-"))
+    results = []
+    with LocalStack(shard_limit=max(200, 4 * args.shards), log_dir=workdir / "stack") as endpoints:
+        for pool_mib in args.pools_mib:
+            results.append(run_case(endpoints, args, pool_mib, workdir))
+    mib = 2**20
+    print(f"command: {command}")
+    print(f"{args.shards} shards, {args.record_bytes} B records, sink stalled (nothing ever committed)\n")
+    print(
+        "| pool MiB | data written MiB | baseline RSS MiB | peak RSS MiB | bound MiB | peak - baseline MiB | within |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['pool_mib']} | {r['produced_mib']:.0f} | {r['baseline'] / mib:.0f} | {r['peak'] / mib:.0f} | "
+            f"{r['bound'] / mib:.0f} | {(r['peak'] - r['baseline']) / mib:.0f} | "
+            f"{'yes' if r['peak'] <= r['bound'] else 'NO'} |"
+        )
+    print("\nRSS over time (MiB):")
+    for r in results:
+        series = " ".join(f"{t:g}s:{rss / mib:.0f}" for t, rss in r["samples"][::4])
+        print(f"  pool {r['pool_mib']} MiB: {series}")
+
+
+if __name__ == "__main__":
+    main()

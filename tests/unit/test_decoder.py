@@ -1,0 +1,284 @@
+"""efo.decoder against botocore's own parsing, frame for frame.
+
+Both sides read the same bytes through a real :class:`AioEventStream` over a fake aiohttp body:
+the stock side iterates it (botocore's shape-walking parser, default datetime timestamps), efo's
+side goes through :func:`efo.decoder.iter_events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import botocore.exceptions
+import botocore.loaders
+import botocore.model
+import botocore.utils
+import orjson
+import pytest
+from aiobotocore.eventstream import AioEventStream
+from aiobotocore.parsers import create_parser
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from efo.decoder import ShardEvent, _epoch_ms, arrival_ms, decode_event, from_parsed, iter_events
+from efo.devstack.eventstream import encode_message
+
+EVENT_HEADERS = {":message-type": "event", ":event-type": "SubscribeToShardEvent", ":content-type": "application/json"}
+INITIAL_RESPONSE = encode_message(
+    {":message-type": "event", ":event-type": "initial-response", ":content-type": "application/json"}, b"{}"
+)
+MODELED_EXCEPTIONS = [
+    "ResourceNotFoundException",
+    "ResourceInUseException",
+    "KMSDisabledException",
+    "KMSThrottlingException",
+    "InternalFailureException",
+]
+
+
+def _operation_model() -> Any:
+    loader = botocore.loaders.create_loader()
+    service = botocore.model.ServiceModel(loader.load_service_model("kinesis", "service-2"), "kinesis")
+    return service.operation_model("SubscribeToShard")
+
+
+OPERATION = _operation_model()
+EVENT_STREAM_SHAPE = OPERATION.output_shape.members["EventStream"]
+
+
+class _Content:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    async def iter_chunks(self) -> AsyncIterator[tuple[bytes, bool]]:
+        for chunk in self._chunks:
+            yield chunk, True
+
+
+class _RawBody:
+    """What AioEventStream reads: an aiohttp-like response with ``content.iter_chunks()``."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.content = _Content(chunks)
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _event_stream(chunks: list[bytes]) -> AioEventStream:
+    """An AioEventStream built exactly as aiobotocore's JSON parser builds SubscribeToShard's."""
+    parser = create_parser("json")
+    return AioEventStream(_RawBody(chunks), EVENT_STREAM_SHAPE, parser._event_stream_parser, "SubscribeToShard")
+
+
+def _split(raw: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
+    return [raw[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+
+async def _stock(chunks: list[bytes]) -> tuple[list[dict[str, Any]], BaseException | None]:
+    stream = _event_stream(chunks)
+    await stream.get_initial_response()
+    events: list[dict[str, Any]] = []
+    try:
+        async for parsed in stream:
+            if "SubscribeToShardEvent" in parsed:
+                events.append(parsed["SubscribeToShardEvent"])
+    except Exception as exc:
+        return events, exc
+    return events, None
+
+
+async def _efo(chunks: list[bytes]) -> tuple[list[ShardEvent], BaseException | None]:
+    stream = _event_stream(chunks)
+    await stream.get_initial_response()
+    events: list[ShardEvent] = []
+    try:
+        async for event in iter_events(stream):
+            events.append(event)
+    except Exception as exc:
+        return events, exc
+    return events, None
+
+
+# ---- strategies ----------------------------------------------------------------------------------
+
+digits = st.from_regex(r"[0-9]{1,128}", fullmatch=True)
+timestamps = st.one_of(
+    st.floats(min_value=0, max_value=4e9, allow_nan=False, allow_infinity=False),
+    st.integers(min_value=0, max_value=4_000_000_000),
+    st.builds(lambda ms: ms / 1000, st.integers(min_value=1_500_000_000_000, max_value=2_000_000_000_000)),
+    st.builds(lambda s, f: s + f, st.integers(1_500_000_000, 2_000_000_000), st.floats(0, 1, exclude_max=True)),
+)
+records = st.fixed_dictionaries(
+    {
+        "SequenceNumber": digits,
+        "ApproximateArrivalTimestamp": timestamps,
+        "Data": st.binary(max_size=300),
+        "PartitionKey": st.text(min_size=1, max_size=64),
+    },
+    optional={"EncryptionType": st.sampled_from(["NONE", "KMS"])},
+)
+child_shards = st.lists(
+    st.fixed_dictionaries(
+        {
+            "ShardId": st.from_regex(r"shardId-[0-9]{12}", fullmatch=True),
+            "ParentShards": st.lists(st.from_regex(r"shardId-[0-9]{12}", fullmatch=True), min_size=1, max_size=2),
+            "HashKeyRange": st.fixed_dictionaries({"StartingHashKey": digits, "EndingHashKey": digits}),
+        }
+    ),
+    max_size=2,
+)
+events = st.fixed_dictionaries(
+    {"Records": st.lists(records, max_size=50), "MillisBehindLatest": st.integers(0, 2**53)},
+    optional={"ContinuationSequenceNumber": digits, "ChildShards": child_shards},
+)
+exceptions = st.tuples(
+    st.sampled_from([*MODELED_EXCEPTIONS, "InternalFailure", "SomethingNew"]),
+    st.sampled_from(["message", "Message"]),
+    st.text(max_size=40),
+)
+
+
+def _encode_event(event: dict[str, Any], ascii_json: bool) -> bytes:
+    wire = dict(event)
+    wire["Records"] = [{**r, "Data": base64.b64encode(r["Data"]).decode()} for r in event["Records"]]
+    return encode_message(EVENT_HEADERS, json.dumps(wire, ensure_ascii=ascii_json).encode())
+
+
+def _encode_exception(code: str, key: str, message: str) -> bytes:
+    headers = {":message-type": "exception", ":exception-type": code, ":content-type": "application/json"}
+    return encode_message(headers, json.dumps({key: message}).encode())
+
+
+def _assert_same(parsed: dict[str, Any], decoded: ShardEvent) -> None:
+    stock_records = parsed.get("Records", [])
+    assert decoded.sequence_numbers == [r["SequenceNumber"] for r in stock_records]
+    assert decoded.partition_keys == [r["PartitionKey"] for r in stock_records]
+    assert decoded.data == [r["Data"] for r in stock_records]
+    assert decoded.encryption_types == [r.get("EncryptionType") for r in stock_records]
+    assert decoded.arrival_ms == [int(r["ApproximateArrivalTimestamp"].timestamp() * 1000) for r in stock_records]
+    assert decoded.data_bytes == sum(len(r["Data"]) for r in stock_records)
+    assert decoded.continuation_sequence_number == parsed.get("ContinuationSequenceNumber")
+    assert decoded.millis_behind_latest == parsed.get("MillisBehindLatest")
+    assert decoded.child_shards == parsed.get("ChildShards", [])
+    assert from_parsed(parsed) == decoded  # the fallback for fake streams agrees too
+
+
+# ---- properties ----------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    stream_events=st.lists(events, min_size=1, max_size=4),
+    ascii_json=st.booleans(),
+    unknown_at=st.integers(0, 5),
+    error=st.none() | exceptions,
+    cuts=st.lists(st.integers(0, 10**6), max_size=6),
+)
+def test_decoder_matches_botocore(
+    stream_events: list[dict[str, Any]],
+    ascii_json: bool,
+    unknown_at: int,
+    error: tuple[str, str, str] | None,
+    cuts: list[int],
+) -> None:
+    frames = [_encode_event(event, ascii_json) for event in stream_events]
+    unknown = encode_message({":message-type": "event", ":event-type": "SomeFutureEvent"}, b'{"x":1}')
+    frames.insert(min(unknown_at, len(frames)), unknown)
+    if error is not None:
+        frames.append(_encode_exception(*error))
+        frames.append(_encode_event(stream_events[0], ascii_json))  # never reached
+    chunks = _split(INITIAL_RESPONSE + b"".join(frames), cuts)
+
+    stock_events, stock_error = asyncio.run(_stock(chunks))
+    efo_events, efo_error = asyncio.run(_efo(chunks))
+
+    assert len(efo_events) == len(stock_events) == len(stream_events)
+    for parsed, decoded in zip(stock_events, efo_events, strict=True):
+        _assert_same(parsed, decoded)
+    if error is None:
+        assert stock_error is None and efo_error is None
+    else:
+        assert isinstance(stock_error, botocore.exceptions.EventStreamError)
+        assert isinstance(efo_error, botocore.exceptions.EventStreamError)
+        assert efo_error.response == stock_error.response
+        assert str(efo_error) == str(stock_error)
+        assert efo_error.operation_name == stock_error.operation_name == "SubscribeToShard"
+
+
+@given(st.one_of(st.floats(min_value=0, max_value=1e11, allow_nan=False), st.integers(0, 10**11)))
+def test_epoch_ms_is_botocore_datetime_round_trip(seconds: float) -> None:
+    parsed = botocore.utils.parse_timestamp(seconds)
+    assert _epoch_ms(seconds) == int(parsed.timestamp() * 1000)
+    assert arrival_ms(parsed) == _epoch_ms(seconds)
+    assert arrival_ms(seconds) == _epoch_ms(seconds)
+    # orjson parses the JSON text to the same float json (and so botocore) does
+    text = json.dumps(seconds)
+    assert orjson.loads(text) == json.loads(text)
+
+
+def test_modeled_exception_with_lowercase_message() -> None:
+    chunks = [INITIAL_RESPONSE + _encode_exception("ResourceInUseException", "message", "in use")]
+    _, error = asyncio.run(_efo(chunks))
+    assert isinstance(error, botocore.exceptions.ClientError)
+    assert error.response["Error"] == {"Code": "ResourceInUseException", "Message": "in use"}
+
+
+def test_non_canonical_base64_decodes_like_botocore() -> None:
+    record = b'{"SequenceNumber":"1","ApproximateArrivalTimestamp":1.5,"Data":"aGk=\\n","PartitionKey":"k"}'
+    payload = b'{"Records":[' + record + b"]}"
+    event = decode_event(payload)
+    assert event.data == [b"hi"]
+    assert event.arrival_ms == [1500]
+    assert event.continuation_sequence_number is None
+    assert event.child_shards == []
+
+
+def test_fallback_accepts_parsed_dicts() -> None:
+    class FakeStream:
+        def __init__(self, items: list[dict[str, Any]]) -> None:
+            self._items = items
+
+        def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+            return self._gen()
+
+        async def _gen(self) -> AsyncIterator[dict[str, Any]]:
+            for item in self._items:
+                yield item
+
+    when = datetime.fromisoformat("2024-01-02T03:04:05.678+00:00")
+    parsed = {
+        "Records": [{"SequenceNumber": "7", "ApproximateArrivalTimestamp": when, "Data": b"x", "PartitionKey": "p"}],
+        "ContinuationSequenceNumber": "7",
+        "MillisBehindLatest": 0,
+    }
+
+    async def collect() -> list[ShardEvent]:
+        stream = FakeStream([{"Other": {}}, {"SubscribeToShardEvent": parsed}])
+        return [event async for event in iter_events(stream)]
+
+    (event,) = asyncio.run(collect())
+    assert event.sequence_numbers == ["7"]
+    assert event.arrival_ms == [1704164645678]
+    assert event.data == [b"x"] and event.data_bytes == 1
+    assert event.continuation_sequence_number == "7"
+
+
+def test_missing_private_generator_is_a_clear_error() -> None:
+    stream = _event_stream([])
+    del stream._event_generator
+
+    async def read() -> None:
+        async for _ in iter_events(stream):
+            pass
+
+    with pytest.raises(RuntimeError, match="_event_generator"):
+        asyncio.run(read())

@@ -1,0 +1,145 @@
+"""The subscription engine beyond the happy path: backpressure timeout, a takeover in the middle of
+a stream, KPL aggregates (with every corrupt-aggregate policy) and shard epochs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aws_kinesis_agg.aggregator import RecordAggregator
+
+from efo.errors import LeaseLost
+from efo.kpl import CorruptAggregate
+from efo.pool import PendingPool
+from efo.records import Position, after
+from efo.subscription import ShardEnded
+
+from .test_subscription import SHARD, FakeStream, client_error, event, harness, record, run, settle, shard_end
+
+
+def aggregate(*items: tuple[str, bytes, str | None]) -> bytes:
+    aggregator = RecordAggregator()
+    for key, data, explicit_hash_key in items:
+        aggregator.add_user_record(key, data, explicit_hash_key)
+    return bytes(aggregator.clear_and_get().get_contents()[2])
+
+
+def event_of(*records: dict[str, Any], continuation: str | None = None) -> dict[str, Any]:
+    payload: dict[str, Any] = {"Records": list(records), "MillisBehindLatest": 0}
+    if continuation is not None:
+        payload["ContinuationSequenceNumber"] = continuation
+    return {"SubscribeToShardEvent": payload}
+
+
+def test_backpressure_timeout_closes_the_stream_and_resumes_after_the_last_admitted_event() -> None:
+    first = FakeStream([event("1", "2", continuation="2"), event("3", "4", continuation="4")], hang=True)
+    h = harness(
+        [first, [event("3", "4", continuation="4"), shard_end()]],
+        pool=PendingPool(2, 1 << 30),
+        backpressure_timeout_s=0.01,
+    )
+
+    async def scenario() -> ShardEnded:
+        task = asyncio.ensure_future(h.subscription.run())
+        while not first.closed:  # the second event waited past the timeout
+            await asyncio.sleep(0.005)
+        await settle()
+        assert len(h.client.calls) == 1, "no resubscribe while the pool is still full"
+        (committed,) = [c for c in list(h.handoff._chunks)]
+        h.pool.release(committed.grant)  # the sink committed the first event
+        return await asyncio.wait_for(task, 5)
+
+    assert run(scenario()) == ShardEnded(("shardId-000000000002",))
+    assert h.client.calls[1].start == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "2"}
+    assert h.delivered() == ["1", "2", "3", "4"]
+
+
+def test_resource_in_use_mid_stream_stops_the_shard_when_the_lease_is_gone() -> None:
+    checks: list[bool] = []
+
+    async def lease_check() -> bool:
+        checks.append(False)
+        return False
+
+    stream = FakeStream([event("1", continuation="1")], error=client_error("ResourceInUseException"))
+    h = harness([stream, [shard_end()]], lease_check=lease_check)
+    with pytest.raises(LeaseLost, match=SHARD):
+        run(h.subscription.run())
+    assert checks == [False] and len(h.client.calls) == 1
+
+
+def test_resource_in_use_mid_stream_resubscribes_while_the_lease_is_still_ours() -> None:
+    async def lease_check() -> bool:
+        return True
+
+    stream = FakeStream([event("1", continuation="1")], error=client_error("ResourceInUseException"))
+    h = harness([stream, [shard_end()]], lease_check=lease_check)
+    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+    assert h.client.calls[1].start == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "1"}
+
+
+def test_resource_in_use_at_the_call_is_retried_without_reading_the_lease() -> None:
+    async def lease_check() -> bool:
+        raise AssertionError("the lease is read only for a takeover in the middle of a stream")
+
+    h = harness([client_error("ResourceInUseException"), [shard_end()]], lease_check=lease_check)
+    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+
+
+def test_aggregated_records_become_one_row_per_sub_record_with_sub_sequence_and_hash_keys() -> None:
+    blob = aggregate(("a", b"one", "170141183460469231731687303715884105728"), ("b", b"two", None), ("c", b"", None))
+    h = harness([[event_of(record("10", blob), record("11", b"plain"), continuation="11"), shard_end()]], epoch=7)
+    run(h.subscription.run())
+    (chunk,) = h.chunks()
+    assert chunk.sequence_numbers == ["10", "10", "10", "11"]
+    assert chunk.sub_sequence_numbers == [0, 1, 2, None]
+    assert chunk.partition_keys == ["a", "b", "c", "pk"]
+    assert chunk.explicit_hash_keys == ["170141183460469231731687303715884105728", None, None, None]
+    assert chunk.data == [b"one", b"two", b"", b"plain"]
+    assert chunk.epoch == 7
+
+
+def test_a_restart_inside_an_aggregate_drops_the_sub_records_already_delivered() -> None:
+    blob = aggregate(("a", b"0", None), ("b", b"1", None), ("c", b"2", None))
+    start = Position("AT_SEQUENCE_NUMBER", "10", 1)
+    h = harness([[event_of(record("10", blob), continuation="10"), shard_end()]], start=start)
+    run(h.subscription.run())
+    (chunk,) = h.chunks()
+    assert (chunk.sub_sequence_numbers, chunk.data) == ([2], [b"2"])
+
+
+@pytest.mark.parametrize("policy", ["passthrough", "dead_letter"])
+def test_a_corrupt_aggregate_never_crashes_the_subscription(policy: str) -> None:
+    corrupt = aggregate(("a", b"x" * 50, None))[:-3] + b"\x00\x00\x00"  # MD5 trailer damaged
+    h = harness(
+        [[event_of(record("20", corrupt), record("21", b"ok"), continuation="21"), shard_end()]],
+        on_corrupt_aggregate=policy,
+    )
+    run(h.subscription.run())
+    (chunk,) = h.chunks()
+    if policy == "passthrough":
+        assert chunk.sequence_numbers == ["20", "21"] and chunk.errors == ["corrupt_aggregate", None]
+        assert chunk.data[0] == corrupt
+    else:
+        assert chunk.sequence_numbers == ["21"]
+        (letter,) = chunk.dead_letters
+        assert (letter.sequence_number, letter.data) == ("20", corrupt)
+    assert h.progress.enqueued_at == [(1, after("21"))]
+
+
+def test_a_corrupt_aggregate_with_the_fail_policy_stops_naming_the_shard() -> None:
+    corrupt = aggregate(("a", b"x", None))[:-1] + b"\xff"
+    h = harness([[event_of(record("20", corrupt), continuation="20")]], on_corrupt_aggregate="fail")
+    with pytest.raises(CorruptAggregate, match=f"md5.*{SHARD}|{SHARD}"):
+        run(h.subscription.run())
+
+
+def test_an_event_of_dead_letters_only_is_still_handed_on_so_the_checkpoint_can_pass_it() -> None:
+    corrupt = b"\xf3\x89\x9a\xc2" + b"\x01" * 40
+    h = harness([[event_of(record("30", corrupt), continuation="30"), shard_end()]], on_corrupt_aggregate="dead_letter")
+    run(h.subscription.run())
+    (chunk,) = h.chunks()
+    assert len(chunk) == 0 and len(chunk.dead_letters) == 1
+    assert chunk.grant.records == 1
+    assert h.progress.enqueued_at == [(1, after("30"))]
