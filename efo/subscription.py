@@ -113,6 +113,7 @@ class ShardSubscription:
         self._on_corrupt: CorruptPolicy = on_corrupt_aggregate
         self._lease_check = lease_check
         self._corrupt_logged = False
+        self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
         self._clock = clock
         self._sleep = sleep
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng)
