@@ -59,15 +59,7 @@ def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: in
         serials[shard] += 1
         c = RecordChunk("bench", f"shardId-{shard:012d}", serials[shard])
         for i in range(start, min(records, start + chunk_records)):
-            data = os.urandom(record_bytes)
-            c.sequence_numbers.append(str(SEQUENCE_BASE + i))
-            c.sub_sequence_numbers.append(None)
-            c.partition_keys.append(f"pk-{i % 64}")
-            c.explicit_hash_keys.append(None)
-            c.arrival_ms.append(1_700_000_000_000 + i)
-            c.data.append(data)
-            c.errors.append(None)
-            c.data_bytes += len(data)
+            c.append(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
         chunks.append(c)
     return chunks
 

@@ -87,6 +87,27 @@ class RecordChunk:
         """Rows for the sink (dead letters are carried beside them)."""
         return len(self.sequence_numbers)
 
+    def append(
+        self,
+        sequence_number: str,
+        data: bytes,
+        partition_key: str,
+        arrival_ms: int,
+        *,
+        sub_sequence_number: int | None = None,
+        explicit_hash_key: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """One row (the subscription fills whole columns at once; this is for the odd row)."""
+        self.sequence_numbers.append(sequence_number)
+        self.sub_sequence_numbers.append(sub_sequence_number)
+        self.partition_keys.append(partition_key)
+        self.explicit_hash_keys.append(explicit_hash_key)
+        self.arrival_ms.append(arrival_ms)
+        self.data.append(data)
+        self.errors.append(error)
+        self.data_bytes += len(data)
+
     @property
     def last(self) -> tuple[str, int | None]:
         return self.sequence_numbers[-1], self.sub_sequence_numbers[-1]

@@ -247,13 +247,12 @@ def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
             continue
         dead = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch)
         for letter in chunk.dead_letters:
-            dead.sequence_numbers.append(letter.sequence_number)
-            dead.sub_sequence_numbers.append(None)
-            dead.partition_keys.append(letter.partition_key)
-            dead.explicit_hash_keys.append(None)
-            dead.arrival_ms.append(letter.arrival_ms)
-            dead.data.append(letter.data)
-            dead.errors.append(f"corrupt_aggregate: {letter.reason}")
-            dead.data_bytes += len(letter.data)
+            dead.append(
+                letter.sequence_number,
+                letter.data,
+                letter.partition_key,
+                letter.arrival_ms,
+                error=f"corrupt_aggregate: {letter.reason}",
+            )
         out.append(dead)
     return out

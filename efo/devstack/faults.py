@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
@@ -100,3 +102,26 @@ class FaultRules:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [rule.to_json() for rule in self._rules]
+
+
+class FaultClient:
+    """The proxy's control API from a test or a chaos script: ``add``, ``pending``, ``clear``."""
+
+    def __init__(self, proxy_endpoint: str, timeout_s: float = 5.0) -> None:
+        self.url = f"{proxy_endpoint.rstrip('/')}/_efo/faults"
+        self.timeout_s = timeout_s
+
+    def add(self, **rule: Any) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.url, data=json.dumps(rule).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return cast(dict[str, Any], json.load(response))
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The rules still waiting to fire (a rule is removed once it fired its count)."""
+        with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:
+            return cast(list[dict[str, Any]], json.load(response))
+
+    def clear(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(self.url, method="DELETE"), timeout=self.timeout_s).close()

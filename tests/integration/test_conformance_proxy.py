@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from botocore.exceptions import ClientError
 
+from efo.devstack.faults import FaultClient
 from efo.devstack.proxy import ProxyConfig, start_proxy
 from efo.devstack.stack import StackEndpoints
 
@@ -99,29 +100,17 @@ async def read_all(
 
 
 def add_fault(endpoints: StackEndpoints, rule: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{endpoints.kinesis_endpoint}/_efo/faults",
-        data=json.dumps(rule).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert response.status == 201
-        result: dict[str, Any] = json.load(response)
-        return result
+    return FaultClient(endpoints.kinesis_endpoint).add(**rule)
 
 
 def list_faults(endpoints: StackEndpoints) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{endpoints.kinesis_endpoint}/_efo/faults", timeout=5) as response:
-        result: list[dict[str, Any]] = json.load(response)
-        return result
+    return FaultClient(endpoints.kinesis_endpoint).pending()
 
 
 @pytest.fixture(autouse=True)
 def _clear_faults(local_stack: StackEndpoints) -> Iterator[None]:
     yield
-    request = urllib.request.Request(f"{local_stack.kinesis_endpoint}/_efo/faults", method="DELETE")
-    urllib.request.urlopen(request, timeout=5).close()
+    FaultClient(local_stack.kinesis_endpoint).clear()
 
 
 def test_subscribe_gets_initial_response_and_records(kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:

@@ -4,8 +4,6 @@ the service with exit 3."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from efo.devstack.faults import FaultClient
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_NOT_FOUND
 
@@ -30,43 +29,24 @@ from .service import (
 pytestmark = pytest.mark.integration
 
 
-def add_fault(stack: StackEndpoints, **rule: Any) -> None:
-    request = urllib.request.Request(
-        f"{stack.kinesis_endpoint}/_efo/faults",
-        data=json.dumps(rule).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert response.status == 201
-
-
-def pending_faults(stack: StackEndpoints) -> list[dict[str, Any]]:
-    """The rules still waiting to fire (a rule is removed once it fired its count)."""
-    with urllib.request.urlopen(f"{stack.kinesis_endpoint}/_efo/faults", timeout=5) as response:
-        rules: list[dict[str, Any]] = json.load(response)
-    return rules
-
-
-@pytest.fixture(autouse=True)
-def _clear_faults(local_stack: StackEndpoints) -> Iterator[None]:
-    yield
-    request = urllib.request.Request(f"{local_stack.kinesis_endpoint}/_efo/faults", method="DELETE")
-    urllib.request.urlopen(request, timeout=5).close()
+@pytest.fixture
+def faults(local_stack: StackEndpoints) -> Iterator[FaultClient]:
+    client = FaultClient(local_stack.kinesis_endpoint)
+    yield client
+    client.clear()
 
 
 def test_every_record_arrives_once_and_in_order_through_resets_stalls_throttles_and_takeovers(
-    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path, faults: FaultClient
 ) -> None:
     stream = unique("faults")
     create_stream(kinesis_client, stream, 16)
     shards = [s["ShardId"] for s in kinesis_client.list_shards(StreamName=stream)["Shards"]]
     before = put_records(kinesis_client, stream, 320, keys=64, tag="before")
     op = "SubscribeToShard"
-    add_fault(local_stack, operation=op, shard_id=shards[0], action="reset", after_events=1)
-    add_fault(local_stack, operation=op, shard_id=shards[1], action="stall", after_events=1)
-    add_fault(
-        local_stack,
+    faults.add(operation=op, shard_id=shards[0], action="reset", after_events=1)
+    faults.add(operation=op, shard_id=shards[1], action="stall", after_events=1)
+    faults.add(
         operation=op,
         shard_id=shards[2],
         action="error",
@@ -74,19 +54,16 @@ def test_every_record_arrives_once_and_in_order_through_resets_stalls_throttles_
         error_code="ResourceInUseException",
         count=2,
     )
-    add_fault(
-        local_stack, operation=op, shard_id=shards[3], action="error", status=400, error_code="LimitExceededException"
-    )
-    add_fault(local_stack, operation=op, shard_id=shards[4], action="error", status=500, error_code="InternalFailure")
-    add_fault(
-        local_stack,
+    faults.add(operation=op, shard_id=shards[3], action="error", status=400, error_code="LimitExceededException")
+    faults.add(operation=op, shard_id=shards[4], action="error", status=500, error_code="InternalFailure")
+    faults.add(
         operation=op,
         shard_id=shards[5],
         action="exception_frame",
         error_code="ResourceInUseException",
         after_events=1,
     )
-    add_fault(local_stack, operation=op, shard_id=shards[6], action="reset", after_events=0)
+    faults.add(operation=op, shard_id=shards[6], action="reset", after_events=0)
     env = service_env(
         local_stack,
         stream=stream,
@@ -107,27 +84,25 @@ def test_every_record_arrives_once_and_in_order_through_resets_stalls_throttles_
     for row in sorted(rows, key=lambda r: r["efo_batch_id"]):
         by_shard[row["shard_id"]].append(int(row["sequence_number"]))
     assert all(seqs == sorted(seqs) for seqs in by_shard.values())
-    assert pending_faults(local_stack) == [], "every injected fault fired"
+    assert faults.pending() == [], "every injected fault fired"
     retried = {e.get("shard_id") for e in run.events() if e["event"] == "subscription.retry"}
     assert set(shards[:7]) <= retried, sorted(retried)
 
 
 def test_a_consumer_deregistered_under_a_running_service_stops_it_with_exit_3_naming_it(
-    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path, faults: FaultClient
 ) -> None:
     stream = unique("dereg")
     create_stream(kinesis_client, stream, 1)
     # The running subscription is cut (a takeover the lease check clears), and its renewal gets
     # what AWS answers once the consumer is gone.
-    add_fault(
-        local_stack,
+    faults.add(
         operation="SubscribeToShard",
         action="exception_frame",
         error_code="ResourceInUseException",
         after_events=2,
     )
-    add_fault(
-        local_stack,
+    faults.add(
         operation="SubscribeToShard",
         action="error",
         status=400,

@@ -24,14 +24,7 @@ def chunk(shard: str, first: int, count: int, *, serial: int = 1, epoch: int = 0
     c = RecordChunk("orders", shard, serial, epoch)
     for i in range(first, first + count):
         data = payload(i) if payload else f"record-{shard}-{i}".encode()
-        c.sequence_numbers.append(str(10**40 + i))
-        c.sub_sequence_numbers.append(None)
-        c.partition_keys.append(f"pk-{i % 3}")
-        c.explicit_hash_keys.append(None)
-        c.arrival_ms.append(1_700_000_000_000 + i)
-        c.data.append(data)
-        c.errors.append(None)
-        c.data_bytes += len(data)
+        c.append(str(10**40 + i), data, f"pk-{i % 3}", 1_700_000_000_000 + i)
     return c
 
 
