@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -127,11 +128,18 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
         total_bytes = args.data_factor * pool_bytes
         records = total_bytes // args.record_bytes
         started = time.monotonic()
-        produced = produce(kinesis, stream, shards, records, args.record_bytes)
-        samples = []
-        while time.monotonic() - started < args.seconds:
-            samples.append((round(time.monotonic() - started, 1), rss_bytes(service.pid)))
-            time.sleep(0.5)
+        with ThreadPoolExecutor(1) as producer:  # sample while producing: memory must not follow the data
+            producing = producer.submit(produce, kinesis, stream, shards, records, args.record_bytes)
+            samples = []
+            while not producing.done() or time.monotonic() - started < args.seconds:
+                samples.append((round(time.monotonic() - started, 1), rss_bytes(service.pid)))
+                time.sleep(0.5)
+            produced = producing.result()
+            produce_s = time.monotonic() - started
+            end = time.monotonic() + args.settle_s  # and after: the pool stays full, nothing grows
+            while time.monotonic() < end:
+                samples.append((round(time.monotonic() - started, 1), rss_bytes(service.pid)))
+                time.sleep(0.5)
         event_bytes = min(produced // args.shards, 10_000) * args.record_bytes  # kinesis-local: <= 10,000 per event
         bound = (
             baseline + pool_bytes + pool_records * K_RECORD_BYTES + args.shards * (event_bytes + HTTP_READ_BUFFER_BYTES)
@@ -145,6 +153,7 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
             "bound": bound,
             "samples": samples,
             "events": len(received),
+            "produce_s": produce_s,
         }
     finally:
         service.send_signal(signal.SIGKILL)
@@ -155,9 +164,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--record-bytes", type=int, default=4096)
-    parser.add_argument("--pools-mib", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--pools-mib", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--data-factor", type=int, default=3, help="data written, in multiples of the pool")
-    parser.add_argument("--seconds", type=float, default=25.0, help="how long RSS is sampled after producing starts")
+    parser.add_argument("--seconds", type=float, default=20.0, help="RSS is sampled at least this long")
+    parser.add_argument("--settle-s", type=float, default=10.0, help="and this long after producing ended")
     args = parser.parse_args()
     command = "python bench/memory_bound.py " + shlex.join(sys.argv[1:])
     workdir = Path(tempfile.mkdtemp(prefix="efo-membench-"))

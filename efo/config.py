@@ -198,6 +198,11 @@ class Settings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="This worker's name in the lease table. Default: host name + pid.",
     )
+    parquet_partition_by: str = Field(
+        "",
+        description="Comma-separated partition columns of the Parquet sink before efo_batch_id: "
+        "arrival_date, arrival_hour (UTC, derived), stream, shard_id.",
+    )
     on_corrupt_aggregate: Literal["passthrough", "dead_letter", "fail"] = Field(
         "passthrough",
         description="A KPL aggregate that does not decode: passthrough (raw record, error=corrupt_aggregate), "
@@ -317,6 +322,10 @@ class Settings(BaseSettings):
     @property
     def start(self) -> InitialPosition:
         return InitialPosition.parse(self.initial_position)
+
+    @property
+    def partition_columns(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in self.parquet_partition_by.split(",") if c.strip())
 
     @property
     def sink_spec(self) -> SinkSpec:

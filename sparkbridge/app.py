@@ -18,7 +18,7 @@ from sparkbridge.sinks import Sink, make_sink
 
 def run(settings: Settings) -> int:
     configure_logging(settings.log.level, settings.log.format)
-    sink = make_sink(settings.sink_spec)  # a bad handler fails before Spark starts
+    sink = make_sink(settings.sink_spec, settings.partition_columns)  # a bad sink fails before Spark starts
     service = Service(settings)
     service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
     spark = build_session(settings, app_name=f"efo-{settings.app}")
@@ -35,7 +35,8 @@ def run_with_session(
     ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)."""
     service = Service(settings)
     service.preflight()
-    return _drive(spark, sink or make_sink(settings.sink_spec), settings, service, install_signals=install_signals)
+    sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
+    return _drive(spark, sink, settings, service, install_signals=install_signals)
 
 
 def _drive(spark: SparkSession, sink: Sink, settings: Settings, service: Service, *, install_signals: bool) -> int:

@@ -49,20 +49,37 @@ class Sink(Protocol):
 BATCH_COLUMN = "efo_batch_id"
 
 
-class ParquetSink:
-    """Each batch is one partition ``efo_batch_id=<id>`` under the path, written through Spark's
-    committer with dynamic partition overwrite: staged, then moved in at job commit; a retry of the
-    same batch replaces its own partition and nothing else."""
+#: Columns the Parquet output may be partitioned by (before efo_batch_id); the arrival ones are derived.
+PARTITION_COLUMNS = ("arrival_date", "arrival_hour", "stream", "shard_id")
 
-    def __init__(self, path: str) -> None:
+
+class ParquetSink:
+    """Each batch is its own partition ``efo_batch_id=<id>`` under the path (after the optional
+    ``partition_by`` columns, e.g. ``arrival_date``), written through Spark's committer with
+    dynamic partition overwrite: staged, then moved in at job commit; a retry of the same batch
+    replaces its own partitions and nothing else."""
+
+    def __init__(self, path: str, partition_by: tuple[str, ...] = ()) -> None:
+        unknown = [c for c in partition_by if c not in PARTITION_COLUMNS]
+        if unknown:
+            raise ConfigError(
+                f"parquet_partition_by (EFO_PARQUET_PARTITION_BY) = {','.join(partition_by)!r}: "
+                f"allowed: {', '.join(PARTITION_COLUMNS)}"
+            )
         self.path = path
+        self.partition_by = partition_by
 
     def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        arrival = F.col("approximate_arrival_timestamp")
+        derived = {"arrival_date": F.to_date(arrival), "arrival_hour": F.hour(arrival)}
+        for name in self.partition_by:
+            if name in derived:
+                df = df.withColumn(name, derived[name])
         (
             df.withColumn(BATCH_COLUMN, F.lit(batch.batch_id))
             .write.mode("overwrite")
             .option("partitionOverwriteMode", "dynamic")
-            .partitionBy(BATCH_COLUMN)
+            .partitionBy(*self.partition_by, BATCH_COLUMN)
             .parquet(self.path)
         )
 
@@ -93,9 +110,9 @@ class ConsoleSink:
         df.show(20, truncate=60)
 
 
-def make_sink(spec: SinkSpec) -> Sink:
+def make_sink(spec: SinkSpec, partition_by: tuple[str, ...] = ()) -> Sink:
     if spec.kind == "parquet":
-        return ParquetSink(spec.target)
+        return ParquetSink(spec.target, partition_by)
     if spec.kind == "handler":
         return HandlerSink(spec.target)
     return ConsoleSink()

@@ -198,3 +198,23 @@ def test_a_failing_dead_letter_sink_fails_the_batch_before_the_main_sink_runs(sp
     with pytest.raises(SinkFailed, match="dead_letter_sink failed on batch b-f-dead-letters after 2 attempts"):
         r.run("b-f", [c])
     assert main.calls == []
+
+
+def test_parquet_sink_partitions_by_arrival_date_before_the_batch_and_replaces_on_retry(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    sink = ParquetSink(str(tmp_path / "out"), ("arrival_date",))
+    r = runner(spark, sink)
+    r.run("run-p-00000001", [chunk("s-1", 0, 6)])
+    r.watermark = type(r.watermark)()
+    r.run("run-p-00000001", [chunk("s-1", 0, 6)])
+    dirs = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").glob("*/*") if p.is_dir())
+    assert dirs == ["arrival_date=2023-11-14/efo_batch_id=run-p-00000001"]
+    assert ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").count_rows() == 6
+
+
+def test_parquet_sink_refuses_an_unknown_partition_column_naming_the_setting() -> None:
+    from efo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"EFO_PARQUET_PARTITION_BY.*allowed: arrival_date"):
+        ParquetSink("/tmp/x", ("data",))
