@@ -1,0 +1,102 @@
+"""While checkpoints cannot be written, reading pauses once the committed-but-unwritten backlog
+reaches pool.max_uncheckpointed_records, and resumes when a checkpoint lands."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from efo.config import load_settings
+from efo.coordinator import Commit, Coordinator, ShardState
+from efo.errors import Retriable
+from efo.handoff import Handoff
+from efo.leases import Lease
+from efo.pool import PendingPool
+from efo.records import Position, after
+from efo.registration import StreamInfo
+
+
+class FlakyTable:
+    """A lease table whose checkpoint writes fail while ``down``."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.written: list[Position | None] = []
+
+    async def checkpoint(self, lease: Lease, position: Position | None) -> Lease:
+        if self.down:
+            raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'app'")
+        self.written.append(position)
+        return replace(lease, checkpoint=position)
+
+
+@pytest.fixture
+def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Coordinator, FlakyTable]:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="app", sink="console", pool={"max_uncheckpointed_records": 100})
+    table = FlakyTable()
+    stream = StreamInfo("s", "arn:aws:kinesis:us-east-1:1:stream/s", datetime.now(UTC), "ACTIVE", 1)
+    coordinator = Coordinator(
+        settings=settings,
+        stream=stream,
+        consumer_arn="arn:consumer",
+        kinesis=None,
+        subscriber_client=None,
+        table=table,  # type: ignore[arg-type]
+        pool=PendingPool(1000, 1 << 20),
+        handoff=Handoff(),
+    )
+    return coordinator, table
+
+
+def _shard(coordinator: Coordinator, shard_id: str, serials: int) -> ShardState:
+    lease = Lease(shard_id, (), "me", 1, Position("TRIM_HORIZON"), False)
+    state = ShardState(lease)
+    coordinator.shards[shard_id] = state
+    for serial in range(1, serials + 1):
+        state.enqueued(serial, after(str(serial * 10)))
+    return state
+
+
+def test_reading_pauses_at_the_uncheckpointed_bound_and_resumes_once_checkpoints_land(
+    coordinator: tuple[Coordinator, FlakyTable],
+) -> None:
+    coord, table = coordinator
+    _shard(coord, "shard-a", 3)
+    _shard(coord, "shard-b", 3)
+    coord.on_committed([Commit("shard-a", 1, 60, None)])
+    assert not coord.pool.paused
+    coord.on_committed([Commit("shard-b", 1, 40, None)])
+    assert coord.pool.paused, "100 committed records without a checkpoint reach the bound"
+
+    asyncio.run(coord._flush_checkpoints(force=True))
+    assert coord.pool.paused and table.written == []
+
+    table.down = False
+    asyncio.run(coord._flush_checkpoints(force=True))
+    assert not coord.pool.paused
+    assert table.written == [after("10"), after("10")]
+    assert all(state.uncheckpointed_records == 0 for state in coord.shards.values())
+
+
+def test_commits_arriving_during_a_checkpoint_write_stay_counted(coordinator: tuple[Coordinator, FlakyTable]) -> None:
+    coord, table = coordinator
+    table.down = False
+    state = _shard(coord, "shard-a", 2)
+    coord.on_committed([Commit("shard-a", 1, 30, None)])
+    original = table.checkpoint
+
+    async def slow_checkpoint(lease: Lease, position: Position | None) -> Lease:
+        coord.on_committed([Commit("shard-a", 2, 80, None)])  # lands while the write is in flight
+        return await original(lease, position)
+
+    table.checkpoint = slow_checkpoint  # type: ignore[method-assign]
+    asyncio.run(coord._flush_checkpoints(force=True))
+    assert state.uncheckpointed_records == 80
+    assert coord.pool.paused is False  # 80 < 100
