@@ -105,6 +105,9 @@ async def iter_events(stream: Any) -> AsyncGenerator[ShardEvent, None]:
         return
     async for message in raw_messages(stream):
         event = decode_message(message.headers, message.payload)
+        # An event waiting for pool budget must not also pin its raw frame (base64 text, 1.4x the
+        # data): the memory bound counts one decoded event in flight per shard.
+        del message
         if event is not None:
             yield event
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import structlog
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -154,6 +155,18 @@ def observed(observation: Observation | None) -> dict[str, Any] | None:
 
 
 @dataclass
+class PreparedBatch:
+    batch_id: str
+    chunks: list[RecordChunk]  # as taken: acknowledged whole once committed
+    kept: list[RecordChunk]  # past the delivery watermark
+    table: pa.Table | None
+    dead: list[RecordChunk]
+    dead_table: pa.Table | None
+    duplicates: int
+    prepare_s: float
+
+
+@dataclass
 class BatchResult:
     info: BatchInfo
     chunks: list[RecordChunk]  # as read: every one of them is acknowledged, kept rows or not
@@ -186,6 +199,11 @@ class BatchRunner:
     def run(self, batch_id: str, chunks: list[RecordChunk]) -> BatchResult:
         """Write the batch through the sink (its dead letters first, through the dead-letter sink),
         retrying the same rows; raise SinkFailed when the attempts run out."""
+        return self.commit(self.prepare(batch_id, chunks))
+
+    def prepare(self, batch_id: str, chunks: list[RecordChunk]) -> PreparedBatch:
+        """The Python and Arrow half of a batch: no Spark call, so it can run on another thread
+        while Spark commits the previous batch. Batches must be prepared in order (the watermark)."""
         started = time.monotonic()
         kept: list[RecordChunk] = []
         duplicates = 0
@@ -198,22 +216,41 @@ class BatchRunner:
             METRICS.records_duplicate.inc(duplicates)
             log.info("batch.duplicates_dropped", batch_id=batch_id, records=duplicates)
         dead = dead_letter_chunks(chunks)
-        if dead:
+        return PreparedBatch(
+            batch_id=batch_id,
+            chunks=chunks,
+            kept=kept,
+            table=to_table(kept) if kept else None,
+            dead=dead,
+            dead_table=to_table(dead) if dead else None,
+            duplicates=duplicates,
+            prepare_s=time.monotonic() - started,
+        )
+
+    def commit(self, batch: PreparedBatch) -> BatchResult:
+        """The Spark half: DataFrames, decoding, the dead-letter sink, then the sink, with retries."""
+        started = time.monotonic()
+        if batch.dead_table is not None:
             if self.dead_letter_sink is None:
-                raise SinkFailed(f"batch {batch_id} has corrupt aggregates to dead-letter but no dead_letter_sink")
-            dead_df = self.spark.createDataFrame(to_table(dead))
-            self._write(self.dead_letter_sink, dead_df, f"{batch_id}-dead-letters", dead, "dead_letter_sink")
-        info = describe_batch(batch_id, kept) if kept else BatchInfo(batch_id, 0, 0)
+                raise SinkFailed(
+                    f"batch {batch.batch_id} has corrupt aggregates to dead-letter but no dead_letter_sink"
+                )
+            dead_df = self.spark.createDataFrame(batch.dead_table)
+            self._write(
+                self.dead_letter_sink, dead_df, f"{batch.batch_id}-dead-letters", batch.dead, "dead_letter_sink"
+            )
+        info = describe_batch(batch.batch_id, batch.kept) if batch.kept else BatchInfo(batch.batch_id, 0, 0)
         invalid_json: int | None = None
-        if kept:
-            df, observation = self.decoder.decode(self.spark.createDataFrame(to_table(kept)))
-            info = self._write(self.sink, df, batch_id, kept, "sink")
+        if batch.table is not None:
+            df, observation = self.decoder.decode(self.spark.createDataFrame(batch.table))
+            info = self._write(self.sink, df, batch.batch_id, batch.kept, "sink")
             metrics = observed(observation)
             if metrics is not None:
                 invalid_json = int(metrics.get("invalid_json") or 0)
                 if invalid_json:
                     METRICS.records_invalid_json.inc(invalid_json)
-        return BatchResult(info, chunks, duplicates, invalid_json, time.monotonic() - started)
+        duration_s = batch.prepare_s + time.monotonic() - started
+        return BatchResult(info, batch.chunks, batch.duplicates, invalid_json, duration_s)
 
     def _write(self, sink: Sink, df: DataFrame, batch_id: str, chunks: list[RecordChunk], name: str) -> BatchInfo:
         for attempt in range(1, self.max_attempts + 1):

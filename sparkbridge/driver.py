@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 import structlog
@@ -21,9 +22,8 @@ from efo.config import Settings
 from efo.coordinator import Commit
 from efo.errors import EXIT_OK, EXIT_RUNTIME
 from efo.observability import METRICS
-from efo.records import RecordChunk
 from efo.service import Service
-from sparkbridge.batches import BatchRunner
+from sparkbridge.batches import BatchRunner, PreparedBatch
 
 log = structlog.get_logger("sparkbridge.driver")
 
@@ -53,17 +53,22 @@ class Driver:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def run(self) -> int:
-        """Take and commit batches until a stop is asked for or the service fails."""
+        """Take and commit batches until a stop is asked for or the service fails. The next batch
+        is taken and converted to Arrow on a worker thread while Spark commits the current one."""
         self.service.start()
-        batch = self.settings.batch
+        prefetch = ThreadPoolExecutor(1, thread_name_prefix="efo-arrow")
         try:
+            upcoming = prefetch.submit(self._take_and_prepare)
             while not self._stopping.is_set() and not self.service.finished.is_set():
-                chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
-                if chunks:
-                    self.process(chunks)
+                prepared = upcoming.result()
+                upcoming = prefetch.submit(self._take_and_prepare)
+                if prepared is not None:
+                    self.commit(prepared)
         finally:
-            # Intake stops, the service flushes what was committed, releases leases and ends.
+            # Intake stops; a batch taken but not committed is read again by the next owner. The
+            # service flushes what was committed, releases the leases and ends.
             self.service.request_stop()
+            prefetch.shutdown(wait=True, cancel_futures=True)
             self.service.driver_finished()
             if not self.service.join(self.settings.shutdown_timeout_s + 5):
                 log.warning("driver.service_join_timeout")
@@ -72,9 +77,18 @@ class Driver:
         log.info("driver.stopped", batches=self._batches)
         return EXIT_OK
 
-    def process(self, chunks: list[RecordChunk]) -> None:
+    def _take_and_prepare(self) -> PreparedBatch | None:
+        batch = self.settings.batch
+        if self._stopping.is_set():
+            return None
+        chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
+        if not chunks:
+            return None
         self._batches += 1
-        result = self.runner.run(f"{self._run_id}-{self._batches:08d}", chunks)
+        return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
+
+    def commit(self, prepared: PreparedBatch) -> None:
+        result = self.runner.commit(prepared)
         self.service.commit(Commit(c.shard_id, c.serial, len(c), c.grant) for c in result.chunks)
         METRICS.batches_committed.inc()
         METRICS.batch_seconds.observe(result.duration_s)
