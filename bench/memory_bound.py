@@ -6,14 +6,17 @@ pool fills. It writes several times the pool's budget into the stream and sample
 resident memory (the Python process; the JVM is a separate process with its own heap setting)
 against the bound:
 
-    RSS <= baseline + max_pending_bytes * k_bytes + max_pending_records * k_record
-           + shards * (one event in flight + HTTP and framing buffers, ~300 KiB)
+    RSS <= baseline + max_pending_bytes + max_pending_records * k_record
+           + 2 * min(batch.max_bytes, max_pending_bytes)
+           + shards * (largest event + HTTP and framing buffers)
 
-where ``baseline`` is the RSS measured after ``service.ready`` and before any record, ``k_bytes`` the
-Python cost per payload byte held (1: bytes objects), ``k_record`` the per-record overhead of the
-columns (sequence number and partition key strings, list slots, ints), and one event in flight is
-the largest event the stream delivers. Runs twice, with two pool sizes, to show that memory
-follows the configuration, not the amount of data.
+``baseline`` is the RSS after ``service.ready`` and before any record. The pool holds the payload
+bytes and ``k_record`` per record (sequence-number and partition-key strings, ints, list slots).
+The driver holds two Arrow copies at most: the batch in the sink and the next one, prepared while
+Spark commits. Each shard holds one decoded event waiting for budget, aiohttp's read buffer (to
+its 128 KiB high-water mark) and what botocore's framing buffer keeps of the last socket read
+(up to another 128 KiB). Runs with several pool sizes to show that memory follows the
+configuration, not the amount of data written.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 from efo.devstack.stack import LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
 
+BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
 K_RECORD_BYTES = 250  # tracemalloc: strings, list slots and ints per record, 20-character keys
-# Per shard, besides the decoded event waiting for budget: aiohttp's read buffer (to its 128 KiB
-# high-water mark, and a socket read may overshoot it) plus what botocore's framing buffer holds of
-# the frames after the one being decoded. 300 KiB is measured (a 4 MiB pool at 64 shards), not derived.
-SHARD_BUFFER_BYTES = 300 * 1024
+# Per shard, besides the decoded event waiting for budget: aiohttp's read buffer to its high-water
+# mark (2 x 64 KiB) and botocore's framing buffer (the rest of the last socket read, up to as much).
+SHARD_BUFFER_BYTES = 256 * 1024
 STALL_MODULE = "def write(df, batch):\n    import time\n    while True:\n        time.sleep(3600)\n"
 
 
@@ -144,7 +147,14 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
                 samples.append((round(time.monotonic() - started, 1), rss_bytes(service.pid)))
                 time.sleep(0.5)
         event_bytes = min(produced // args.shards, 10_000) * args.record_bytes  # kinesis-local: <= 10,000 per event
-        bound = baseline + pool_bytes + pool_records * K_RECORD_BYTES + args.shards * (event_bytes + SHARD_BUFFER_BYTES)
+        arrow_copies = 2 * min(BATCH_MAX_BYTES, pool_bytes)
+        bound = (
+            baseline
+            + pool_bytes
+            + pool_records * K_RECORD_BYTES
+            + arrow_copies
+            + args.shards * (event_bytes + SHARD_BUFFER_BYTES)
+        )
         received = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
         return {
             "pool_mib": pool_mib,

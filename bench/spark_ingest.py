@@ -37,7 +37,7 @@ from efo.handoff import Handoff
 from efo.pool import Grant, PendingPool
 from efo.records import RecordChunk
 from sparkbridge.arrow import to_table
-from sparkbridge.batches import BatchRunner, DeliveryWatermark
+from sparkbridge.batches import BatchRunner, DeliveryWatermark, Prefetcher, PreparedBatch
 from sparkbridge.session import build_session
 from sparkbridge.sinks import BatchInfo, ParquetSink, Sink
 
@@ -97,32 +97,50 @@ class LoopThread:
         self._thread.join()
 
 
-def time_bridge(spark: SparkSession, sink: Sink, chunks: list[RecordChunk], loop: LoopThread, batch_id: str) -> float:
+def time_bridge(
+    spark: SparkSession, sink: Sink, batches: list[list[RecordChunk]], loop: LoopThread, batch_id: str
+) -> float:
+    """Seconds per batch over consecutive batches, as the driver runs them: the next batch is
+    taken and prepared (watermark, Arrow) on the prefetch thread while Spark commits this one."""
+    chunks = [c for batch in batches for c in batch]
     loop.grant(chunks)
     handoff = Handoff()
     for c in chunks:
         handoff.put(c)
     runner = BatchRunner(spark, sink, max_attempts=1, retry_backoff_s=0)  # a fresh watermark per run
-    rows = sum(len(c) for c in chunks)
+    rows = sum(len(c) for c in batches[0])
+    numbers = iter(range(len(batches) + 1))
+
+    def take_and_prepare() -> PreparedBatch | None:
+        taken = handoff.take_batch(rows, 10**15, 0.0, idle_wait_s=0.0)
+        return runner.prepare(f"{batch_id}-{next(numbers)}", taken) if taken else None
+
     started = time.perf_counter()
-    batch = handoff.take_batch(rows, 10**15, 0.0)
-    result = runner.run(batch_id, batch)
-    loop.release(result.chunks)
+    prefetch = Prefetcher(take_and_prepare)
+    for _ in batches:
+        prepared = prefetch.next()
+        assert prepared is not None
+        result = runner.commit(prepared)
+        loop.release(result.chunks)
     elapsed = time.perf_counter() - started
-    assert len(batch) == len(chunks) and result.info.records == rows and loop.pool.records == 0
-    return elapsed
+    prefetch.close()
+    assert loop.pool.records == 0
+    return elapsed / len(batches)
 
 
-def time_spark(spark: SparkSession, sink: Sink, table: Any, info: BatchInfo) -> float:
+def time_spark(spark: SparkSession, sink: Sink, tables: list[Any], info: BatchInfo) -> float:
+    """Seconds per batch of Spark alone on the identical Arrow tables (built before timing)."""
     started = time.perf_counter()
-    sink.write(spark.createDataFrame(table), info)
-    return time.perf_counter() - started
+    for table in tables:
+        sink.write(spark.createDataFrame(table), info)
+    return (time.perf_counter() - started) / len(tables)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000", help="batch sizes in rows, comma-separated")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per variant, size and sink")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, size and sink")
+    parser.add_argument("--batches", type=int, default=3, help="consecutive batches per timed run")
     parser.add_argument("--sinks", default="parquet,noop", help="parquet and/or noop")
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--chunk-records", type=int, default=500, help="records per chunk (one SubscribeToShard event)")
@@ -143,7 +161,7 @@ def main() -> int:
     )
     spark = build_session(settings, app_name="efo-bench")
     spark.sparkContext.setLogLevel("ERROR")
-    chunks = build_chunks(max(sizes), args.chunk_records, args.record_bytes, args.shards)
+    chunks = build_chunks(max(sizes) * args.batches, args.chunk_records, args.record_bytes, args.shards)
     loop = LoopThread()
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="efo-bench-"))
 
@@ -151,8 +169,9 @@ def main() -> int:
     python_side: dict[int, tuple[float, float]] = {}
     try:
         for size in sizes:
-            batch = _first_rows(chunks, size)
-            table = to_table(batch)
+            batches = _consecutive(chunks, size, args.batches)
+            batch = batches[0]
+            tables = [to_table(b) for b in batches]
             info = BatchInfo("bench", size, sum(c.data_bytes for c in batch))
             python_side[size] = (
                 _median_s(partial(to_table, batch), args.repeats),
@@ -164,8 +183,8 @@ def main() -> int:
                     _sink(sink_name, work / f"spark-{size}"),
                 )
                 runs = {
-                    "bridge": partial(time_bridge, spark, bridge_sink, batch, loop, "bench"),
-                    "spark": partial(time_spark, spark, spark_sink, table, info),
+                    "bridge": partial(time_bridge, spark, bridge_sink, batches, loop, "bench"),
+                    "spark": partial(time_spark, spark, spark_sink, tables, info),
                 }
                 times: dict[str, list[float]] = {"bridge": [], "spark": []}
                 for repeat in range(args.repeats + 1):  # repeat 0 is the warm-up
@@ -182,7 +201,8 @@ def main() -> int:
 
     print()
     print(
-        f"{args.repeats} repeats, medians; {args.record_bytes} B records, {args.chunk_records} records/chunk, "
+        f"{args.repeats} repeats of {args.batches} consecutive batches, medians of seconds per batch; "
+        f"{args.record_bytes} B records, {args.chunk_records} records/chunk, "
         f"{args.shards} shards, master {args.master}, driver memory {args.driver_memory}\n"
     )
     print("| sink | batch rows | bridge rows/s | Spark alone rows/s | bridge s | Spark s | overhead |")
@@ -217,16 +237,11 @@ def _filter_all(chunks: list[RecordChunk]) -> None:
         watermark.filter(c)
 
 
-def _first_rows(chunks: list[RecordChunk], rows: int) -> list[RecordChunk]:
-    out: list[RecordChunk] = []
-    total = 0
-    for c in chunks:
-        if total >= rows:
-            break
-        assert total + len(c) <= rows, "batch sizes must be multiples of --chunk-records"
-        out.append(c)
-        total += len(c)
-    return out
+def _consecutive(chunks: list[RecordChunk], rows: int, count: int) -> list[list[RecordChunk]]:
+    """``count`` batches of ``rows`` rows each, from the front of ``chunks``."""
+    per_batch = rows // len(chunks[0])
+    assert per_batch * len(chunks[0]) == rows, "batch sizes must be multiples of --chunk-records"
+    return [chunks[i * per_batch : (i + 1) * per_batch] for i in range(count)]
 
 
 if __name__ == "__main__":

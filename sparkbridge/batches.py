@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 import structlog
@@ -23,6 +24,8 @@ from sparkbridge.arrow import to_table
 from sparkbridge.sinks import BatchInfo, ShardRange, Sink
 
 log = structlog.get_logger("sparkbridge.batches")
+
+T = TypeVar("T")
 
 CORRUPT_JSON_COLUMN = "_efo_corrupt_json"
 INVALID_JSON = "invalid_json"
@@ -293,3 +296,22 @@ def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
             )
         out.append(dead)
     return out
+
+
+class Prefetcher(Generic[T]):
+    """Calls ``produce`` on one worker thread, always one call ahead of the consumer, so the next
+    batch is taken and converted while Spark (which waits with the GIL released) commits this one."""
+
+    def __init__(self, produce: Callable[[], T]) -> None:
+        self._produce = produce
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="efo-arrow")
+        self._upcoming = self._executor.submit(produce)
+
+    def next(self) -> T:
+        result = self._upcoming.result()
+        self._upcoming = self._executor.submit(self._produce)
+        return result
+
+    def close(self) -> None:
+        """Wait for the call under way (its result is dropped) and stop the worker."""
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 import structlog
@@ -23,7 +22,7 @@ from efo.coordinator import Commit
 from efo.errors import EXIT_OK, EXIT_RUNTIME
 from efo.observability import METRICS
 from efo.service import Service
-from sparkbridge.batches import BatchRunner, PreparedBatch
+from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
 
 log = structlog.get_logger("sparkbridge.driver")
 
@@ -56,19 +55,17 @@ class Driver:
         """Take and commit batches until a stop is asked for or the service fails. The next batch
         is taken and converted to Arrow on a worker thread while Spark commits the current one."""
         self.service.start()
-        prefetch = ThreadPoolExecutor(1, thread_name_prefix="efo-arrow")
+        prefetch = Prefetcher(self._take_and_prepare)
         try:
-            upcoming = prefetch.submit(self._take_and_prepare)
             while not self._stopping.is_set() and not self.service.finished.is_set():
-                prepared = upcoming.result()
-                upcoming = prefetch.submit(self._take_and_prepare)
+                prepared = prefetch.next()
                 if prepared is not None:
                     self.commit(prepared)
         finally:
             # Intake stops; a batch taken but not committed is read again by the next owner. The
             # service flushes what was committed, releases the leases and ends.
             self.service.request_stop()
-            prefetch.shutdown(wait=True, cancel_futures=True)
+            prefetch.close()
             self.service.driver_finished()
             if not self.service.join(self.settings.shutdown_timeout_s + 5):
                 log.warning("driver.service_join_timeout")
