@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,6 @@ class ServiceRun:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
-    _offset: int = field(default=0)
 
     def start(self) -> ServiceRun:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
