@@ -69,7 +69,10 @@ def test_a_second_signal_exits_at_once_without_checkpointing_anything_uncommitte
     create_stream(kinesis_client, stream, 1)
     handlers = tmp_path / "handlers"
     handlers.mkdir()
-    (handlers / "slow_sink.py").write_text("import time\ndef write(df, batch):\n    time.sleep(30)\n")
+    entered = tmp_path / "sink-entered"
+    (handlers / "slow_sink.py").write_text(
+        f"import pathlib, time\ndef write(df, batch):\n    pathlib.Path({str(entered)!r}).touch()\n    time.sleep(30)\n"
+    )
     env = service_env(
         local_stack,
         stream=stream,
@@ -82,7 +85,10 @@ def test_a_second_signal_exits_at_once_without_checkpointing_anything_uncommitte
     put_records(kinesis_client, stream, 50, tag="slow")
     run = ServiceRun(env, tmp_path / "efo.log").start()
     run.wait_for_event("service.ready")
-    time.sleep(3)  # the first batch is now inside the 30 s sink
+    deadline = time.monotonic() + 60
+    while not entered.exists():  # the first batch is inside the 30 s sink
+        assert time.monotonic() < deadline, run.tail()
+        time.sleep(0.1)
     assert run.process is not None
     run.process.send_signal(signal.SIGTERM)
     time.sleep(0.5)
