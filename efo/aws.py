@@ -1,9 +1,8 @@
-"""aiobotocore sessions and clients: the one place that knows endpoints, retries and pools.
+"""aiobotocore clients: the one place that knows endpoints, retries and pools.
 
-Two sessions: the control plane (ListShards, consumers, DynamoDB) keeps botocore's defaults and
-standard retries; the data plane (SubscribeToShard) has botocore's retries off, since the
-subscription loop paces its own calls (1 per second per shard, never within 5 s of a success),
-and parses timestamps to epoch seconds instead of building a datetime per record.
+Control-plane clients (ListShards, consumers, DynamoDB) use standard retries. The SubscribeToShard
+client has botocore's retries off, since the subscription loop paces its own calls (1 per second
+per shard, never within 5 s of a success); its events are decoded by efo.decoder, not botocore.
 """
 
 from __future__ import annotations
@@ -25,10 +24,6 @@ def data_connections_for(shard_count: int) -> int:
     return max(MIN_DATA_CONNECTIONS, 2 * shard_count + 16)
 
 
-def _epoch_seconds(value: Any) -> float:
-    return float(value)
-
-
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     region: str | None
@@ -41,10 +36,7 @@ class Clients:
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
-        self._control_session: AioSession = get_session()
-        self._data_session: AioSession = get_session()
-        parser_factory = self._data_session.get_component("response_parser_factory")
-        parser_factory.set_parser_defaults(timestamp_parser=_epoch_seconds)
+        self._session: AioSession = get_session()
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> Clients:
@@ -58,11 +50,11 @@ class Clients:
 
     async def kinesis(self) -> Any:
         config = AioConfig(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30)
-        return await self._enter(self._control_session, "kinesis", self.endpoints.kinesis, config)
+        return await self._enter("kinesis", self.endpoints.kinesis, config)
 
     async def dynamodb(self) -> Any:
         config = AioConfig(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10)
-        return await self._enter(self._control_session, "dynamodb", self.endpoints.dynamodb, config)
+        return await self._enter("dynamodb", self.endpoints.dynamodb, config)
 
     async def subscriptions(self, shard_count: int, read_timeout_s: float) -> Any:
         """A Kinesis client for SubscribeToShard only: no SDK retries, a socket read timeout of
@@ -73,8 +65,10 @@ class Clients:
             read_timeout=read_timeout_s,
             max_pool_connections=data_connections_for(shard_count),
         )
-        return await self._enter(self._data_session, "kinesis", self.endpoints.kinesis, config)
+        return await self._enter("kinesis", self.endpoints.kinesis, config)
 
-    async def _enter(self, session: AioSession, service: str, endpoint: str | None, config: AioConfig) -> Any:
-        client = session.create_client(service, region_name=self.endpoints.region, endpoint_url=endpoint, config=config)
+    async def _enter(self, service: str, endpoint: str | None, config: AioConfig) -> Any:
+        client = self._session.create_client(
+            service, region_name=self.endpoints.region, endpoint_url=endpoint, config=config
+        )
         return await self._stack.enter_async_context(client)
