@@ -331,12 +331,6 @@ class Settings(BaseSettings):
     def sink_spec(self) -> SinkSpec:
         return SinkSpec.parse(self.sink)
 
-    @property
-    def stream_name(self) -> str:
-        if self.stream.startswith("arn:"):
-            return self.stream.rsplit("/", 1)[-1]
-        return self.stream
-
 
 def _env_name(location: tuple[int | str, ...]) -> str:
     return ENV_PREFIX + NESTED_DELIMITER.join(str(part).upper() for part in location)

@@ -107,7 +107,3 @@ class RecordChunk:
         self.data.append(data)
         self.errors.append(error)
         self.data_bytes += len(data)
-
-    @property
-    def last(self) -> tuple[str, int | None]:
-        return self.sequence_numbers[-1], self.sub_sequence_numbers[-1]

@@ -21,7 +21,7 @@ import structlog
 
 from efo.config import SubscriptionSettings
 from efo.decoder import ShardEvent, iter_events
-from efo.errors import EfoError, LeaseLost, error_code, translate
+from efo.errors import LeaseLost, error_code, translate
 from efo.handoff import Handoff
 from efo.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
 from efo.observability import METRICS
@@ -304,4 +304,4 @@ def _first_corrupt(rows: Expanded, event: ShardEvent) -> str | None:
     return event.sequence_numbers[0] if event.sequence_numbers else None
 
 
-__all__ = ["Backoff", "EfoError", "ShardEnded", "ShardProgress", "ShardSubscription"]
+__all__ = ["Backoff", "Backpressure", "ShardEnded", "ShardProgress", "ShardSubscription"]
