@@ -21,7 +21,7 @@ from efo.handoff import Handoff
 from efo.leases import LeaseTable
 from efo.observability import METRICS
 from efo.pool import PendingPool
-from efo.registration import describe_stream, ensure_consumer
+from efo.registration import StreamInfo, describe_stream, ensure_consumer
 from efo.shards import list_shards
 
 log = structlog.get_logger("efo.service")
@@ -38,6 +38,7 @@ class Service:
         self._stop: asyncio.Event | None = None
         self._driver_done: asyncio.Event | None = None
         self._coordinator: Coordinator | None = None
+        self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
         self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
 
     # ---- called from the driver thread ------------------------------------------------------
@@ -105,9 +106,14 @@ class Service:
         return Endpoints(self.settings.region, self.settings.kinesis_endpoint, self.settings.dynamodb_endpoint)
 
     async def _prepare(self, clients: Clients) -> Coordinator:
+        """The coordinator, after checking the stream, the table and the consumer and bootstrapping
+        the leases; what the pre-flight already checked is not asked again."""
         settings = self.settings
         kinesis = await clients.kinesis()
-        stream = await describe_stream(kinesis, settings.stream)
+        if self._checked is None:
+            stream = await describe_stream(kinesis, settings.stream)
+        else:
+            stream, consumer_arn = self._checked
         table = LeaseTable(
             await clients.dynamodb(),
             table=settings.table_name,
@@ -115,13 +121,14 @@ class Service:
             stream_arn=stream.arn,
             worker_id=settings.worker_id,
         )
-        await table.ensure_table()
-        consumer_arn = await ensure_consumer(
-            kinesis,
-            stream_arn=stream.arn,
-            name=None if settings.consumer_arn else settings.consumer,
-            arn=settings.consumer_arn,
-        )
+        if self._checked is None:
+            await table.ensure_table()
+            consumer_arn = await ensure_consumer(
+                kinesis,
+                stream_arn=stream.arn,
+                name=None if settings.consumer_arn else settings.consumer,
+                arn=settings.consumer_arn,
+            )
         shard_count = len((await list_shards(kinesis, stream.arn)).shards)
         coordinator = Coordinator(
             settings=settings,
@@ -138,7 +145,9 @@ class Service:
             ),
             handoff=self.handoff,
         )
-        await coordinator.bootstrap()
+        if self._checked is None:
+            await coordinator.bootstrap()
+            self._checked = (stream, consumer_arn)
         return coordinator
 
     async def _serve(self) -> None:
