@@ -7,10 +7,10 @@ the client reads. For each shard count and record size, in the same run, interle
 * ``stock``: aiobotocore, one task per shard iterating ``response["EventStream"]`` (botocore's
   parser with its default datetime timestamps), counting records;
 * ``stock-epoch`` (only with ``--variants``): the same through efo's data-plane client, whose
-  parser turns timestamps into epoch-seconds floats instead of datetimes (efo before efo.decoder);
+  parser turns timestamps into epoch-seconds floats instead of datetimes (efo before efo.kinesis.decoder);
 * ``boto3``: a boto3 thread per shard iterating its EventStream and putting each event's records
   on a ``queue.Queue`` that the main thread drains and counts;
-* ``efo``: :class:`efo.subscription.ShardSubscription` with efo's data-plane client, its real
+* ``efo``: :class:`efo.kinesis.subscription.ShardSubscription` with efo's data-plane client, its real
   :class:`PendingPool` and :class:`Handoff`, and a no-op drain thread that takes batches from the
   handoff and acknowledges them the way the Spark driver does (the grants are released on the
   loop thread through ``call_soon_threadsafe``, as ``Coordinator.on_committed`` does). Records are
@@ -51,10 +51,10 @@ from synthetic_server import consumer_arn
 
 from efo.aws import Clients, Endpoints
 from efo.config import BatchSettings, PoolSettings, SubscriptionSettings
-from efo.handoff import Handoff
-from efo.pool import Grant, PendingPool
-from efo.records import Position, RecordChunk
-from efo.subscription import ShardSubscription
+from efo.kinesis.subscription import ShardSubscription
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import Grant, PendingPool
+from efo.pipeline.records import Position, RecordChunk
 
 REGION = "us-east-1"
 VARIANTS = ("stock", "stock-epoch", "boto3", "efo")

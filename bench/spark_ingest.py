@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import load_settings
-from efo.handoff import Handoff
-from efo.pool import Grant, PendingPool
-from efo.records import RecordChunk
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import Grant, PendingPool
+from efo.pipeline.records import RecordChunk
 from sparkbridge.arrow import to_table
 from sparkbridge.batches import BatchRunner, DeliveryWatermark, Prefetcher, PreparedBatch
 from sparkbridge.session import build_session

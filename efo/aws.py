@@ -2,7 +2,7 @@
 
 Control-plane clients (ListShards, consumers, DynamoDB) use standard retries. The SubscribeToShard
 client has botocore's retries off, since the subscription loop paces its own calls (1 per second
-per shard, never within 5 s of a success); its events are decoded by efo.decoder, not botocore.
+per shard, never within 5 s of a success); its events are decoded by efo.kinesis.decoder, not botocore.
 """
 
 from __future__ import annotations

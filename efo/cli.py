@@ -16,9 +16,9 @@ from typing import Any
 from efo.aws import Clients, Endpoints
 from efo.config import Settings, load_settings, settings_table
 from efo.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EfoError, ResourceNotFound
-from efo.leases import LeaseTable
-from efo.registration import describe_consumer, describe_stream, ensure_consumer
-from efo.shards import list_shards
+from efo.kinesis.registration import describe_consumer, describe_stream, ensure_consumer
+from efo.kinesis.shards import list_shards
+from efo.leases.table import LeaseTable
 
 
 def _settings(args: argparse.Namespace, *, need_sink: bool = True) -> Settings:

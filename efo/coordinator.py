@@ -21,14 +21,14 @@ import structlog
 
 from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, LeaseLost, StreamRecreated
-from efo.handoff import Handoff
-from efo.leases import Lease, LeaseTable, TableState
+from efo.kinesis.registration import StreamInfo
+from efo.kinesis.shards import ShardGraph, list_shards
+from efo.kinesis.subscription import ShardEnded, ShardSubscription
+from efo.leases.table import Lease, LeaseTable, TableState
 from efo.observability import METRICS
-from efo.pool import Grant, PendingPool
-from efo.records import Position
-from efo.registration import StreamInfo
-from efo.shards import ShardGraph, list_shards
-from efo.subscription import ShardEnded, ShardSubscription
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import Grant, PendingPool
+from efo.pipeline.records import Position
 
 log = structlog.get_logger("efo.coordinator")
 

@@ -17,12 +17,12 @@ from efo.aws import Clients, Endpoints
 from efo.config import Settings
 from efo.coordinator import Commit, Coordinator
 from efo.errors import EfoError, translate
-from efo.handoff import Handoff
-from efo.leases import LeaseTable
+from efo.kinesis.registration import StreamInfo, describe_stream, ensure_consumer
+from efo.kinesis.shards import list_shards
+from efo.leases.table import LeaseTable
 from efo.observability import METRICS
-from efo.pool import PendingPool
-from efo.registration import StreamInfo, describe_stream, ensure_consumer
-from efo.shards import list_shards
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
 
 log = structlog.get_logger("efo.service")
 

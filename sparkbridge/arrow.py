@@ -7,7 +7,7 @@ from itertools import chain
 
 import pyarrow as pa
 
-from efo.records import RecordChunk
+from efo.pipeline.records import RecordChunk
 
 #: The DataFrame schema: a public contract, documented in the README.
 SCHEMA = pa.schema(

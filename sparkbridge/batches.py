@@ -19,7 +19,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from efo.errors import ConfigError, SinkFailed
 from efo.observability import METRICS
-from efo.records import MAX_SUB_SEQUENCE, RecordChunk
+from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
 from sparkbridge.arrow import to_table
 from sparkbridge.sinks import BatchInfo, ShardRange, Sink
 

@@ -138,7 +138,7 @@ def test_efo_run_with_spark_remote_delivers_exactly_once_through_the_connect_ser
 
 
 def _chunk(shard: str, first: int, count: int, serial: int) -> Any:
-    from efo.records import RecordChunk
+    from efo.pipeline.records import RecordChunk
 
     c = RecordChunk("orders", shard, serial)
     for i in range(first, first + count):

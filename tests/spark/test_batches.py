@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from efo.errors import SinkFailed
-from efo.handoff import Handoff
-from efo.records import RecordChunk
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.records import RecordChunk
 from sparkbridge.batches import INVALID_JSON, BatchRunner, ValueDecoder
 from sparkbridge.sinks import BatchInfo, ConsoleSink, HandlerSink, ParquetSink
 
@@ -169,7 +169,7 @@ def test_utf8_decoding_adds_a_value_column(spark: SparkSession) -> None:
 
 
 def test_dead_letters_go_to_the_dead_letter_sink_before_the_batch_and_with_their_reason(spark: SparkSession) -> None:
-    from efo.kpl import DeadLetter
+    from efo.kinesis.kpl import DeadLetter
 
     main, dead = Recorder(), Recorder()
     r = BatchRunner(spark, main, max_attempts=2, retry_backoff_s=0, dead_letter_sink=dead, sleep=lambda s: None)
@@ -189,7 +189,7 @@ def test_dead_letters_go_to_the_dead_letter_sink_before_the_batch_and_with_their
 
 
 def test_a_failing_dead_letter_sink_fails_the_batch_before_the_main_sink_runs(spark: SparkSession) -> None:
-    from efo.kpl import DeadLetter
+    from efo.kinesis.kpl import DeadLetter
 
     main, dead = Recorder(), Recorder(fail_times=99)
     r = BatchRunner(spark, main, max_attempts=2, retry_backoff_s=0, dead_letter_sink=dead, sleep=lambda s: None)

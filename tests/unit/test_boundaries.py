@@ -8,7 +8,7 @@ import sys
 
 def test_importing_efo_and_its_cli_loads_no_pyspark_module() -> None:
     code = (
-        "import sys, efo, efo.cli, efo.service, efo.coordinator, efo.subscription, efo.leases;"
+        "import sys, efo, efo.cli, efo.service, efo.coordinator, efo.kinesis.subscription, efo.leases.table;"
         "efo.cli.build_parser();"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))"
     )

@@ -13,11 +13,11 @@ import pytest
 from efo.config import load_settings
 from efo.coordinator import Commit, Coordinator, ShardState
 from efo.errors import Retriable
-from efo.handoff import Handoff
-from efo.leases import Lease
-from efo.pool import PendingPool
-from efo.records import Position, after
-from efo.registration import StreamInfo
+from efo.kinesis.registration import StreamInfo
+from efo.leases.table import Lease
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position, after
 
 
 class FlakyTable:

@@ -8,10 +8,10 @@ import pytest
 
 from efo.config import InitialPosition
 from efo.coordinator import Coordinator, ShardState
-from efo.leases import Lease
-from efo.records import Position, after
-from efo.shards import Shard, ShardGraph
-from efo.subscription import ShardEnded
+from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.subscription import ShardEnded
+from efo.leases.table import Lease
+from efo.pipeline.records import Position, after
 
 STAMP = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
 

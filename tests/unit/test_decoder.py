@@ -1,8 +1,8 @@
-"""efo.decoder against botocore's own parsing, frame for frame.
+"""efo.kinesis.decoder against botocore's own parsing, frame for frame.
 
 Both sides read the same bytes through a real :class:`AioEventStream` over a fake aiohttp body:
 the stock side iterates it (botocore's shape-walking parser, default datetime timestamps), efo's
-side goes through :func:`efo.decoder.iter_events`.
+side goes through :func:`efo.kinesis.decoder.iter_events`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from aiobotocore.parsers import create_parser
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efo.decoder import ShardEvent, _epoch_ms, arrival_ms, decode_event, from_parsed, iter_events
 from efo.devstack.eventstream import encode_message
+from efo.kinesis.decoder import ShardEvent, _epoch_ms, arrival_ms, decode_event, from_parsed, iter_events
 
 EVENT_HEADERS = {":message-type": "event", ":event-type": "SubscribeToShardEvent", ":content-type": "application/json"}
 INITIAL_RESPONSE = encode_message(

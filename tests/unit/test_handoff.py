@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from efo.handoff import Handoff, HandoffClosed
-from efo.records import RecordChunk
+from efo.pipeline.handoff import Handoff, HandoffClosed
+from efo.pipeline.records import RecordChunk
 
 JOIN_S = 5.0  # only ever reached when a test fails
 

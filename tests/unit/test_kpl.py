@@ -12,7 +12,7 @@ from aws_kinesis_agg.messages_pb2 import AggregatedRecord
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from efo.kpl import (
+from efo.kinesis.kpl import (
     CORRUPT_AGGREGATE,
     MAGIC,
     CorruptAggregate,
@@ -22,7 +22,7 @@ from efo.kpl import (
     expand,
     is_aggregate,
 )
-from efo.records import MAX_SUB_SEQUENCE, Position
+from efo.pipeline.records import MAX_SUB_SEQUENCE, Position
 
 UserRecord = tuple[str, bytes, str | None]  # (partition key, data, explicit hash key)
 

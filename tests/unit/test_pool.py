@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from efo.pool import Grant, PendingPool
+from efo.pipeline.pool import Grant, PendingPool
 
 
 async def _settle() -> None:

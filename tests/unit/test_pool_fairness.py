@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from efo.pool import PendingPool
+from efo.pipeline.pool import PendingPool
 
 
 async def _settle() -> None:

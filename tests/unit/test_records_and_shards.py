@@ -27,8 +27,8 @@ from efo.errors import (
     Retriable,
     translate,
 )
-from efo.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
-from efo.shards import Shard, ShardGraph
+from efo.kinesis.shards import Shard, ShardGraph
+from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
 from sparkbridge.arrow import SCHEMA, to_table
 
 BIG = "49590338271490256608559692538361571095921575989136588898"

@@ -23,10 +23,10 @@ from efo.errors import (
     LeaseLost,
     ResourceNotFound,
 )
-from efo.handoff import Handoff
-from efo.pool import PendingPool
-from efo.records import Position, RecordChunk, after
-from efo.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, Backoff, ShardEnded, ShardSubscription
+from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, Backoff, ShardEnded, ShardSubscription
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position, RecordChunk, after
 
 SHARD = "shardId-000000000001"
 STREAM = "orders"

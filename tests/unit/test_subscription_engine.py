@@ -10,10 +10,10 @@ import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
 from efo.errors import LeaseLost
-from efo.kpl import CorruptAggregate
-from efo.pool import PendingPool
-from efo.records import Position, after
-from efo.subscription import ShardEnded
+from efo.kinesis.kpl import CorruptAggregate
+from efo.kinesis.subscription import ShardEnded
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position, after
 
 from .test_subscription import SHARD, FakeStream, client_error, event, harness, record, run, settle, shard_end
 

@@ -74,7 +74,7 @@ def raw_messages(stream: AioEventStream) -> AsyncIterator[Any]:
     if generator is None or not hasattr(generator, "__anext__"):
         raise RuntimeError(
             f"aiobotocore {_aiobotocore_version()} has no AioEventStream._event_generator async generator: "
-            "efo.decoder.raw_messages must be adapted to this aiobotocore release"
+            "efo.kinesis.decoder.raw_messages must be adapted to this aiobotocore release"
         )
     return generator  # type: ignore[no-any-return]
 

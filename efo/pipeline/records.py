@@ -80,7 +80,7 @@ class RecordChunk:
     data: list[bytes] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
     data_bytes: int = 0
-    dead_letters: list[Any] = field(default_factory=list)  # efo.kpl.DeadLetter: committed with the chunk
+    dead_letters: list[Any] = field(default_factory=list)  # efo.kinesis.kpl.DeadLetter: committed with the chunk
     grant: Any = None  # the pool budget this chunk holds until its batch is committed
 
     def __len__(self) -> int:

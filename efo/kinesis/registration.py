@@ -16,7 +16,7 @@ import structlog
 
 from efo.errors import ResourceNotFound, error_code, translate
 
-log = structlog.get_logger("efo.registration")
+log = structlog.get_logger("efo.kinesis.registration")
 
 CONSUMER_ACTIVE_TIMEOUT_S = 120.0
 

@@ -17,7 +17,7 @@ A producer using the Kinesis Producer Library packs many user records into one K
     }
 
 The user records share the Kinesis record's sequence number and are numbered 0..n-1 (the
-sub-sequence number, see :class:`efo.records.Position`).
+sub-sequence number, see :class:`efo.pipeline.records.Position`).
 
 The protobuf decoder is written by hand instead of depending on ``protobuf``: it is one fixed
 message and about 120 lines of wire-format code, where a dependency would bring generated ``_pb2``
@@ -46,7 +46,7 @@ from itertools import repeat
 from typing import Literal
 
 from efo.errors import EfoError
-from efo.records import MAX_SUB_SEQUENCE
+from efo.pipeline.records import MAX_SUB_SEQUENCE
 
 MAGIC = b"\xf3\x89\x9a\xc2"
 DIGEST_SIZE = 16

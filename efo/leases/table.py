@@ -24,9 +24,9 @@ from typing import Any
 import structlog
 
 from efo.errors import LeaseLost, ResourceNotFound, error_code, translate
-from efo.records import Position
+from efo.pipeline.records import Position
 
-log = structlog.get_logger("efo.leases")
+log = structlog.get_logger("efo.leases.table")
 
 SHARD_END = "SHARD_END"
 META_KEY = "meta"

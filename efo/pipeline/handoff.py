@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from efo.records import RecordChunk
+from efo.pipeline.records import RecordChunk
 
 
 class HandoffClosed(Exception):

@@ -20,15 +20,15 @@ from typing import Any, Protocol
 import structlog
 
 from efo.config import SubscriptionSettings
-from efo.decoder import ShardEvent, iter_events
 from efo.errors import LeaseLost, error_code, translate
-from efo.handoff import Handoff
-from efo.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
+from efo.kinesis.decoder import ShardEvent, iter_events
+from efo.kinesis.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
 from efo.observability import METRICS
-from efo.pool import Grant, PendingPool
-from efo.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import Grant, PendingPool
+from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
 
-log = structlog.get_logger("efo.subscription")
+log = structlog.get_logger("efo.kinesis.subscription")
 
 MIN_CALL_INTERVAL_S = 1.0  # SubscribeToShard: at most 1 call per second per consumer and shard
 MIN_RENEW_INTERVAL_S = 5.0  # a call within 5 s of the last successful one fails with ResourceInUse
