@@ -20,10 +20,15 @@ EXIT_NOT_FOUND = 3
 
 
 class EfoError(Exception):
-    """Root of every error efo raises on purpose. ``str(error)`` is one line for an operator."""
+    """Root of every error efo raises on purpose. ``str(error)`` is one line for an operator;
+    ``code`` is the AWS error code it was translated from, if any."""
 
     exit_code: ClassVar[int] = EXIT_RUNTIME
     retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ConfigError(EfoError):
@@ -53,9 +58,8 @@ class StreamRecreated(EfoError):
 
 
 class LeaseLost(EfoError):
-    """A conditional write found another owner or a newer lease counter (fencing)."""
-
-    retriable = True
+    """A conditional write found another owner or a newer lease counter (fencing). It stops the one
+    shard whose lease it was, never the process: the coordinator catches it wherever it arises."""
 
 
 class Retriable(EfoError):
@@ -74,6 +78,10 @@ class SinkFailed(EfoError):
     pass
 
 
+class SinkStalled(EfoError):
+    """A batch made no progress for ``batch.stall_timeout_s``: the worker stops so its shards move."""
+
+
 _RETRIABLE_CODES = frozenset(
     {
         "ResourceInUseException",
@@ -90,6 +98,23 @@ _RETRIABLE_CODES = frozenset(
         "KMSThrottlingException",
         "RequestExpired",
         "ExpiredIteratorException",
+    }
+)
+#: Every exception a SubscribeToShard event stream can carry (the API's SubscribeToShardEventStream;
+#: a test keeps this equal to botocore's model). Each is translated by its code below. An exception
+#: event of a type not listed (the stream broke in a way the API does not document, such as the bare
+#: ``InternalFailure`` some servers send) is retried like InternalFailureException.
+STREAM_EXCEPTIONS = frozenset(
+    {
+        "ResourceNotFoundException",
+        "ResourceInUseException",
+        "KMSDisabledException",
+        "KMSInvalidStateException",
+        "KMSAccessDeniedException",
+        "KMSNotFoundException",
+        "KMSOptInRequired",
+        "KMSThrottlingException",
+        "InternalFailureException",
     }
 )
 _NOT_FOUND_CODES = frozenset({"ResourceNotFoundException", "TableNotFoundException"})
@@ -130,19 +155,21 @@ def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
         message = exc.response.get("Error", {}).get("Message") or str(exc)
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code in _NOT_FOUND_CODES:
-            return ResourceNotFound(f"{resource} not found ({code}: {message}){suffix}")
+            return ResourceNotFound(f"{resource} not found ({code}: {message}){suffix}", code=code)
         if code in _ACCESS_CODES:
             return AccessDenied(
                 f"access to {resource} denied ({code}: {message}); "
-                "check the credentials and the IAM policy in the README"
+                "check the credentials and the IAM policy in the README",
+                code=code,
             )
         if code in _KMS_CODES:
-            return KmsUnusable(f"the KMS key of {resource} cannot be used ({code}: {message})")
-        if code in _RETRIABLE_CODES or (isinstance(status, int) and status >= 500):
-            return Retriable(f"{code} on {resource}: {message}")
+            return KmsUnusable(f"the KMS key of {resource} cannot be used ({code}: {message})", code=code)
+        in_stream_unknown = isinstance(exc, botocore.exceptions.EventStreamError) and code not in STREAM_EXCEPTIONS
+        if code in _RETRIABLE_CODES or (isinstance(status, int) and status >= 500) or in_stream_unknown:
+            return Retriable(f"{code} on {resource}: {message}", code=code)
         if code in _INVALID_CODES:
-            return InvalidRequest(f"{resource}: {code}: {message}{suffix}")
-        return EfoError(f"{resource}: {code}: {message}{suffix}")
+            return InvalidRequest(f"{resource}: {code}: {message}{suffix}", code=code)
+        return EfoError(f"{resource}: {code}: {message}{suffix}", code=code)
     if isinstance(exc, botocore.exceptions.EndpointConnectionError | aiohttp.ClientConnectorError):
         return EndpointUnreachable(
             f"cannot connect to the endpoint for {resource}: {exc}; check the endpoint settings "

@@ -50,7 +50,6 @@ class ShardEvent:
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
     data: list[bytes] = field(default_factory=list)
     partition_keys: list[str] = field(default_factory=list)
-    encryption_types: list[str | None] = field(default_factory=list)
     data_bytes: int = 0
     continuation_sequence_number: str | None = None  # None: the shard has ended
     millis_behind_latest: int | None = None
@@ -138,7 +137,6 @@ def decode_event(payload: bytes) -> ShardEvent:
         # Records of an event mostly share a handful of arrival times: convert each distinct one once.
         millis = {seconds: _epoch_ms(seconds) for seconds in set(arrivals)}
         event.arrival_ms = [millis[seconds] for seconds in arrivals]
-        event.encryption_types = [record.get("EncryptionType") for record in records]
         try:
             data = [pybase64.b64decode(record["Data"], validate=True) for record in records]
         except binascii.Error:
@@ -181,7 +179,6 @@ def from_parsed(payload: dict[str, Any]) -> ShardEvent:
         event.sequence_numbers.append(record["SequenceNumber"])
         event.partition_keys.append(record["PartitionKey"])
         event.arrival_ms.append(arrival_ms(record["ApproximateArrivalTimestamp"]))
-        event.encryption_types.append(record.get("EncryptionType"))
         event.data.append(record["Data"])
         event.data_bytes += len(record["Data"])
     return event
@@ -198,9 +195,22 @@ def _event_stream_shape() -> botocore.model.Shape:
 
 
 def event_stream_error(headers: dict[str, Any], payload: bytes) -> EventStreamError:
-    """The error aiobotocore raises for an ``exception``/``error`` message (same code and message)."""
+    """The error aiobotocore raises for an ``exception``/``error`` message (same code and message).
+
+    botocore leaves the code empty for an exception type its model does not list (a bare
+    ``InternalFailure``, say); the ``:exception-type`` header and the payload's message are used
+    then, so the error can be classified by its code like any other."""
     response = {"status_code": 400, "headers": headers, "body": payload}
     parsed = botocore.parsers.EventStreamJSONParser().parse(response, _event_stream_shape())
+    error = parsed.setdefault("Error", {})
+    if not error.get("Code") and headers.get(":exception-type"):
+        error["Code"] = headers[":exception-type"]
+        if not error.get("Message"):
+            try:
+                body = orjson.loads(payload) if payload else {}
+            except orjson.JSONDecodeError:
+                body = {}
+            error["Message"] = str(body.get("message") or body.get("Message") or "") if isinstance(body, dict) else ""
     return EventStreamError(parsed, OPERATION_NAME)
 
 

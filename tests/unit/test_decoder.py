@@ -163,7 +163,6 @@ def _assert_same(parsed: dict[str, Any], decoded: ShardEvent) -> None:
     assert decoded.sequence_numbers == [r["SequenceNumber"] for r in stock_records]
     assert decoded.partition_keys == [r["PartitionKey"] for r in stock_records]
     assert decoded.data == [r["Data"] for r in stock_records]
-    assert decoded.encryption_types == [r.get("EncryptionType") for r in stock_records]
     assert decoded.arrival_ms == [int(r["ApproximateArrivalTimestamp"].timestamp() * 1000) for r in stock_records]
     assert decoded.data_bytes == sum(len(r["Data"]) for r in stock_records)
     assert decoded.continuation_sequence_number == parsed.get("ContinuationSequenceNumber")
@@ -209,9 +208,14 @@ def test_decoder_matches_botocore(
     else:
         assert isinstance(stock_error, botocore.exceptions.EventStreamError)
         assert isinstance(efo_error, botocore.exceptions.EventStreamError)
-        assert efo_error.response == stock_error.response
-        assert str(efo_error) == str(stock_error)
         assert efo_error.operation_name == stock_error.operation_name == "SubscribeToShard"
+        code, _, message = error
+        if code in MODELED_EXCEPTIONS:
+            assert efo_error.response == stock_error.response
+            assert str(efo_error) == str(stock_error)
+        else:  # botocore drops the code of a type its model does not know; efo keeps it
+            assert stock_error.response["Error"]["Code"] == ""
+            assert efo_error.response["Error"] == {"Code": code, "Message": message}
 
 
 @given(st.one_of(st.floats(min_value=0, max_value=1e11, allow_nan=False), st.integers(0, 10**11)))
