@@ -35,10 +35,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +51,10 @@ from synthetic_server import consumer_arn
 from efo.aws import Clients, Endpoints
 from efo.config import BatchSettings, PoolSettings, SubscriptionSettings
 from efo.kinesis.subscription import ShardSubscription
+from efo.leases.ledger import CheckpointLedger
+from efo.leases.lifecycle import Commit
 from efo.pipeline.handoff import Handoff
-from efo.pipeline.pool import Grant, PendingPool
+from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk
 
 REGION = "us-east-1"
@@ -135,7 +136,8 @@ async def run_stock(endpoint: str, case: Case, window: Window, *, epoch_seconds:
     async with AsyncExitStack() as stack:
         if epoch_seconds:
             clients = await stack.enter_async_context(Clients(Endpoints(REGION, endpoint, None)))
-            client = await clients.subscriptions(case.shards, 30)
+            client = clients.subscriber(30)
+            await client.ensure_room(case.shards)
         else:
             config = AioConfig(
                 retries={"total_max_attempts": 1}, read_timeout=30, max_pool_connections=2 * case.shards + 16
@@ -244,35 +246,6 @@ class _CountingHandoff(Handoff):
         self.records += len(chunk)
 
 
-@dataclass
-class _Progress:
-    """What the coordinator's ShardState does for a subscription, minus the lease."""
-
-    serial: int = 0
-    outstanding: deque[tuple[int, Position]] = field(default_factory=deque)
-    checkpoint_due: Position | None = None
-
-    def next_serial(self) -> int:
-        self.serial += 1
-        return self.serial
-
-    def started(self, first: Position) -> None:
-        self.checkpoint_due = first
-
-    def enqueued(self, serial: int, resume: Position) -> None:
-        self.outstanding.append((serial, resume))
-
-    def idle(self, resume: Position) -> None:
-        if self.outstanding:
-            self.outstanding[-1] = (self.outstanding[-1][0], resume)
-        else:
-            self.checkpoint_due = resume
-
-    def committed(self, serial: int) -> None:
-        while self.outstanding and self.outstanding[0][0] <= serial:
-            _, self.checkpoint_due = self.outstanding.popleft()
-
-
 async def run_efo(endpoint: str, case: Case, window: Window) -> float:
     # efo's defaults (pydantic fills the fields; mypy runs without the pydantic plugin)
     pool_settings = PoolSettings()  # type: ignore[call-arg]
@@ -285,14 +258,14 @@ async def run_efo(endpoint: str, case: Case, window: Window) -> float:
         reserved_bytes=pool_settings.reserved_bytes_per_shard,
     )
     handoff = _CountingHandoff()
-    progress = {shard_id: _Progress() for shard_id in case.shard_ids}
+    ledgers = {shard_id: CheckpointLedger(Position("LATEST")) for shard_id in case.shard_ids}
     loop = asyncio.get_running_loop()
 
-    def on_committed(commits: list[tuple[str, int, Grant | None]]) -> None:  # the loop thread
-        for shard_id, serial, grant in commits:
-            if grant is not None:
-                pool.release(grant)
-            progress[shard_id].committed(serial)
+    def on_committed(commits: list[Commit]) -> None:  # the loop thread, as in the coordinator
+        for commit in commits:
+            if commit.grant is not None:
+                pool.release(commit.grant)
+            ledgers[commit.shard_id].committed(commit.serial, commit.records)
 
     stop = threading.Event()
 
@@ -302,13 +275,13 @@ async def run_efo(endpoint: str, case: Case, window: Window) -> float:
                 batch_settings.max_records, batch_settings.max_bytes, batch_settings.max_wait_s, idle_wait_s=0.1
             )
             if batch:
-                commits = [(chunk.shard_id, chunk.serial, chunk.grant) for chunk in batch]
-                loop.call_soon_threadsafe(on_committed, commits)
+                loop.call_soon_threadsafe(on_committed, [Commit.of(chunk) for chunk in batch])
 
     drainer = threading.Thread(target=drain, name="bench-drain", daemon=True)
     drainer.start()
     async with Clients(Endpoints(REGION, endpoint, None)) as clients:
-        client = await clients.subscriptions(case.shards, subscription_settings.read_timeout_s)
+        client = clients.subscriber(subscription_settings.read_timeout_s)
+        await client.ensure_room(case.shards)
         tasks = []
         for shard_id in case.shard_ids:
             pool.register(shard_id)
@@ -320,7 +293,7 @@ async def run_efo(endpoint: str, case: Case, window: Window) -> float:
                 start=Position("LATEST"),
                 pool=pool,
                 handoff=handoff,
-                progress=progress[shard_id],
+                progress=ledgers[shard_id],
                 settings=subscription_settings,
             )
             tasks.append(asyncio.create_task(subscription.run()))

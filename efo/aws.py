@@ -7,6 +7,7 @@ per shard, never within 5 s of a success); its events are decoded by efo.kinesis
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,9 @@ from aiobotocore.session import AioSession, get_session
 
 # aiobotocore's default pool is 10 connections and it silently stalls beyond; every
 # subscription holds one connection for its whole life, so the data-plane pool is sized from
-# the shard count, with headroom for a full split of every shard.
+# the owned shards, with headroom for a full split of every shard.
 MIN_DATA_CONNECTIONS = 32
+SPARE_DATA_CONNECTIONS = 16  # grown before fewer than this many are left
 
 
 def data_connections_for(shard_count: int) -> int:
@@ -56,14 +58,18 @@ class Clients:
         config = AioConfig(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10)
         return await self._enter("dynamodb", self.endpoints.dynamodb, config)
 
-    async def subscriptions(self, shard_count: int, read_timeout_s: float) -> Any:
+    def subscriber(self, read_timeout_s: float) -> SubscriberClient:
+        """The SubscribeToShard client, sized with the shards it serves (see SubscriberClient)."""
+        return SubscriberClient(self, read_timeout_s)
+
+    async def _subscription_client(self, connections: int, read_timeout_s: float) -> Any:
         """A Kinesis client for SubscribeToShard only: no SDK retries, a socket read timeout of
-        ``read_timeout_s`` (a silent stream fails and is renewed), one connection per subscription."""
+        ``read_timeout_s`` (a silent stream fails and is renewed), ``connections`` in its pool."""
         config = AioConfig(
             retries={"total_max_attempts": 1},
             connect_timeout=5,
             read_timeout=read_timeout_s,
-            max_pool_connections=data_connections_for(shard_count),
+            max_pool_connections=connections,
         )
         return await self._enter("kinesis", self.endpoints.kinesis, config)
 
@@ -72,3 +78,31 @@ class Clients:
             service, region_name=self.endpoints.region, endpoint_url=endpoint, config=config
         )
         return await self._stack.enter_async_context(client)
+
+
+class SubscriberClient:
+    """What subscriptions call ``subscribe_to_shard`` on. Each subscription holds one connection for
+    its whole life, so the connection pool must outgrow the shards read here: ``ensure_room(n)``
+    before the n-th shard starts replaces the client with one of twice the room whenever a reshard
+    or a rebalance brings more shards than it has. Subscriptions take the newest client at each
+    call, so they move over as they renew; the older clients close with the rest at the end."""
+
+    def __init__(self, clients: Clients, read_timeout_s: float) -> None:
+        self._clients = clients
+        self._read_timeout_s = read_timeout_s
+        self._client: Any = None
+        self.connections = 0
+        self._lock = asyncio.Lock()
+
+    async def ensure_room(self, shards: int) -> None:
+        async with self._lock:
+            if self._client is not None and shards + SPARE_DATA_CONNECTIONS <= self.connections:
+                return
+            connections = data_connections_for(shards)
+            self._client = await self._clients._subscription_client(connections, self._read_timeout_s)
+            self.connections = connections
+
+    async def subscribe_to_shard(self, **kwargs: Any) -> Any:
+        if self._client is None:
+            await self.ensure_room(1)
+        return await self._client.subscribe_to_shard(**kwargs)

@@ -113,6 +113,12 @@ class BatchSettings(_Section):
     max_records: int = Field(50_000, ge=1, description="A batch closes at this many records.")
     max_bytes: int = Field(64 * 1024 * 1024, ge=1, description="A batch closes at this many bytes of data.")
     max_wait_s: float = Field(5.0, gt=0, description="A batch closes this long after its first record arrived.")
+    stall_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A batch still in the sink this long after it was taken stops the worker (exit 1), "
+        "so that its shards move to other workers.",
+    )
 
 
 class CheckpointSettings(_Section):

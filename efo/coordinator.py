@@ -1,101 +1,51 @@
 """The coordinator: one task group owning every task of the service.
 
 It bootstraps the lease table at the application's first start, keeps shards in sync with
-ListShards, starts a subscription for each shard whose parents are finished, turns the Spark
-driver's commits into coalesced checkpoints, writes SHARD_END once a shard's last record is
-committed (which is what lets its children start), heartbeats, and on stop cancels intake,
-flushes checkpoints and releases its leases.
+ListShards, claims each shard whose parents are finished and runs it as an
+:class:`~efo.leases.lifecycle.OwnedShard` (its own subscription task, its own checkpoint ledger),
+turns the Spark driver's commits into coalesced checkpoints, and heartbeats.
+
+What a worker knows about its leases, and when:
+
+- a claim's epoch is the lease counter it set; every chunk and every commit carries it, and a
+  commit of an earlier claim never moves a checkpoint;
+- every sync reads the whole table: a lease another worker took is dropped at once, not at the
+  next failed write;
+- a worker whose last successful heartbeat is older than ``lease.failover_s`` minus one heartbeat
+  interval can no longer prove its leases: it drops them all (stops reading, stops checkpointing)
+  and claims again only after a heartbeat lands and the table has been read;
+- a batch that makes no progress for ``batch.stall_timeout_s`` stops the worker, so its shards move.
+
+Stopping (SIGTERM): nothing new is claimed; every subscription stops; the driver gets until
+``shutdown_timeout_s`` to commit what it holds; the committed positions are checkpointed and every
+lease held is released, so the next worker takes over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from efo.config import InitialPosition, Settings
-from efo.errors import EfoError, LeaseLost, StreamRecreated
-from efo.kinesis.registration import StreamInfo
+from efo.errors import EfoError, LeaseLost, ResourceNotFound, SinkStalled, StreamRecreated
+from efo.kinesis.registration import StreamInfo, describe_consumer
 from efo.kinesis.shards import ShardGraph, list_shards
-from efo.kinesis.subscription import ShardEnded, ShardSubscription
+from efo.kinesis.subscription import ShardSubscription
+from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
-from efo.pipeline.pool import Grant, PendingPool
-from efo.pipeline.records import Position
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.coordinator")
 
-
-@dataclass(frozen=True, slots=True)
-class Commit:
-    """The driver's acknowledgement of one committed chunk."""
-
-    shard_id: str
-    serial: int
-    records: int
-    grant: Grant | None
-
-
-@dataclass(eq=False)
-class ShardState:
-    """One owned shard: its lease, what is handed on but not committed, and what to checkpoint."""
-
-    lease: Lease
-    outstanding: deque[tuple[int, Position]] = field(default_factory=deque)
-    checkpoint_due: Position | None = None  # committed, not yet written
-    urgent: bool = False  # write at once rather than at the next interval
-    serial: int = 0
-    uncheckpointed_records: int = 0  # committed by the sink, checkpoint not yet written
-    first_event: bool = False
-    ended: ShardEnded | None = None
-    task: asyncio.Task[None] | None = None
-    on_progress: Callable[[ShardState], None] = lambda state: None
-
-    @property
-    def shard_id(self) -> str:
-        return self.lease.shard_id
-
-    # ShardProgress, called by the subscription on the loop thread
-    def next_serial(self) -> int:
-        self.serial += 1
-        return self.serial
-
-    def started(self, first: Position) -> None:
-        self.first_event = True
-        start = self.lease.checkpoint
-        if start is not None and start.kind in ("LATEST", "AT_TIMESTAMP") and self.checkpoint_due is None:
-            # Pin LATEST / AT_TIMESTAMP to a concrete position at once, so a restart never
-            # applies them again and never skips what was written while the service was down.
-            self.checkpoint_due = first
-            self.urgent = True
-        self.on_progress(self)
-
-    def enqueued(self, serial: int, resume: Position) -> None:
-        self.outstanding.append((serial, resume))
-
-    def idle(self, resume: Position) -> None:
-        if self.outstanding:
-            # No records between the last outstanding chunk and this continuation.
-            self.outstanding[-1] = (self.outstanding[-1][0], resume)
-        else:
-            self.checkpoint_due = resume
-
-    def committed(self, serial: int, records: int) -> None:
-        self.uncheckpointed_records += records
-        while self.outstanding and self.outstanding[0][0] <= serial:
-            _, resume = self.outstanding.popleft()
-            self.checkpoint_due = resume
-
-    @property
-    def drained(self) -> bool:
-        return self.ended is not None and not self.outstanding
+#: After the driver is done (or its time is up): the last checkpoints and releases, at most this long.
+FINAL_WRITES_TIMEOUT_S = 5.0
 
 
 class Coordinator:
@@ -106,27 +56,32 @@ class Coordinator:
         stream: StreamInfo,
         consumer_arn: str,
         kinesis: Any,
-        subscriber_client: Any,
+        subscriber: Any,
         table: LeaseTable,
         pool: PendingPool,
         handoff: Handoff,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.stream = stream
         self.consumer_arn = consumer_arn
         self._kinesis = kinesis
-        self._subscriber_client = subscriber_client
+        self._subscriber = subscriber
         self.table = table
         self.pool = pool
         self.handoff = handoff
-        self.shards: dict[str, ShardState] = {}
+        self._clock = clock
+        self.owned: dict[str, OwnedShard] = {}
+        self._log = log.bind(worker_id=table.worker_id)
         self._sync_now = asyncio.Event()
         self._checkpoint_now = asyncio.Event()
         self._observed: dict[str, tuple[int | None, float]] = {}
         self._ready = False
-        self._epochs = itertools.count(1)  # each start of a shard: resets the driver's watermark
-        self._finished: set[str] = set()  # SHARD_END written by this worker (a table read may be older)
+        self._stopping = False
         self._group: asyncio.TaskGroup | None = None
+        self._leases_in_doubt = False  # no heartbeat landed for too long: nothing is claimed or written
+        self._heartbeat_deadline: asyncio.TimerHandle | None = None
+        self._batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -148,15 +103,15 @@ class Coordinator:
         for shard_id, shard in graph.shards.items():
             await self.table.create_lease(shard_id, shard.parents, self._first_start_position(initial, graph, shard_id))
         await self.table.create_meta(self.stream.created_at, str(initial))
-        log.info(
+        self._log.info(
             "leases.bootstrapped", stream=self.stream.name, shards=len(graph.shards), initial_position=str(initial)
         )
 
     @staticmethod
-    def _first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str) -> Position | None:
+    def _first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str) -> Position:
         if initial.kind == "LATEST":
             # Closed shards hold only what was written before the first start: nothing to read.
-            return None if graph.is_closed(shard_id) else Position("LATEST")
+            return SHARD_END if graph.is_closed(shard_id) else Position("LATEST")
         if initial.kind == "AT_TIMESTAMP":
             return Position("AT_TIMESTAMP", timestamp=initial.timestamp)
         return Position("TRIM_HORIZON")
@@ -164,74 +119,194 @@ class Coordinator:
     # ---- the task group -------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, driver_done: asyncio.Event) -> None:
+        """Run until ``stop``; then stop intake, give the driver until ``shutdown_timeout_s``,
+        checkpoint what it committed and release every lease. A fatal error of any task ends the
+        group; what was committed is still checkpointed and the leases released (bounded)."""
+        sent_at = self._clock()
         await self.table.heartbeat()
-        async with asyncio.TaskGroup() as group:
-            self._group = group
-            loops = [
-                group.create_task(self._heartbeat_loop(), name="heartbeat"),
-                group.create_task(self._checkpoint_loop(), name="checkpoints"),
-                group.create_task(self._sync_loop(), name="shard-sync"),
-            ]
-            await stop.wait()
-            log.info("service.stopping", worker_id=self.table.worker_id)
-            await self._stop_intake()
-            try:
-                await asyncio.wait_for(driver_done.wait(), self.settings.shutdown_timeout_s)
-            except TimeoutError:
-                log.warning("service.driver_timeout", timeout_s=self.settings.shutdown_timeout_s)
-            for chunk in self.handoff.close():  # never taken: the next owner reads these again
-                if chunk.grant is not None:
-                    self.pool.release(chunk.grant)
-            for task in loops:
-                task.cancel()
-        await self._flush_checkpoints(force=True)
-        await self._release_leases()
+        self._heartbeat_landed(sent_at)
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                heartbeat = group.create_task(self._heartbeat_loop(), name="heartbeat")
+                checkpoints = group.create_task(self._checkpoint_loop(), name="checkpoints")
+                sync = group.create_task(self._sync_loop(), name="shard-sync")
+                await stop.wait()
+                stop_at = self._clock()
+                self._log.info("service.stopping", shards=len(self.owned))
+                await self._stop_intake(sync)
+                await self._wait_for_driver(driver_done, stop_at + self.settings.shutdown_timeout_s)
+                await _cancelled(checkpoints)
+                await self._finish()
+                heartbeat.cancel()
+        except Exception:
+            await self._finish()  # a fatal error: leave the table as tidy as it can be, then fail
+            raise
+        finally:
+            if self._heartbeat_deadline is not None:
+                self._heartbeat_deadline.cancel()
 
-    async def _stop_intake(self) -> None:
-        tasks = [s.task for s in self.shards.values() if s.task is not None and not s.task.done()]
-        for task in tasks:
-            task.cancel()
+    async def _stop_intake(self, sync: asyncio.Task[None]) -> None:
+        """Nothing is claimed from here on, and every subscription stops reading."""
+        self._stopping = True
+        await _cancelled(sync)
+        tasks = []
+        for owned in self.owned.values():
+            if owned.phase.reading:
+                owned.enter(ShardPhase.RELEASING)
+                if owned.task is not None:
+                    owned.task.cancel()
+                    tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _wait_for_driver(self, driver_done: asyncio.Event, deadline: float) -> None:
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                await driver_done.wait()
+        except TimeoutError:
+            self._log.warning("service.driver_timeout", timeout_s=self.settings.shutdown_timeout_s)
+        for chunk in self.handoff.close():  # never taken: the next owner reads these again
+            if chunk.grant is not None:
+                self.pool.release(chunk.grant)
+
+    async def _finish(self) -> None:
+        """Checkpoint what was committed and release every lease held, within FINAL_WRITES_TIMEOUT_S."""
+        self._stopping = True
+        released = 0
+        try:
+            async with asyncio.timeout(FINAL_WRITES_TIMEOUT_S):
+                for owned in list(self.owned.values()):
+                    released += await self._release(owned)
+                released += await self._release_untracked()
+                await self.table.remove_worker()
+        except (TimeoutError, EfoError) as exc:
+            self._log.warning("leases.release_failed", error=str(exc) or type(exc).__name__)
+        self._log.info("leases.released", shards=released)
+
+    async def _release(self, owned: OwnedShard) -> int:
+        if owned.task is not None and not owned.task.done():
+            owned.task.cancel()
+            await asyncio.gather(owned.task, return_exceptions=True)
+        if not self._leases_in_doubt:
+            await self._write_checkpoint(owned)
+        if owned.phase.terminal:  # ended (SHARD_END) or lost meanwhile
+            return 0
+        owned.enter(ShardPhase.RELEASING)
+        try:
+            await self.table.release(owned.lease)
+        except LeaseLost as exc:
+            self._lose(owned, str(exc))
+            return 0
+        owned.enter(ShardPhase.RELEASED)
+        self._forget(owned)
+        return 1
+
+    async def _release_untracked(self) -> int:
+        """A claim whose request was under way when the sync was cancelled may have landed: release
+        whatever the table still shows as this worker's."""
+        state = await self.table.read()
+        released = 0
+        for lease in state.leases.values():
+            if lease.owner == self.table.worker_id:
+                try:
+                    await self.table.release(lease)
+                    released += 1
+                except LeaseLost:
+                    continue
+        return released
+
+    # ---- liveness ----------------------------------------------------------------------------
+
     async def _heartbeat_loop(self) -> None:
+        interval_s = self.settings.lease.heartbeat_interval_s
         while True:
-            await asyncio.sleep(self.settings.lease.heartbeat_interval_s)
+            await asyncio.sleep(interval_s)
+            self._check_batch_progress()
+            sent_at = self._clock()
             try:
-                await self.table.heartbeat()
+                async with asyncio.timeout(interval_s):  # a slower write is as good as a failed one
+                    await self.table.heartbeat()
+            except TimeoutError:
+                self._log.warning("lease.heartbeat_failed", error=f"no answer within {interval_s:g} s")
             except EfoError as exc:
                 if not exc.retriable:
                     raise
-                log.warning("lease.heartbeat_failed", error=str(exc))
+                self._log.warning("lease.heartbeat_failed", error=str(exc), code=exc.code)
+            else:
+                self._heartbeat_landed(sent_at)
+
+    @property
+    def lease_validity_s(self) -> float:
+        """How long after its last successful heartbeat this worker still trusts its leases: others
+        take them ``failover_s`` after they last saw the heartbeat change; one interval of margin."""
+        return self.settings.lease.failover_s - self.settings.lease.heartbeat_interval_s
+
+    def _heartbeat_landed(self, sent_at: float) -> None:
+        if self._heartbeat_deadline is not None:
+            self._heartbeat_deadline.cancel()
+        delay_s = max(0.0, sent_at + self.lease_validity_s - self._clock())
+        self._heartbeat_deadline = asyncio.get_running_loop().call_later(delay_s, self._leases_expired)
+        if self._leases_in_doubt:
+            self._leases_in_doubt = False
+            self._log.info("lease.heartbeat_recovered")
+            self._sync_now.set()  # read the table, then claim again what is still ours
+
+    def _leases_expired(self) -> None:
+        """No heartbeat landed for the lease validity: others may own these shards by now."""
+        self._leases_in_doubt = True
+        self._log.warning("lease.in_doubt", shards=len(self.owned), validity_s=self.lease_validity_s)
+        for owned in list(self.owned.values()):
+            self._lose(owned, f"no heartbeat landed for {self.lease_validity_s:g} s")
+
+    def batch_started(self) -> None:
+        self._batch_started_at = self._clock()
+
+    def _check_batch_progress(self) -> None:
+        started = self._batch_started_at
+        limit_s = self.settings.batch.stall_timeout_s
+        if started is not None and self._clock() - started > limit_s:
+            raise SinkStalled(
+                f"a batch has been in the sink for more than {limit_s:g} s (batch.stall_timeout_s): "
+                "stopping this worker so that its shards move to others"
+            )
+
+    # ---- shards -------------------------------------------------------------------------------
 
     async def _sync_loop(self) -> None:
         while True:
             try:
-                graph = await list_shards(self._kinesis, self.stream.arn)
-                state = await self.table.read()
-                await self._reconcile(graph, state)
+                if not self._leases_in_doubt:
+                    graph = await list_shards(self._kinesis, self.stream.arn)
+                    state = await self.table.read()
+                    await self._reconcile(graph, state)
             except EfoError as exc:
                 if not exc.retriable:
                     raise
-                log.warning("shards.sync_failed", error=str(exc))
+                self._log.warning("shards.sync_failed", error=str(exc), code=exc.code)
             self._sync_now.clear()
             try:
-                await asyncio.wait_for(self._sync_now.wait(), self.settings.shards.sync_interval_s)
+                async with asyncio.timeout(self.settings.shards.sync_interval_s):
+                    await self._sync_now.wait()
             except TimeoutError:
                 pass
 
     async def _reconcile(self, graph: ShardGraph, state: TableState) -> None:
+        created = False
         for shard_id, shard in graph.shards.items():
             if shard_id not in state.leases:
                 # Born after the first start (split or merge): read from its own beginning.
-                await self.table.create_lease(shard_id, shard.parents, Position("TRIM_HORIZON"))
-                log.info("shard.discovered", shard_id=shard_id, parents=list(shard.parents))
-        if any(shard_id not in state.leases for shard_id in graph.shards):
+                created |= await self.table.create_lease(shard_id, shard.parents, Position("TRIM_HORIZON"))
+                self._log.info("shard.discovered", shard_id=shard_id, parents=list(shard.parents))
+        if created:
             state = await self.table.read()
+        self._check_owned(state)
         dead = self._dead_workers(state)
-        for lease in state.leases.values():
-            if lease.finished or lease.shard_id in self.shards or lease.shard_id in self._finished:
+        for lease in sorted(state.leases.values(), key=lambda lease: lease.shard_id):
+            if self._stopping or self._leases_in_doubt:
+                return
+            if lease.finished or lease.shard_id in self.owned:
                 continue
-            if not self._parents_finished(lease, state, graph):
+            if lease.shard_id in graph.shards and not self._parents_finished(lease, state, graph):
                 continue
             if lease.owner not in (None, self.table.worker_id) and lease.owner not in dead:
                 continue
@@ -239,10 +314,19 @@ class Coordinator:
                 claimed = await self.table.claim(lease)
             except LeaseLost:
                 continue
-            self._start_shard(claimed)
+            self._start(claimed, listed=lease.shard_id in graph.shards)
         self._check_ready()
 
-    def _parents_finished(self, lease: Lease, state: TableState, graph: ShardGraph) -> bool:
+    def _check_owned(self, state: TableState) -> None:
+        """A lease another worker took (or reset) is dropped now, not at the next failed write."""
+        for owned in list(self.owned.values()):
+            lease = state.leases.get(owned.shard_id)
+            if lease is None or lease.owner != self.table.worker_id or lease.counter != owned.epoch:
+                holder = f"{lease.owner} (counter {lease.counter})" if lease is not None else "nobody (row gone)"
+                self._lose(owned, f"the lease is now held by {holder}")
+
+    @staticmethod
+    def _parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:
         for parent in lease.parents:
             parent_lease = state.leases.get(parent)
             if parent_lease is not None and not parent_lease.finished and parent in graph.shards:
@@ -252,7 +336,7 @@ class Coordinator:
     def _dead_workers(self, state: TableState) -> set[str]:
         """Owners whose heartbeat has not changed for ``lease.failover_s`` as seen from here
         (observed on this clock, so no clocks need to agree)."""
-        now = time.monotonic()
+        now = self._clock()
         owners = {lease.owner for lease in state.leases.values() if lease.owner} - {self.table.worker_id}
         dead = set()
         for owner in owners:
@@ -267,156 +351,187 @@ class Coordinator:
             asyncio.get_running_loop().call_later(self.settings.lease.failover_s, self._sync_now.set)
         return dead
 
-    def _start_shard(self, lease: Lease) -> None:
-        assert self._group is not None and lease.checkpoint is not None
-        state = ShardState(lease, on_progress=self._on_progress)
-        self.shards[lease.shard_id] = state
-        self.pool.register(lease.shard_id)
+    def _start(self, lease: Lease, *, listed: bool) -> None:
+        assert self._group is not None and not self._stopping
+        owned = OwnedShard.claim(lease, self.table.worker_id, self._on_change)
+        self.owned[owned.shard_id] = owned
+        self.pool.register(owned.shard_id)
+        METRICS.shards_owned.set(len(self.owned))
+        if not listed:
+            # Gone from the stream (past its retention) before it was finished: nothing is left to
+            # read, and its children must not wait for it for ever.
+            METRICS.shards_expired.inc()
+            owned.log.warning("shard.expired", position=str(lease.checkpoint))
+            self._end(owned, ())
+            return
+        owned.log.info("shard.started", position=str(lease.checkpoint))
+        owned.task = self._group.create_task(self._run_shard(owned), name=f"shard-{owned.shard_id}")
+
+    async def _run_shard(self, owned: OwnedShard) -> None:
+        await self._subscriber.ensure_room(len(self.owned))
         subscription = ShardSubscription(
-            client=self._subscriber_client,
+            client=self._subscriber,
             consumer_arn=self.consumer_arn,
             stream=self.stream.name,
-            shard_id=lease.shard_id,
-            start=lease.checkpoint,
+            shard_id=owned.shard_id,
+            start=owned.lease.checkpoint,
             pool=self.pool,
             handoff=self.handoff,
-            progress=state,
+            progress=owned.ledger,
             settings=self.settings.subscription,
-            epoch=next(self._epochs),
+            epoch=owned.epoch,
             backpressure_timeout_s=self.settings.pool.backpressure_timeout_s,
             on_corrupt_aggregate=self.settings.on_corrupt_aggregate,
-            lease_check=lambda: self.table.holds(state.lease),
+            lease_check=lambda: self.table.holds(owned.lease),
+            on_phase=owned.enter,
+            logger=owned.log,
         )
-        state.task = self._group.create_task(self._run_shard(state, subscription), name=f"shard-{lease.shard_id}")
-        METRICS.shards_owned.set(len(self.shards))
-        log.info(
-            "shard.started", shard_id=lease.shard_id, position=str(lease.checkpoint), worker_id=self.table.worker_id
-        )
-
-    async def _run_shard(self, state: ShardState, subscription: ShardSubscription) -> None:
         try:
-            state.ended = await subscription.run()
+            ended = await subscription.run()
         except LeaseLost as exc:  # another worker owns the shard now: stop it here, nothing else
-            log.warning("lease.lost", shard_id=state.shard_id, error=str(exc))
-            self._drop_shard(state)
+            self._lose(owned, str(exc))
             return
-        self._maybe_finish(state)
+        except ResourceNotFound as exc:
+            await self._not_found(owned, exc)
+            return
+        self._end(owned, ended.child_shard_ids)
+
+    async def _not_found(self, owned: OwnedShard, error: ResourceNotFound) -> None:
+        """The consumer, the stream or the shard is gone. Only the last one is not fatal."""
+        graph = await list_shards(self._kinesis, self.stream.arn)
+        if owned.shard_id not in graph.shards:
+            METRICS.shards_expired.inc()
+            owned.log.warning("shard.expired", position=str(owned.ledger.written), error=str(error))
+            self._end(owned, ())
+            return
+        if await describe_consumer(self._kinesis, stream_arn=self.stream.arn, arn=self.consumer_arn) is None:
+            raise ResourceNotFound(
+                f"consumer {self.consumer_arn} is no longer registered on stream {self.stream.name!r} "
+                "(deregistered while running?); register it again ('efo consumer register') and restart"
+            ) from None
+        raise error
+
+    def _end(self, owned: OwnedShard, children: tuple[str, ...]) -> None:
+        """The shard's last event was handed on: SHARD_END once the sink committed it."""
+        owned.children = children
+        owned.enter(ShardPhase.DRAINING)
+        owned.ledger.ended()
+        self._on_change(owned)
+
+    def _lose(self, owned: OwnedShard, reason: str) -> None:
+        if owned.phase.terminal:
+            return
+        owned.enter(ShardPhase.LOST)
+        owned.log.warning("lease.lost", reason=reason)
+        if owned.task is not None and owned.task is not asyncio.current_task():
+            owned.task.cancel()
+        self._forget(owned)
+
+    def _forget(self, owned: OwnedShard) -> None:
+        if self.owned.get(owned.shard_id) is owned:
+            del self.owned[owned.shard_id]
+        self.pool.unregister(owned.shard_id)
+        METRICS.shards_owned.set(len(self.owned))
+        self._apply_backlog_bound()
+
+    def _on_change(self, owned: OwnedShard) -> None:
+        if owned.ledger.urgent:
+            self._checkpoint_now.set()
+        self._check_ready()
 
     # ---- commits and checkpoints ----------------------------------------------------------
 
     def on_committed(self, commits: Iterable[Commit]) -> None:
         """The sink committed these chunks (loop thread): release budget, advance checkpoints."""
+        self._batch_started_at = None
+        stale = 0
         for commit in commits:
             if commit.grant is not None:
                 self.pool.release(commit.grant)
             METRICS.records_committed.inc(commit.records)
-            state = self.shards.get(commit.shard_id)
-            if state is not None:
-                state.committed(commit.serial, commit.records)
-                self._maybe_finish(state)
+            owned = self.owned.get(commit.shard_id)
+            if owned is None or not owned.committed(commit):
+                stale += 1  # an earlier claim's: its records are read again by the current owner
+                continue
+            if owned.ledger.urgent:
+                self._checkpoint_now.set()
+        if stale:
+            self._log.debug("commit.stale", chunks=stale)
         self._apply_backlog_bound()
-
-    def _maybe_finish(self, state: ShardState) -> None:
-        if state.drained:
-            state.urgent = True
-            self._checkpoint_now.set()
 
     def _apply_backlog_bound(self) -> None:
         """Pause reading while too many committed records wait for their checkpoint (DynamoDB down
         or throttled), so the duplicates a crash would cause stay bounded."""
-        backlog = sum(s.uncheckpointed_records for s in self.shards.values())
+        backlog = sum(owned.ledger.uncheckpointed_records for owned in self.owned.values())
         bound = self.settings.pool.max_uncheckpointed_records
         if backlog >= bound and not self.pool.paused:
             self.pool.pause()
-            log.warning("pool.paused", records=backlog, bound=bound)
+            self._log.warning("pool.paused", records=backlog, bound=bound)
         elif backlog < bound and self.pool.paused:
             self.pool.resume()
-            log.info("pool.resumed", records=backlog)
+            self._log.info("pool.resumed", records=backlog)
 
     async def _checkpoint_loop(self) -> None:
         interval_s = self.settings.checkpoint.interval_s
-        last_flush = time.monotonic()
+        last_flush = self._clock()
         while True:
-            timeout_s = max(0.0, last_flush + interval_s - time.monotonic())
             try:
-                await asyncio.wait_for(self._checkpoint_now.wait(), timeout_s)
+                async with asyncio.timeout(max(0.0, last_flush + interval_s - self._clock())):
+                    await self._checkpoint_now.wait()
             except TimeoutError:
                 pass
             self._checkpoint_now.clear()
-            force = time.monotonic() - last_flush >= interval_s
+            force = self._clock() - last_flush >= interval_s
             await self._flush_checkpoints(force=force)
             if force:
-                last_flush = time.monotonic()
+                last_flush = self._clock()
 
     async def _flush_checkpoints(self, *, force: bool) -> None:
-        for state in list(self.shards.values()):
-            if not (force or state.urgent):
-                continue
-            state.urgent = False
-            try:
-                await self._write_checkpoint(state)
-            except LeaseLost as exc:
-                log.warning("lease.lost", shard_id=state.shard_id, error=str(exc))
-                self._drop_shard(state)
-            except EfoError as exc:
-                if not exc.retriable:
-                    raise
-                state.urgent = True
-                log.warning("checkpoint.failed", shard_id=state.shard_id, error=str(exc))
+        for owned in list(self.owned.values()):
+            if self._leases_in_doubt:
+                return
+            if force or owned.ledger.urgent:
+                await self._write_checkpoint(owned)
 
-    async def _write_checkpoint(self, state: ShardState) -> None:
-        if state.drained:
-            state.lease = await self.table.checkpoint(state.lease, None)
-            METRICS.checkpoints_written.inc()
-            self._finished.add(state.shard_id)
-            self._forget(state)  # done here; the table says so from now on
-            children = list(state.ended.child_shard_ids) if state.ended else []
-            log.info("checkpoint.shard_end", shard_id=state.shard_id, children=children)
-            self._sync_now.set()  # its children may start now
+    async def _write_checkpoint(self, owned: OwnedShard) -> None:
+        due = owned.ledger.due
+        if due is None or owned.phase.terminal:
             return
-        due = state.checkpoint_due
-        committed = state.uncheckpointed_records
-        if due is not None and due != state.lease.checkpoint:
-            state.lease = await self.table.checkpoint(state.lease, due)
-            METRICS.checkpoints_written.inc()
-            state.uncheckpointed_records -= committed
-            self._apply_backlog_bound()
-            log.debug("checkpoint.written", shard_id=state.shard_id, position=str(due))
-
-    def _drop_shard(self, state: ShardState) -> None:
-        if state.task is not None:
-            state.task.cancel()
-        self._forget(state)
-
-    def _forget(self, state: ShardState) -> None:
-        self.shards.pop(state.shard_id, None)
-        self.pool.unregister(state.shard_id)
-        METRICS.shards_owned.set(len(self.shards))
-        self._apply_backlog_bound()
-
-    async def _release_leases(self) -> None:
-        for state in list(self.shards.values()):
-            try:
-                await self.table.release(state.lease)
-            except EfoError as exc:
-                log.warning("lease.release_failed", shard_id=state.shard_id, error=str(exc))
+        records = owned.ledger.uncheckpointed_records
         try:
-            await self.table.remove_worker()
+            owned.lease = await self.table.checkpoint(owned.lease, due)
+        except LeaseLost as exc:
+            self._lose(owned, str(exc))
+            return
         except EfoError as exc:
-            log.warning("worker.remove_failed", error=str(exc))
-        log.info("leases.released", worker_id=self.table.worker_id, shards=len(self.shards))
+            if not exc.retriable:
+                raise
+            owned.log.warning("checkpoint.failed", error=str(exc), code=exc.code)
+            return
+        METRICS.checkpoints_written.inc()
+        if owned.phase.terminal:  # lost while the write was under way (it still landed, fenced)
+            return
+        owned.ledger.wrote(due, records)
+        self._apply_backlog_bound()
+        if due == SHARD_END:
+            owned.enter(ShardPhase.ENDED)
+            owned.log.info("checkpoint.shard_end", children=list(owned.children))
+            self._forget(owned)
+            self._sync_now.set()  # its children may start now
+        else:
+            owned.log.debug("checkpoint.written", position=str(due))
 
     # ---- readiness ------------------------------------------------------------------------
 
-    def _on_progress(self, state: ShardState) -> None:
-        if state.urgent:
-            self._checkpoint_now.set()
-        self._check_ready()
-
     def _check_ready(self) -> None:
-        if self._ready or not self.shards:
+        if self._ready or not self.owned:
             return
-        running = [s for s in self.shards.values() if not s.lease.finished and s.ended is None]
-        if all(s.first_event for s in running):
+        reading = [owned for owned in self.owned.values() if owned.phase.reading]
+        if reading and all(owned.first_event for owned in reading):
             self._ready = True
-            log.info("service.ready", stream=self.stream.name, shards=len(running), worker_id=self.table.worker_id)
+            self._log.info("service.ready", stream=self.stream.name, shards=len(reading))
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

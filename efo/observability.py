@@ -61,6 +61,8 @@ class Metrics:
     checkpoints_written: Counter
     subscriptions_started: Counter
     subscription_errors: Counter
+    positions_expired: Counter
+    shards_expired: Counter
     batches_committed: Counter
     batch_seconds: Histogram
     shards_owned: Gauge
@@ -93,6 +95,17 @@ class Metrics:
             ),
             subscription_errors=Counter(
                 "efo_subscription_errors_total", "Failed subscriptions, by error code.", ["code"], registry=registry
+            ),
+            positions_expired=Counter(
+                "efo_positions_expired_total",
+                "Starting positions older than the stream's retention: the shard restarted at TRIM_HORIZON "
+                "(records between them were lost to retention).",
+                registry=registry,
+            ),
+            shards_expired=Counter(
+                "efo_shards_expired_total",
+                "Shards gone from the stream (past retention) before they were finished; marked finished.",
+                registry=registry,
             ),
             batches_committed=Counter(
                 "efo_batches_committed_total", "Batches committed by the sink.", registry=registry

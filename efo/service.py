@@ -15,10 +15,10 @@ import structlog
 
 from efo.aws import Clients, Endpoints
 from efo.config import Settings
-from efo.coordinator import Commit, Coordinator
+from efo.coordinator import Coordinator
 from efo.errors import EfoError, translate
 from efo.kinesis.registration import StreamInfo, describe_stream, ensure_consumer
-from efo.kinesis.shards import list_shards
+from efo.leases.lifecycle import Commit
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
@@ -46,6 +46,10 @@ class Service:
     def start(self) -> None:
         self._thread.start()
         self._loop_ready.wait()
+
+    def batch_started(self) -> None:
+        """The driver handed a batch to the sink (for stall detection)."""
+        self._call(lambda: self._coordinator.batch_started() if self._coordinator else None)
 
     def commit(self, commits: Iterable[Commit]) -> None:
         commits = list(commits)
@@ -129,13 +133,12 @@ class Service:
                 name=None if settings.consumer_arn else settings.consumer,
                 arn=settings.consumer_arn,
             )
-        shard_count = len((await list_shards(kinesis, stream.arn)).shards)
         coordinator = Coordinator(
             settings=settings,
             stream=stream,
             consumer_arn=consumer_arn,
             kinesis=kinesis,
-            subscriber_client=await clients.subscriptions(shard_count, settings.subscription.read_timeout_s),
+            subscriber=clients.subscriber(settings.subscription.read_timeout_s),
             table=table,
             pool=PendingPool(
                 settings.pool.max_pending_records,

@@ -18,8 +18,8 @@ from types import FrameType
 import structlog
 
 from efo.config import Settings
-from efo.coordinator import Commit
 from efo.errors import EXIT_OK, EXIT_RUNTIME
+from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
@@ -85,8 +85,9 @@ class Driver:
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
 
     def commit(self, prepared: PreparedBatch) -> None:
+        self.service.batch_started()
         result = self.runner.commit(prepared)
-        self.service.commit(Commit(c.shard_id, c.serial, len(c), c.grant) for c in result.chunks)
+        self.service.commit(Commit.of(chunk) for chunk in result.chunks)
         METRICS.batches_committed.inc()
         METRICS.batch_seconds.observe(result.duration_s)
         log.info(

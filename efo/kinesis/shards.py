@@ -46,14 +46,6 @@ class ShardGraph:
     def is_closed(self, shard_id: str) -> bool:
         return any(shard_id in s.parents for s in self.shards.values())
 
-    def open_shards(self) -> list[str]:
-        closed = {p for s in self.shards.values() for p in s.parents}
-        return sorted(sid for sid in self.shards if sid not in closed)
-
-    def known_parents(self, shard_id: str) -> tuple[str, ...]:
-        """Parents still listed; a parent past the retention period has no records left to read."""
-        return tuple(p for p in self.shards[shard_id].parents if p in self.shards)
-
 
 async def list_shards(kinesis: Any, stream_arn: str) -> ShardGraph:
     shards: list[Shard] = []

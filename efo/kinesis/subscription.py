@@ -4,7 +4,12 @@ It reads events, acquires pool budget for each event's records *before* reading 
 (a full pool stops reading, and TCP pushes back on the server), hands the records on as one
 column chunk, and resubscribes when a subscription ends (the 5-minute limit, a server close, an
 error) from the last continuation whose records were all handed on. It never touches leases or
-checkpoints: it reports progress to a :class:`ShardProgress` the coordinator owns.
+checkpoints: it reports progress to a :class:`ShardProgress` (the claim's checkpoint ledger) and
+its phase (subscribing, reading, backpressured) to its owner.
+
+Positions: LATEST, TRIM_HORIZON and AT_TIMESTAMP name a moment, not a record. Once the first event
+has arrived, the position is the first record's sequence number (or the continuation after it), so
+a later subscription never sends LATEST again and never skips what was written in between.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from typing import Any, Protocol
 import structlog
 
 from efo.config import SubscriptionSettings
-from efo.errors import LeaseLost, error_code, translate
+from efo.errors import EfoError, LeaseLost, Retriable, translate
 from efo.kinesis.decoder import ShardEvent, iter_events
 from efo.kinesis.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
+from efo.leases.lifecycle import ShardPhase
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
@@ -32,6 +38,7 @@ log = structlog.get_logger("efo.kinesis.subscription")
 
 MIN_CALL_INTERVAL_S = 1.0  # SubscribeToShard: at most 1 call per second per consumer and shard
 MIN_RENEW_INTERVAL_S = 5.0  # a call within 5 s of the last successful one fails with ResourceInUse
+START_TIMEOUT_CODE = "StartTimeout"  # the error code of a call that did not answer in time
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +47,7 @@ class ShardEnded:
 
 
 class ShardProgress(Protocol):
-    """What the subscription tells its owner; implemented by the coordinator's shard state."""
+    """What the subscription tells its claim's ledger (:class:`efo.leases.ledger.CheckpointLedger`)."""
 
     def next_serial(self) -> int: ...
 
@@ -94,6 +101,8 @@ class ShardSubscription:
         backpressure_timeout_s: float | None = None,
         on_corrupt_aggregate: CorruptPolicy = "passthrough",
         lease_check: Callable[[], Awaitable[bool]] | None = None,
+        on_phase: Callable[[ShardPhase], None] = lambda phase: None,
+        logger: Any = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
@@ -112,6 +121,8 @@ class ShardSubscription:
         self._backpressure_timeout_s = backpressure_timeout_s
         self._on_corrupt: CorruptPolicy = on_corrupt_aggregate
         self._lease_check = lease_check
+        self._on_phase = on_phase
+        self._log = logger if logger is not None else log.bind(shard_id=shard_id)
         self._corrupt_logged = False
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
         self._clock = clock
@@ -120,59 +131,105 @@ class ShardSubscription:
         self._last_call_at = -1e9
         self._last_success_at = -1e9
         self._started = False
+        self._expired_restart = False  # restarted at TRIM_HORIZON once after an expired position
+        self._held: Grant | None = None  # budget kept for the event a backpressure timeout left unread
         self.attempt = 0
 
     async def run(self) -> ShardEnded:
         """Read the shard until its end; retry every retriable failure, forever."""
+        try:
+            return await self._run()
+        finally:
+            if self._held is not None:  # cancelled while holding budget for a re-read
+                self._pool.release(self._held)
+                self._held = None
+
+    async def _run(self) -> ShardEnded:
         while True:
             await self._pace()
             self.attempt += 1
             self._streaming = False
+            self._on_phase(ShardPhase.SUBSCRIBING)
             try:
                 ended = await self._subscribe_once()
             except asyncio.CancelledError:
                 raise
             except Backpressure as waited:
-                # Nothing of the waiting event was admitted: resume from the last admitted position
-                # once the pool has room, rather than hold the connection open for ever.
-                log.warning(
+                # Nothing of the waiting event was admitted. Close the stream rather than hold it
+                # open for ever, wait in line for the event's budget and keep it, so the same event
+                # read again after the resubscribe is admitted at once.
+                self._log.warning(
                     "subscription.backpressure",
-                    shard_id=self.shard_id,
                     attempt=self.attempt,
                     records=waited.records,
                     waited_s=self._backpressure_timeout_s,
+                    position=str(self.position),
                 )
-                await self._pool.wait_for_room(waited.records, waited.bytes, self.shard_id)
+                self._on_phase(ShardPhase.BACKPRESSURED)
+                self._held = await self._pool.acquire(waited.records, waited.bytes, self.shard_id)
                 continue
             except Exception as exc:
                 error = translate(exc, resource=self._resource())
-                if not error.retriable or isinstance(error, LeaseLost):
+                if isinstance(error, LeaseLost):
                     raise error from None
-                if self._streaming and error_code(exc) == "ResourceInUseException":
+                if self._restart_expired(error):
+                    continue
+                if not error.retriable:
+                    raise error from None
+                if self._streaming and error.code == "ResourceInUseException":
                     await self._confirm_lease()
-                delay_s = self._backoff.next_delay_s()
-                METRICS.subscription_errors.labels(code=error_code(exc) or type(exc).__name__).inc()
-                log.warning(
-                    "subscription.retry",
-                    shard_id=self.shard_id,
-                    attempt=self.attempt,
-                    error=str(error),
-                    code=error_code(exc),
-                    delay_s=round(delay_s, 3),
-                )
-                await self._sleep(delay_s)
+                await self._retry_after(error)
                 continue
             if ended is not None:
                 return ended
-            log.info("subscription.renewing", shard_id=self.shard_id, attempt=self.attempt, position=str(self.position))
+            self._log.info("subscription.renewing", attempt=self.attempt, position=str(self.position))
 
     def _resource(self) -> str:
         return f"shard {self.shard_id} of stream {self.stream!r} (consumer {self._consumer_arn})"
 
+    async def _retry_after(self, error: EfoError) -> None:
+        delay_s = self._backoff.next_delay_s()
+        METRICS.subscription_errors.labels(code=error.code or type(error).__name__).inc()
+        self._log.warning(
+            "subscription.retry",
+            attempt=self.attempt,
+            error=str(error),
+            code=error.code,
+            delay_s=round(delay_s, 3),
+        )
+        await self._sleep(delay_s)
+
+    def _restart_expired(self, error: EfoError) -> bool:
+        """A sequence number older than the stream's retention is refused at the call
+        (InvalidArgumentException): start once at TRIM_HORIZON, the oldest record left, and say so.
+        Whatever lay between the position and the trim horizon was lost to retention, not here."""
+        if (
+            error.code != "InvalidArgumentException"
+            or self._streaming
+            or self._expired_restart
+            or self.position.sequence_number is None
+        ):
+            return False
+        self._expired_restart = True
+        METRICS.positions_expired.inc()
+        self._log.warning("subscription.position_expired", position=str(self.position), error=str(error))
+        self.position = Position("TRIM_HORIZON")  # records at or below the old position stay dropped
+        return True
+
     async def _confirm_lease(self) -> None:
         """ResourceInUse in the middle of a stream: another subscriber took the shard over. Keep
-        going only while the lease is still ours (a strongly consistent read)."""
-        if self._lease_check is not None and not await self._lease_check():
+        going only while the lease is still ours (a strongly consistent read). A read that fails
+        for a retriable reason is not an answer: retry the subscription and ask again next time."""
+        if self._lease_check is None:
+            return
+        try:
+            holds = await self._lease_check()
+        except EfoError as exc:
+            if not exc.retriable:
+                raise
+            self._log.warning("subscription.lease_check_failed", error=str(exc), code=exc.code)
+            return
+        if not holds:
             raise LeaseLost(f"shard {self.shard_id} was taken over by another subscriber and its lease is gone")
 
     async def _pace(self) -> None:
@@ -186,21 +243,38 @@ class ShardSubscription:
             await self._sleep(wait_s)
         self._last_call_at = self._clock()
 
+    async def _call(self) -> Any:
+        """SubscribeToShard, answered within ``read_timeout_s`` or retried: a call that waits for a
+        connection from a full pool, or on a stalled endpoint, is an error, never a silent stall."""
+        try:
+            async with asyncio.timeout(self._settings.read_timeout_s):
+                return await self._client.subscribe_to_shard(
+                    ConsumerARN=self._consumer_arn,
+                    ShardId=self.shard_id,
+                    StartingPosition=self.position.starting_position(),
+                )
+        except TimeoutError:
+            raise Retriable(
+                f"SubscribeToShard for {self._resource()} did not answer within "
+                f"{self._settings.read_timeout_s:g} s (no free connection, or the endpoint stalled)",
+                code=START_TIMEOUT_CODE,
+            ) from None
+
     async def _subscribe_once(self) -> ShardEnded | None:
-        response = await self._client.subscribe_to_shard(
-            ConsumerARN=self._consumer_arn,
-            ShardId=self.shard_id,
-            StartingPosition=self.position.starting_position(),
-        )
+        response = await self._call()
         self._last_success_at = self._clock()
         self._streaming = True
         METRICS.subscriptions_started.inc()
         stream = response["EventStream"]
-        log.info("subscription.started", shard_id=self.shard_id, attempt=self.attempt, position=str(self.position))
+        self._log.info("subscription.started", attempt=self.attempt, position=str(self.position))
         try:
             async with aclosing(iter_events(stream)) as events:
+                first = True
                 async for event in events:
                     self._backoff.reset()
+                    if first:
+                        first = False
+                        self._on_phase(ShardPhase.READING)
                     ended = await self._on_event(event)
                     if ended is not None:
                         return ended
@@ -239,9 +313,8 @@ class ShardSubscription:
             METRICS.corrupt_aggregates.inc(rows.corrupt)
             if not self._corrupt_logged:  # once per shard: a corrupt producer would flood the log
                 self._corrupt_logged = True
-                log.warning(
+                self._log.warning(
                     "records.corrupt_aggregate",
-                    shard_id=self.shard_id,
                     sequence_number=_first_corrupt(rows, event),
                     policy=self._on_corrupt,
                     records=rows.corrupt,
@@ -252,8 +325,10 @@ class ShardSubscription:
         continuation = event.continuation_sequence_number
         if not self._started:
             self._started = True
-            first = Position("AT_SEQUENCE_NUMBER", chunk.sequence_numbers[0]) if len(chunk) else None
-            self._progress.started(first or (after(continuation) if continuation else self.position))
+            first = self._first_position(chunk, continuation)
+            self._progress.started(first)
+            if not self.position.is_concrete:
+                self.position = first  # never LATEST (or a timestamp) again for this shard
         last = event.sequence_numbers[-1] if event.sequence_numbers else None
         if last is not None and _is_newer(int(last), MAX_SUB_SEQUENCE, self._delivered):
             resume = after(last) if continuation is None or int(continuation) < int(last) else after(continuation)
@@ -270,20 +345,39 @@ class ShardSubscription:
             self._progress.idle(self.position)
         if continuation is None:
             children = tuple(child["ShardId"] for child in event.child_shards)
-            log.info("subscription.shard_end", shard_id=self.shard_id, children=list(children))
+            self._log.info("subscription.shard_end", children=list(children))
             return ShardEnded(children)
         return None
+
+    def _first_position(self, chunk: RecordChunk, continuation: str | None) -> Position:
+        """A concrete position at or before the first record of the first event."""
+        if len(chunk):
+            return Position("AT_SEQUENCE_NUMBER", chunk.sequence_numbers[0])
+        if chunk.dead_letters:
+            return Position("AT_SEQUENCE_NUMBER", chunk.dead_letters[0].sequence_number)
+        if continuation is not None:
+            return after(continuation)
+        return self.position  # the shard ended at once: nothing will be read again
 
     async def _admit(self, records: int, nbytes: int) -> Grant:
         """Pool budget for an event, before the next event is read; ``Backpressure`` after
         ``backpressure_timeout_s`` (the caller closes the stream and resubscribes later)."""
-        acquire = self._pool.acquire(records, nbytes, self.shard_id)
-        if self._backpressure_timeout_s is None:
-            return await acquire
+        held, self._held = self._held, None
+        if held is not None:
+            if records <= held.records and nbytes <= held.bytes:
+                self._pool.shrink(held, records, nbytes)
+                return held
+            self._pool.release(held)
+        grant = self._pool.try_acquire(records, nbytes, self.shard_id)
+        if grant is not None:
+            return grant
+        self._on_phase(ShardPhase.BACKPRESSURED)
         try:
-            return await asyncio.wait_for(acquire, self._backpressure_timeout_s)
+            grant = await self._pool.acquire(records, nbytes, self.shard_id, timeout_s=self._backpressure_timeout_s)
         except TimeoutError:
             raise Backpressure(records, nbytes) from None
+        self._on_phase(ShardPhase.READING)
+        return grant
 
 
 class Backpressure(Exception):

@@ -7,7 +7,7 @@ whole state is read with one paginated, strongly consistent Query (never a Scan)
   has the same ARN but a new creation time) and the initial position of the first start.
 - ``sk = worker|<id>``: one heartbeat row per worker; liveness costs writes per worker, not per shard.
 - ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting position, or
-  SHARD_END once the sink committed the shard's last record).
+  :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
 
 Ownership changes and checkpoint writes are conditional on the owner and the lease counter
 (fencing): a worker whose lease was taken gets :class:`LeaseLost` instead of writing.
@@ -24,11 +24,10 @@ from typing import Any
 import structlog
 
 from efo.errors import LeaseLost, ResourceNotFound, error_code, translate
-from efo.pipeline.records import Position
+from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.leases.table")
 
-SHARD_END = "SHARD_END"
 META_KEY = "meta"
 WORKER_PREFIX = "worker|"
 SHARD_PREFIX = "shard|"
@@ -39,9 +38,13 @@ class Lease:
     shard_id: str
     parents: tuple[str, ...]
     owner: str | None
-    counter: int
-    checkpoint: Position | None  # where to start; None once finished
-    finished: bool  # SHARD_END checkpointed: the sink committed the shard's last record
+    counter: int  # +1 at every change of owner: the epoch of a claim, and the fence of every write
+    checkpoint: Position  # where the shard resumes, or SHARD_END
+
+    @property
+    def finished(self) -> bool:
+        """The sink committed the shard's last record: its children may start."""
+        return self.checkpoint == SHARD_END
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +71,8 @@ def _position_item(position: Position) -> dict[str, Any]:
     return item
 
 
-def _position_of(item: dict[str, Any]) -> Position | None:
-    kind = item.get("position_kind", {}).get("S")
-    if kind is None or kind == SHARD_END:
-        return None
+def _position_of(item: dict[str, Any]) -> Position:
+    kind = item["position_kind"]["S"]
     stamp = item.get("position_timestamp", {}).get("N")
     sub = item.get("sub_sequence_number", {}).get("N")
     return Position(
@@ -191,7 +192,6 @@ class LeaseTable:
                 owner=item.get("lease_owner", {}).get("S"),
                 counter=int(item.get("lease_counter", {}).get("N", "0")),
                 checkpoint=_position_of(item),
-                finished=item.get("position_kind", {}).get("S") == SHARD_END,
             )
 
     async def create_meta(self, stream_created_at: datetime, initial_position: str) -> bool:
@@ -205,13 +205,13 @@ class LeaseTable:
             },
         )
 
-    async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position | None) -> bool:
-        """A lease row for a newly seen shard, unowned; ``start=None`` marks it finished (never read)."""
+    async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
+        """A lease row for a newly seen shard, unowned; ``start=SHARD_END`` marks it finished (never read)."""
         item: dict[str, Any] = {
             "parents": {"L": [{"S": p} for p in parents]},
             "lease_counter": {"N": "0"},
+            **_position_item(start),
         }
-        item.update(_position_item(start) if start is not None else {"position_kind": {"S": SHARD_END}})
         return await self._put_new(SHARD_PREFIX + shard_id, item)
 
     async def _put_new(self, sort_key: str, attributes: dict[str, Any]) -> bool:
@@ -234,7 +234,7 @@ class LeaseTable:
         )
         values: dict[str, Any] = {
             ":counter": {"N": str(lease.counter)},
-            ":end": {"S": SHARD_END},
+            ":end": {"S": SHARD_END.kind},
             ":me": {"S": self.worker_id},
             ":one": {"N": "1"},
         }
@@ -243,29 +243,21 @@ class LeaseTable:
         await self._update(lease, "SET lease_owner = :me, lease_counter = lease_counter + :one", condition, values)
         return replace(lease, owner=self.worker_id, counter=lease.counter + 1)
 
-    async def checkpoint(self, lease: Lease, position: Position | None) -> Lease:
-        """Store where the shard resumes; ``None`` is SHARD_END. Fenced by owner and counter."""
-        values: dict[str, Any] = {}
-        if position is None:
-            sets = ["position_kind = :kind"]
-            values[":kind"] = {"S": SHARD_END}
-            removes = ["sequence_number", "sub_sequence_number", "position_timestamp"]
-        else:
-            attributes = _position_item(position)
-            sets = [f"{name} = :{name}" for name in attributes]
-            values.update({f":{name}": value for name, value in attributes.items()})
-            removes = [
-                name
-                for name in ("sequence_number", "sub_sequence_number", "position_timestamp")
-                if name not in attributes
-            ]
+    async def checkpoint(self, lease: Lease, position: Position) -> Lease:
+        """Store where the shard resumes (or SHARD_END). Fenced by owner and counter."""
+        attributes = _position_item(position)
+        sets = [f"{name} = :{name}" for name in attributes]
+        values: dict[str, Any] = {f":{name}": value for name, value in attributes.items()}
+        removes = [
+            name for name in ("sequence_number", "sub_sequence_number", "position_timestamp") if name not in attributes
+        ]
         sets.append("updated_at = :now")
         values[":now"] = {"S": datetime.now(UTC).isoformat()}
         values[":me"] = {"S": self.worker_id}
         values[":counter"] = {"N": str(lease.counter)}
         expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
         await self._update(lease, expression, "lease_owner = :me AND lease_counter = :counter", values)
-        return replace(lease, checkpoint=position, finished=position is None)
+        return replace(lease, checkpoint=position)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up after a clean stop, so the next worker takes it at once."""

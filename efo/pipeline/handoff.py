@@ -41,10 +41,6 @@ class Handoff:
             self._cond.notify_all()
             return left
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def take_batch(
         self, max_records: int, max_bytes: int, max_wait_s: float, idle_wait_s: float = 0.5
     ) -> list[RecordChunk]:

@@ -6,10 +6,14 @@ loss or shutdown). It knows nothing of AWS: owners are opaque names (the shard i
 
 Fairness: every registered owner has a small reserved share; the rest is shared and handed out
 first come, first served. A request that fits in its owner's unused reserve is admitted at once,
-even past waiters, so a hot shard holding the shared budget cannot starve a quiet one. A request
-larger than the whole pool waits at the head and is admitted alone once the pool is empty: the
-pool never deadlocks and never rejects a valid record. ``pause()`` stops all admission (the
-coordinator pauses while checkpoints cannot be written). Loop-thread only.
+even past waiters, so a hot shard holding the shared budget cannot starve a quiet one.
+
+Bounded waits: a request larger than the pool minus the other owners' reserves can only ever be
+admitted into an empty pool. While such a request is at the head of the queue nobody passes it,
+not even from a reserve, so the pool drains as the sink commits and it is admitted alone: the pool
+never deadlocks, never rejects a valid record, and no request waits behind others for ever.
+``pause()`` stops all admission (the coordinator pauses while checkpoints cannot be written).
+Loop-thread only.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ class PendingPool:
         self.bytes = 0
         self._usage: dict[str, _Usage] = {}
         self._waiters: deque[tuple[Grant, asyncio.Future[None]]] = deque()
-        self._room_waiters: list[asyncio.Future[None]] = []
         self._paused = False
 
     # ---- owners and their reserves --------------------------------------------------------
@@ -108,23 +111,54 @@ class PendingPool:
             and self.bytes + grant.bytes + held_bytes <= self.max_bytes
         )
 
+    def _needs_empty_pool(self, grant: Grant) -> bool:
+        """Larger than the pool minus the other owners' reserves: fits only into an empty pool."""
+        reserve_records, reserve_bytes = self.reserve()
+        others = len(self._usage) - (1 if grant.owner in self._usage else 0)
+        return (
+            grant.records + others * reserve_records > self.max_records
+            or grant.bytes + others * reserve_bytes > self.max_bytes
+        )
+
+    def _reserves_may_pass(self) -> bool:
+        return not (self._waiters and self._needs_empty_pool(self._waiters[0][0]))
+
     def can_admit(self, records: int, nbytes: int, owner: str | None = None) -> bool:
         grant = Grant(records, nbytes, owner)
-        return not self._paused and (self._within_reserve(grant) or (not self._waiters and self._fits_shared(grant)))
+        if self._paused:
+            return False
+        if self._within_reserve(grant) and self._reserves_may_pass():
+            return True
+        return not self._waiters and self._fits_shared(grant)
 
-    async def acquire(self, records: int, nbytes: int, owner: str | None = None) -> Grant:
+    def try_acquire(self, records: int, nbytes: int, owner: str | None = None) -> Grant | None:
+        """Budget at once, or None when the request would have to wait."""
+        if not self.can_admit(records, nbytes, owner):
+            return None
         grant = Grant(records, nbytes, owner)
-        if self.can_admit(records, nbytes, owner):
-            self._take(grant)
+        self._take(grant)
+        return grant
+
+    async def acquire(
+        self, records: int, nbytes: int, owner: str | None = None, *, timeout_s: float | None = None
+    ) -> Grant:
+        """Budget for ``records`` and ``nbytes``; TimeoutError (holding nothing) after ``timeout_s``.
+
+        The deadline is ``asyncio.timeout`` inside this coroutine, not a wrapper task: a cancel that
+        arrives in the same loop pass as the admission still cancels (the budget is returned)."""
+        grant = self.try_acquire(records, nbytes, owner)
+        if grant is not None:
             return grant
+        grant = Grant(records, nbytes, owner)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (grant, future)
         self._waiters.append(entry)
         try:
-            await future
-        except asyncio.CancelledError:
+            async with asyncio.timeout(timeout_s):
+                await future
+        except BaseException:  # cancelled, or the deadline passed
             if grant.admitted:
-                self.release(grant)  # admitted just as we were cancelled: give it back
+                self.release(grant)  # admitted just as we gave up: give it back
             else:
                 if entry in self._waiters:
                     self._waiters.remove(entry)
@@ -132,32 +166,27 @@ class PendingPool:
             raise
         return grant
 
-    async def wait_for_room(self, records: int, nbytes: int, owner: str | None = None) -> None:
-        """Wait until a request of this size would be admitted, without taking anything."""
-        while not self.can_admit(records, nbytes, owner) and not (self.records == 0 and not self._paused):
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._room_waiters.append(future)
-            try:
-                await future
-            finally:
-                if future in self._room_waiters:
-                    self._room_waiters.remove(future)
+    def shrink(self, grant: Grant, records: int, nbytes: int) -> None:
+        """Give back the part of an admitted grant above ``records`` and ``nbytes``."""
+        assert grant.admitted and not grant.released and records <= grant.records and nbytes <= grant.bytes
+        surplus_records, surplus_bytes = grant.records - records, grant.bytes - nbytes
+        grant.records, grant.bytes = records, nbytes
+        self._give_back(grant.owner, surplus_records, surplus_bytes)
 
     def release(self, grant: Grant) -> None:
-        if grant.released:
+        if grant.released or not grant.admitted:
             return
         grant.released = True
-        self.records -= grant.records
-        self.bytes -= grant.bytes
-        usage = self._usage.get(grant.owner) if grant.owner is not None else None
-        if usage is not None:
-            usage.records -= grant.records
-            usage.bytes -= grant.bytes
-        self._admit()
+        self._give_back(grant.owner, grant.records, grant.bytes)
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
+    def _give_back(self, owner: str | None, records: int, nbytes: int) -> None:
+        self.records -= records
+        self.bytes -= nbytes
+        usage = self._usage.get(owner) if owner is not None else None
+        if usage is not None:
+            usage.records -= records
+            usage.bytes -= nbytes
+        self._admit()
 
     def _take(self, grant: Grant) -> None:
         grant.admitted = True
@@ -171,17 +200,16 @@ class PendingPool:
     def _admit(self) -> None:
         if self._paused:
             return
-        # Reserve admissions may pass the queue; the shared budget goes strictly in order.
+        # Reserve admissions may pass the queue (unless its head can only enter an empty pool);
+        # the shared budget goes strictly in order.
         for entry in list(self._waiters):
+            if not self._reserves_may_pass():
+                break
             if self._within_reserve(entry[0]):
                 self._waiters.remove(entry)
                 self._grant(entry)
         while self._waiters and self._fits_shared(self._waiters[0][0]):
             self._grant(self._waiters.popleft())
-        for future in self._room_waiters:
-            if not future.done():
-                future.set_result(None)
-        self._room_waiters.clear()
 
     def _grant(self, entry: tuple[Grant, asyncio.Future[None]]) -> None:
         grant, future = entry

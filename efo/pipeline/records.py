@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-PositionKind = Literal["LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER"]
+PositionKind = Literal[
+    "LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER", "SHARD_END"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +22,8 @@ class Position:
 
     ``AFTER_SEQUENCE_NUMBER n`` resumes after record n. ``sub_sequence_number`` is kept for KPL
     aggregates: ``AT_SEQUENCE_NUMBER n`` with ``sub_sequence_number k`` means "re-read record n and
-    drop its sub-records at or below k".
+    drop its sub-records at or below k". :data:`SHARD_END` (the one value for it) is the checkpoint
+    of a shard whose last record the sink committed: nothing is read from it again.
     """
 
     kind: PositionKind
@@ -28,8 +31,14 @@ class Position:
     sub_sequence_number: int | None = None
     timestamp: datetime | None = None
 
+    @property
+    def is_concrete(self) -> bool:
+        """Names a record (or the shard's end) rather than a moment: the same on every call."""
+        return self.sequence_number is not None or self.kind == "SHARD_END"
+
     def starting_position(self) -> dict[str, Any]:
         """The ``StartingPosition`` argument of SubscribeToShard."""
+        assert self.kind != "SHARD_END", "a finished shard is never subscribed to"
         position: dict[str, Any] = {"Type": self.kind}
         if self.sequence_number is not None:
             position["SequenceNumber"] = self.sequence_number
@@ -59,6 +68,9 @@ class Position:
 
 MAX_SUB_SEQUENCE = 2**63 - 1
 
+#: The checkpoint of a finished shard: its children may start.
+SHARD_END: Final = Position("SHARD_END")
+
 
 def after(sequence_number: str) -> Position:
     return Position("AFTER_SEQUENCE_NUMBER", sequence_number)
@@ -70,8 +82,8 @@ class RecordChunk:
 
     stream: str
     shard_id: str
-    serial: int  # per shard, increasing: the coordinator's handle for the ack
-    epoch: int = 0  # which start of the shard in this process; a new epoch resets the driver's watermark
+    serial: int  # per claim, increasing: the chunk's number in its claim's checkpoint ledger
+    epoch: int = 0  # the claim (lease counter) it was read under; a new one resets the driver's watermark
     sequence_numbers: list[str] = field(default_factory=list)
     sub_sequence_numbers: list[int | None] = field(default_factory=list)
     partition_keys: list[str] = field(default_factory=list)

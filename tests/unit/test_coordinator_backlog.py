@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 import pytest
 
 from efo.config import load_settings
-from efo.coordinator import Commit, Coordinator, ShardState
+from efo.coordinator import Coordinator
 from efo.errors import Retriable
 from efo.kinesis.registration import StreamInfo
+from efo.leases.lifecycle import Commit, OwnedShard
 from efo.leases.table import Lease
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
@@ -23,11 +24,13 @@ from efo.pipeline.records import Position, after
 class FlakyTable:
     """A lease table whose checkpoint writes fail while ``down``."""
 
+    worker_id = "me"
+
     def __init__(self) -> None:
         self.down = True
-        self.written: list[Position | None] = []
+        self.written: list[Position] = []
 
-    async def checkpoint(self, lease: Lease, position: Position | None) -> Lease:
+    async def checkpoint(self, lease: Lease, position: Position) -> Lease:
         if self.down:
             raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'app'")
         self.written.append(position)
@@ -47,7 +50,7 @@ def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Coordinator, FlakyTabl
         stream=stream,
         consumer_arn="arn:consumer",
         kinesis=None,
-        subscriber_client=None,
+        subscriber=None,
         table=table,  # type: ignore[arg-type]
         pool=PendingPool(1000, 1 << 20),
         handoff=Handoff(),
@@ -55,13 +58,13 @@ def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Coordinator, FlakyTabl
     return coordinator, table
 
 
-def _shard(coordinator: Coordinator, shard_id: str, serials: int) -> ShardState:
-    lease = Lease(shard_id, (), "me", 1, Position("TRIM_HORIZON"), False)
-    state = ShardState(lease)
-    coordinator.shards[shard_id] = state
-    for serial in range(1, serials + 1):
-        state.enqueued(serial, after(str(serial * 10)))
-    return state
+def _shard(coordinator: Coordinator, shard_id: str, serials: int) -> OwnedShard:
+    owned = OwnedShard.claim(Lease(shard_id, (), "me", 1, Position("TRIM_HORIZON")), "me", lambda o: None)
+    coordinator.owned[shard_id] = owned
+    for _ in range(serials):
+        serial = owned.ledger.next_serial()
+        owned.ledger.enqueued(serial, after(str(serial * 10)))
+    return owned
 
 
 def test_reading_pauses_at_the_uncheckpointed_bound_and_resumes_once_checkpoints_land(
@@ -70,9 +73,9 @@ def test_reading_pauses_at_the_uncheckpointed_bound_and_resumes_once_checkpoints
     coord, table = coordinator
     _shard(coord, "shard-a", 3)
     _shard(coord, "shard-b", 3)
-    coord.on_committed([Commit("shard-a", 1, 60, None)])
+    coord.on_committed([Commit("shard-a", 1, 1, 60)])
     assert not coord.pool.paused
-    coord.on_committed([Commit("shard-b", 1, 40, None)])
+    coord.on_committed([Commit("shard-b", 1, 1, 40)])
     assert coord.pool.paused, "100 committed records without a checkpoint reach the bound"
 
     asyncio.run(coord._flush_checkpoints(force=True))
@@ -82,21 +85,32 @@ def test_reading_pauses_at_the_uncheckpointed_bound_and_resumes_once_checkpoints
     asyncio.run(coord._flush_checkpoints(force=True))
     assert not coord.pool.paused
     assert table.written == [after("10"), after("10")]
-    assert all(state.uncheckpointed_records == 0 for state in coord.shards.values())
+    assert all(owned.ledger.uncheckpointed_records == 0 for owned in coord.owned.values())
 
 
 def test_commits_arriving_during_a_checkpoint_write_stay_counted(coordinator: tuple[Coordinator, FlakyTable]) -> None:
     coord, table = coordinator
     table.down = False
-    state = _shard(coord, "shard-a", 2)
-    coord.on_committed([Commit("shard-a", 1, 30, None)])
+    owned = _shard(coord, "shard-a", 2)
+    coord.on_committed([Commit("shard-a", 1, 1, 30)])
     original = table.checkpoint
 
-    async def slow_checkpoint(lease: Lease, position: Position | None) -> Lease:
-        coord.on_committed([Commit("shard-a", 2, 80, None)])  # lands while the write is in flight
+    async def slow_checkpoint(lease: Lease, position: Position) -> Lease:
+        coord.on_committed([Commit("shard-a", 1, 2, 80)])  # lands while the write is in flight
         return await original(lease, position)
 
     table.checkpoint = slow_checkpoint  # type: ignore[method-assign]
     asyncio.run(coord._flush_checkpoints(force=True))
-    assert state.uncheckpointed_records == 80
+    assert owned.ledger.uncheckpointed_records == 80
     assert coord.pool.paused is False  # 80 < 100
+
+
+def test_commits_of_an_earlier_claim_release_their_budget_but_move_nothing(
+    coordinator: tuple[Coordinator, FlakyTable],
+) -> None:
+    coord, _ = coordinator
+    owned = _shard(coord, "shard-a", 2)  # claim 1
+    grant = asyncio.run(coord.pool.acquire(5, 50, "shard-a"))
+    coord.on_committed([Commit("shard-a", 0, 2, 5, grant)])  # claim 0's serial 2, late
+    assert owned.ledger.due is None and owned.ledger.uncheckpointed_records == 0
+    assert grant.released and coord.pool.records == 0

@@ -573,7 +573,7 @@ def test_budget_is_acquired_before_the_next_event_is_read() -> None:
         # Event 1 took the only record of budget; event 2 was read and waits for budget;
         # event 3 must not be read until then.
         assert [e["SubscribeToShardEvent"]["Records"][0]["SequenceNumber"] for e in stream.pulled] == ["1", "2"]
-        assert pool.waiting == 1
+        assert pool.records == 1 and len(h.handoff._chunks) == 1
         [first] = h.handoff.take_batch(10, 1 << 30, 0, idle_wait_s=0)
         assert first.sequence_numbers == ["1"]
         pool.release(first.grant)

@@ -9,9 +9,14 @@ from typing import Any
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
-from efo.errors import LeaseLost
+from efo.config import SubscriptionSettings
+from efo.errors import (
+    InvalidRequest,
+    LeaseLost,
+    Retriable,
+)
 from efo.kinesis.kpl import CorruptAggregate
-from efo.kinesis.subscription import ShardEnded
+from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, ShardEnded
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, after
 
@@ -143,3 +148,157 @@ def test_an_event_of_dead_letters_only_is_still_handed_on_so_the_checkpoint_can_
     assert len(chunk) == 0 and len(chunk.dead_letters) == 1
     assert chunk.grant.records == 1
     assert h.progress.enqueued_at == [(1, after("30"))]
+
+
+# ---- positions are concrete after the first event ----------------------------------------------
+
+
+def test_latest_is_never_sent_twice_after_a_backpressure_timeout_on_the_first_event() -> None:
+    # The first event of a LATEST subscription waits past the backpressure timeout; the resubscribe
+    # must start at that event's first record, not at LATEST again (which skips what came between).
+    first = FakeStream([event("1", "2", continuation="2")], hang=True)
+    pool = PendingPool(2, 1 << 30)
+    h = harness(
+        [first, [event("1", "2", continuation="2"), shard_end()]],
+        pool=pool,
+        start=Position("LATEST"),
+        backpressure_timeout_s=0.01,
+    )
+
+    async def scenario() -> None:
+        held = await pool.acquire(2, 2)  # a slow sink holds the whole pool
+        task = asyncio.ensure_future(h.subscription.run())
+        while not first.closed:
+            await asyncio.sleep(0.005)
+        pool.release(held)
+        await asyncio.wait_for(task, 5)
+
+    run(scenario())
+    assert [call.start for call in h.client.calls] == [
+        {"Type": "LATEST"},
+        {"Type": "AT_SEQUENCE_NUMBER", "SequenceNumber": "1"},
+    ]
+    assert h.delivered() == ["1", "2"]
+
+
+@pytest.mark.parametrize("start", ["LATEST", "TRIM_HORIZON"])
+def test_a_retry_after_an_empty_first_event_starts_after_its_continuation(start: str) -> None:
+    h = harness(
+        [FakeStream([event(continuation="7")], error=client_error("InternalFailure", 500)), [shard_end()]],
+        start=Position(start),  # type: ignore[arg-type]
+    )
+    run(h.subscription.run())
+    assert h.client.calls[1].start == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "7"}
+
+
+def test_the_budget_of_an_event_left_unread_by_a_backpressure_timeout_is_kept_for_its_re_read() -> None:
+    # After the timeout the subscription waits in line for the event's budget and keeps it, so the
+    # re-read event gets in at once even while other shards keep the pool busy.
+    first = FakeStream([event("1", "2", continuation="2")], hang=True)
+    pool = PendingPool(4, 1 << 30)
+    h = harness([first, [event("1", "2", continuation="2"), shard_end()]], pool=pool, backpressure_timeout_s=0.01)
+
+    async def scenario() -> None:
+        held = await pool.acquire(4, 4, "other")
+        task = asyncio.ensure_future(h.subscription.run())
+        while not first.closed:
+            await asyncio.sleep(0.005)
+        pool.release(held)
+        other = await pool.acquire(2, 2, "other")  # another shard takes what is left at once
+        await asyncio.wait_for(task, 5)
+        pool.release(other)
+
+    run(scenario())
+    (chunk,) = h.chunks()
+    assert chunk.sequence_numbers == ["1", "2"] and chunk.grant.records == 2
+    assert pool.records == 2  # the chunk's budget, held until the sink commits it
+
+
+def test_a_cancel_while_the_budget_is_granted_in_the_same_loop_pass_stops_the_subscription() -> None:
+    async def scenario() -> None:
+        pool = PendingPool(1, 1 << 30)
+        held = await pool.acquire(1, 1)
+        h = harness([FakeStream([event("1", continuation="1")], hang=True)], pool=pool, backpressure_timeout_s=30)
+        task = asyncio.ensure_future(h.subscription.run())
+        await settle()
+        pool.release(held)
+        task.cancel()
+        await settle()
+        assert task.cancelled(), "the cancel was swallowed and the subscription kept reading"
+        assert pool.records == 0
+
+    run(scenario())
+
+
+# ---- errors around the stream -------------------------------------------------------------------
+
+
+def test_a_throttled_lease_read_after_a_takeover_is_retried_not_fatal() -> None:
+    checks: list[str] = []
+
+    async def lease_check() -> bool:
+        checks.append("read")
+        if len(checks) == 1:
+            raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'app'")
+        return True
+
+    h = harness(
+        [
+            FakeStream([event("1", continuation="1")], error=client_error("ResourceInUseException")),
+            FakeStream([event("2", continuation="2")], error=client_error("ResourceInUseException")),
+            [shard_end()],
+        ],
+        lease_check=lease_check,
+    )
+    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+    assert checks == ["read", "read"]
+    assert h.delivered() == ["1", "2"]
+
+
+def test_a_position_past_the_retention_restarts_once_at_trim_horizon() -> None:
+    h = harness(
+        [client_error("InvalidArgumentException"), [event("5", "50", continuation="50"), shard_end()]],
+        start=after("10"),
+    )
+    run(h.subscription.run())
+    assert [call.start for call in h.client.calls] == [
+        {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "10"},
+        {"Type": "TRIM_HORIZON"},
+    ]
+    assert h.delivered() == ["50"]  # what was at or below the old position stays dropped
+    assert h.backoff_delays() == [MIN_CALL_INTERVAL_S]  # no backoff: only the 1 s pacing of calls
+
+
+def test_invalid_argument_at_trim_horizon_is_still_fatal() -> None:
+    h = harness([client_error("InvalidArgumentException"), client_error("InvalidArgumentException")], start=after("10"))
+    with pytest.raises(InvalidRequest):
+        run(h.subscription.run())
+    assert len(h.client.calls) == 2
+
+
+def test_invalid_argument_in_the_middle_of_a_stream_is_not_taken_for_an_expired_position() -> None:
+    h = harness(
+        [FakeStream([event("11", continuation="11")], error=client_error("InvalidArgumentException"))],
+        start=after("10"),
+    )
+    with pytest.raises(InvalidRequest):
+        run(h.subscription.run())
+
+
+def test_a_call_that_does_not_answer_within_the_read_timeout_is_retried() -> None:
+    class StuckOnce:
+        def __init__(self, then: Any) -> None:
+            self.calls = 0
+            self.then = then
+
+        async def subscribe_to_shard(self, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                await asyncio.Event().wait()  # no free connection in the client's pool
+            return await self.then.subscribe_to_shard(**kwargs)
+
+    h = harness([[shard_end()]], settings=SubscriptionSettings(read_timeout_s=0.05))
+    stuck = StuckOnce(h.client)
+    h.subscription._client = stuck
+    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+    assert stuck.calls == 2

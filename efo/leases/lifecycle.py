@@ -1,0 +1,141 @@
+"""The life of one claimed shard, as an explicit state machine.
+
+A claim starts when this worker takes a shard's lease (the lease counter after the take is the
+claim's **epoch**: unique across workers and across re-claims in one process) and ends in exactly
+one terminal phase, which is also the reason it stopped::
+
+    SUBSCRIBING ⇄ READING ⇄ BACKPRESSURED        (reported by the subscription)
+         │           │            │
+         ├───────────┴────────────┴──▶ DRAINING ──▶ ENDED      shard end: last records committed,
+         │                               │                       SHARD_END written, children may start
+         ├──────────────▶ RELEASING ◀────┘ ──▶ RELEASED         asked to stop here: final checkpoint,
+         │                    │                                  lease given up for the next owner
+         └────────────────────┴──────────────▶ LOST             another worker holds the lease now
+
+Every chunk this claim hands on carries its epoch, and so does the sink's commit of it: a commit
+of an earlier claim (late, after a release and a re-claim) never reaches this claim's ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from efo.leases.ledger import CheckpointLedger
+from efo.leases.table import Lease
+from efo.pipeline.pool import Grant
+from efo.pipeline.records import RecordChunk
+
+
+class ShardPhase(enum.Enum):
+    SUBSCRIBING = "subscribing"  # a SubscribeToShard call is being made, or retried after a backoff
+    READING = "reading"  # events are arriving
+    BACKPRESSURED = "backpressured"  # an event waits for pool budget
+    DRAINING = "draining"  # the shard ended: its last records wait for the sink, then SHARD_END
+    RELEASING = "releasing"  # intake stopped here: final checkpoint, then the lease is given up
+    ENDED = "ended"  # SHARD_END written (terminal)
+    RELEASED = "released"  # the lease was given up with its checkpoint (terminal)
+    LOST = "lost"  # another worker holds the lease now, or this one could not prove it still does (terminal)
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def reading(self) -> bool:
+        """The subscription task runs in this phase."""
+        return self in _READING
+
+
+_READING = frozenset({ShardPhase.SUBSCRIBING, ShardPhase.READING, ShardPhase.BACKPRESSURED})
+_TERMINAL = frozenset({ShardPhase.ENDED, ShardPhase.RELEASED, ShardPhase.LOST})
+_STOPS = frozenset({ShardPhase.DRAINING, ShardPhase.RELEASING, ShardPhase.LOST})
+
+TRANSITIONS: dict[ShardPhase, frozenset[ShardPhase]] = {
+    ShardPhase.SUBSCRIBING: frozenset({ShardPhase.READING, *_STOPS}),
+    ShardPhase.READING: frozenset({ShardPhase.SUBSCRIBING, ShardPhase.BACKPRESSURED, *_STOPS}),
+    ShardPhase.BACKPRESSURED: frozenset({ShardPhase.READING, ShardPhase.SUBSCRIBING, *_STOPS}),
+    ShardPhase.DRAINING: frozenset({ShardPhase.ENDED, ShardPhase.RELEASING, ShardPhase.LOST}),
+    ShardPhase.RELEASING: frozenset({ShardPhase.RELEASED, ShardPhase.LOST}),
+    ShardPhase.ENDED: frozenset(),
+    ShardPhase.RELEASED: frozenset(),
+    ShardPhase.LOST: frozenset(),
+}
+
+
+class IllegalTransition(AssertionError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The driver's acknowledgement of one committed chunk: which claim, which chunk, its budget."""
+
+    shard_id: str
+    epoch: int
+    serial: int
+    records: int
+    grant: Grant | None = None
+
+    @classmethod
+    def of(cls, chunk: RecordChunk) -> Commit:
+        return cls(chunk.shard_id, chunk.epoch, chunk.serial, len(chunk), chunk.grant)
+
+
+@dataclass(eq=False)
+class OwnedShard:
+    """One claim of one shard: its lease, its ledger, its phase and its subscription task."""
+
+    lease: Lease
+    ledger: CheckpointLedger
+    worker_id: str
+    on_change: Callable[[OwnedShard], None] = lambda owned: None
+    phase: ShardPhase = ShardPhase.SUBSCRIBING
+    task: asyncio.Task[Any] | None = None
+    first_event: bool = False
+    children: tuple[str, ...] = ()
+    log: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = structlog.get_logger("efo.shard").bind(
+            shard_id=self.shard_id, epoch=self.epoch, worker_id=self.worker_id
+        )
+
+    @classmethod
+    def claim(cls, lease: Lease, worker_id: str, on_change: Callable[[OwnedShard], None]) -> OwnedShard:
+        assert lease.owner == worker_id, (lease.owner, worker_id)
+        return cls(lease, CheckpointLedger(lease.checkpoint), worker_id, on_change)
+
+    @property
+    def shard_id(self) -> str:
+        return self.lease.shard_id
+
+    @property
+    def epoch(self) -> int:
+        """The claim: the lease counter this worker set when it took the lease."""
+        return self.lease.counter
+
+    def enter(self, phase: ShardPhase) -> None:
+        """Move to ``phase``; a move the diagram above does not allow is a bug and raises."""
+        if phase is self.phase:
+            return
+        if phase not in TRANSITIONS[self.phase]:
+            raise IllegalTransition(f"shard {self.shard_id} epoch {self.epoch}: {self.phase.name} -> {phase.name}")
+        previous, self.phase = self.phase, phase
+        if phase is ShardPhase.READING and not self.first_event:
+            self.first_event = True
+        self.log.debug("shard.phase", phase=phase.value, previous=previous.value)
+        self.on_change(self)
+
+    def committed(self, commit: Commit) -> bool:
+        """Apply the sink's commit if it belongs to this claim; False for an earlier claim's."""
+        assert commit.shard_id == self.shard_id
+        if commit.epoch != self.epoch or self.phase.terminal:
+            return False
+        self.ledger.committed(commit.serial, commit.records)
+        return True

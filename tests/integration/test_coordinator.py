@@ -1,0 +1,356 @@
+"""The coordinator in-process: an in-memory Kinesis, the real lease table on the local stack's
+DynamoDB, and a driver task that commits what the handoff holds. Each test is a few seconds: the
+shard lifecycle, lease loss and liveness, shutdown, expired shards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from aiobotocore.session import get_session
+
+from efo.config import Settings, load_settings
+from efo.coordinator import Coordinator
+from efo.errors import Retriable, SinkStalled
+from efo.kinesis.registration import StreamInfo
+from efo.leases.table import LeaseTable
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import SHARD_END
+
+from .memory_kinesis import MemoryDriver, MemoryKinesis
+from .service import unique
+
+pytestmark = pytest.mark.integration
+
+STREAM_ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/memory"
+
+
+@dataclass
+class World:
+    kinesis: MemoryKinesis
+    table: LeaseTable
+    coordinator: Coordinator
+    driver: MemoryDriver
+    settings: Settings
+    ddb: Any
+
+    async def other_worker(self, worker_id: str) -> LeaseTable:
+        return LeaseTable(
+            self.ddb, table=self.table.table, app=self.settings.app, stream_arn=STREAM_ARN, worker_id=worker_id
+        )
+
+    async def owners(self) -> dict[str, str | None]:
+        state = await self.table.read()
+        return {lease.shard_id: lease.owner for lease in state.leases.values()}
+
+    def written(self, shard_id: str) -> list[int]:
+        return [seq for shard, seq in self.driver.written if shard == shard_id]
+
+
+def _settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "stream": "memory",
+        "app": unique("app"),
+        "sink": "console",
+        "initial_position": "TRIM_HORIZON",
+        "shards": {"sync_interval_s": 0.2},
+        "checkpoint": {"interval_s": 0.2},
+        "lease": {"heartbeat_interval_s": 0.25, "failover_s": 1.0},
+        "shutdown_timeout_s": 5,
+    }
+    values.update(overrides)
+    return load_settings(**values)
+
+
+@pytest.fixture(autouse=True)
+def _no_efo_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+
+
+@asynccontextmanager
+async def world(local_stack: Any, kinesis: MemoryKinesis, **settings: Any) -> AsyncIterator[World]:
+    config = _settings(**settings)
+    async with get_session().create_client(
+        "dynamodb",
+        endpoint_url=local_stack.dynamodb_endpoint,
+        region_name=local_stack.region,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    ) as ddb:
+        table = LeaseTable(ddb, table=config.table_name, app=config.app, stream_arn=STREAM_ARN, worker_id="w1")
+        await table.ensure_table()
+        handoff = Handoff()
+        coordinator = Coordinator(
+            settings=config,
+            stream=StreamInfo("memory", STREAM_ARN, datetime(2026, 1, 1, tzinfo=UTC), "ACTIVE", len(kinesis.shards)),
+            consumer_arn="arn:consumer",
+            kinesis=kinesis,
+            subscriber=kinesis,
+            table=table,
+            pool=PendingPool(10_000, 1 << 26, reserved_records=100, reserved_bytes=1 << 20),
+            handoff=handoff,
+        )
+        await coordinator.bootstrap()
+        yield World(kinesis, table, coordinator, MemoryDriver(handoff, coordinator.on_committed), config, ddb)
+
+
+@asynccontextmanager
+async def running(w: World) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Run coordinator and driver; the yielded ``stop()`` stops both as SIGTERM would."""
+    stop, driver_done = asyncio.Event(), asyncio.Event()
+    service = asyncio.ensure_future(w.coordinator.run(stop, driver_done))
+    driver = asyncio.ensure_future(w.driver.run())
+
+    async def stop_both() -> None:
+        stop.set()
+        await asyncio.sleep(0.1)
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+        driver_done.set()
+        await asyncio.wait_for(service, 15)
+
+    try:
+        yield stop_both
+    finally:
+        for task in (service, driver):
+            task.cancel()
+        await asyncio.gather(service, driver, return_exceptions=True)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def run(scenario: Awaitable[None]) -> None:
+    asyncio.run(asyncio.wait_for(scenario, 60))
+
+
+# ---- the happy path ----------------------------------------------------------------------------
+
+
+def test_records_of_a_split_parent_come_before_its_children_and_shard_end_is_written(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        before = kinesis.put("shard-000", 30)
+        async with world(local_stack, kinesis) as w:
+            async with running(w) as stop:
+                children = kinesis.split("shard-000")
+                after = {child: kinesis.put(child, 10) for child in children}
+                await until(lambda: all(len(w.written(c)) == 10 for c in children), what="the children's records")
+                await until(lambda: w.coordinator.owned.keys() == set(children), what="the parent's end")
+                await stop()
+            assert w.written("shard-000") == before
+            state = await w.table.read()
+            assert state.leases["shard-000"].checkpoint == SHARD_END
+            assert all(w.written(c) == after[c] for c in children)
+            assert await w.owners() == {"shard-000": None, **dict.fromkeys(children)}
+
+    run(scenario())
+
+
+# ---- 3: shutdown -------------------------------------------------------------------------------
+
+
+def test_a_shard_that_appears_as_the_stop_begins_is_not_claimed_and_the_stop_releases_everything(
+    local_stack: Any,
+) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis) as w:
+            stop, driver_done = asyncio.Event(), asyncio.Event()
+            service = asyncio.ensure_future(w.coordinator.run(stop, driver_done))
+            await until(lambda: "shard-000" in w.coordinator.owned, what="the first claim")
+            stop.set()
+            kinesis.add_shard("shard-001")  # the sync would see it during the drain
+            await asyncio.sleep(1.0)  # several sync intervals while the driver drains
+            driver_done.set()
+            await asyncio.wait_for(service, 10)
+            owners = await w.owners()
+            assert owners["shard-000"] is None and owners.get("shard-001") is None, owners
+            assert not w.coordinator.owned
+
+    run(scenario())
+
+
+def test_the_stop_checkpoints_what_the_driver_committed_during_the_drain(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        written = kinesis.put("shard-000", 20)
+        async with world(local_stack, kinesis, checkpoint={"interval_s": 30}) as w:
+            w.driver.hold = True
+            stop, driver_done = asyncio.Event(), asyncio.Event()
+            service = asyncio.ensure_future(w.coordinator.run(stop, driver_done))
+            driver = asyncio.ensure_future(w.driver.run())
+            await until(lambda: len(w.driver.held) > 0 and sum(len(c) for c in w.driver.held) == 20)
+            stop.set()
+            await asyncio.sleep(0.2)
+            driver.cancel()
+            w.driver.release_held()  # the batch in the sink commits during the drain
+            driver_done.set()
+            await asyncio.wait_for(service, 10)
+            state = await w.table.read()
+            assert state.leases["shard-000"].checkpoint.sequence_number == str(written[-1])
+            assert state.leases["shard-000"].owner is None
+
+    run(scenario())
+
+
+# ---- 2 and 9: leases lost, learned early; re-claims; stale commits -------------------------------
+
+
+def test_a_lease_taken_by_another_worker_is_dropped_at_the_next_sync_before_any_write_fails(
+    local_stack: Any,
+) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis, checkpoint={"interval_s": 60}) as w:
+            async with running(w) as stop:
+                await until(lambda: "shard-000" in w.coordinator.owned)
+                other = await w.other_worker("w2")
+                lease = (await other.read()).leases["shard-000"]
+                await other.claim(lease)  # w2 took it (say w1 looked dead to it)
+                await until(lambda: "shard-000" not in w.coordinator.owned, timeout_s=2, what="the loss")
+                calls = len(kinesis.subscribe_calls)
+                await asyncio.sleep(0.5)
+                assert len(kinesis.subscribe_calls) == calls, "kept subscribing to a shard it no longer owns"
+                await stop()
+            assert (await w.owners())["shard-000"] == "w2"
+
+    run(scenario())
+
+
+def test_a_late_commit_of_an_earlier_claim_does_not_move_the_re_claimed_shards_checkpoint(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        first = kinesis.put("shard-000", 10)
+        async with world(local_stack, kinesis) as w, running(w) as stop:
+            await until(lambda: len(w.written("shard-000")) == 10)
+            await until(
+                lambda: (w.coordinator.owned["shard-000"].ledger.written.sequence_number or "") == str(first[-1])
+            )
+            w.driver.hold = True  # the sink stalls: the next chunks are handed on, not committed
+            kinesis.put("shard-000", 10)
+            await until(lambda: sum(len(c) for c in w.driver.held) == 10, what="chunks of claim 1 in the sink")
+            old_epoch = w.coordinator.owned["shard-000"].epoch
+            # A failover and back: w2 takes the lease and releases it; w1 claims it again.
+            other = await w.other_worker("w2")
+            await other.release(await other.claim((await other.read()).leases["shard-000"]))
+            await until(
+                lambda: "shard-000" in w.coordinator.owned and w.coordinator.owned["shard-000"].epoch > old_epoch + 1,
+                what="the re-claim",
+            )
+            late = list(w.driver.held)
+            w.driver.held.clear()
+            third = kinesis.put("shard-000", 10)
+            await until(lambda: sum(len(c) for c in w.driver.held) >= 10, what="claim 2's chunks")
+            w.driver.commit(late)  # claim 1's chunks reach the sink's commit only now
+            await asyncio.sleep(0.5)
+            checkpoint = (await w.table.read()).leases["shard-000"].checkpoint
+            assert checkpoint.sequence_number is not None
+            assert int(checkpoint.sequence_number) < third[0], f"checkpoint {checkpoint} passed uncommitted records"
+            w.driver.hold = False
+            w.driver.release_held()
+            await until(lambda: set(third) <= set(w.written("shard-000")))
+            await stop()
+
+    run(scenario())
+
+
+def test_a_worker_whose_heartbeats_fail_drops_its_shards_before_others_may_take_them_and_claims_again(
+    local_stack: Any,
+) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis) as w, running(w) as stop:
+            await until(lambda: len(w.coordinator.owned) == 2)
+            real = w.table.heartbeat
+            failing = True
+
+            async def heartbeat() -> None:
+                if failing:
+                    raise Retriable("ThrottlingException on DynamoDB table (injected)")
+                await real()
+
+            w.table.heartbeat = heartbeat  # type: ignore[method-assign]
+            started = asyncio.get_running_loop().time()
+            await until(lambda: not w.coordinator.owned, timeout_s=3, what="shards dropped")
+            dropped_after_s = asyncio.get_running_loop().time() - started
+            assert dropped_after_s < w.settings.lease.failover_s, dropped_after_s
+            calls = len(kinesis.subscribe_calls)
+            await asyncio.sleep(0.5)
+            assert len(kinesis.subscribe_calls) == calls, "claimed again while its heartbeat still failed"
+            failing = False
+            await until(lambda: len(w.coordinator.owned) == 2, timeout_s=5, what="the re-claim")
+            puts = kinesis.put("shard-000", 5)
+            await until(lambda: set(puts) <= set(w.written("shard-000")))
+            await stop()
+
+    run(scenario())
+
+
+def test_a_batch_stuck_in_the_sink_stops_the_worker_and_releases_its_leases(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis, batch={"stall_timeout_s": 0.5}) as w:
+            stop, driver_done = asyncio.Event(), asyncio.Event()
+            service = asyncio.ensure_future(w.coordinator.run(stop, driver_done))
+            await until(lambda: "shard-000" in w.coordinator.owned)
+            w.coordinator.batch_started()  # and never committed
+            with pytest.raises(ExceptionGroup) as failed:
+                await asyncio.wait_for(service, 5)
+            assert failed.group_contains(SinkStalled)
+            assert await w.owners() == {"shard-000": None}
+
+    run(scenario())
+
+
+# ---- 7: expired shards -------------------------------------------------------------------------
+
+
+def test_a_shard_gone_past_the_retention_is_marked_finished_and_its_children_start(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis) as w:
+            children = kinesis.split("shard-000")
+            kinesis.unlisted.add("shard-000")  # trimmed: ListShards no longer has it
+            puts = {child: kinesis.put(child, 5) for child in children}
+            async with running(w) as stop:
+                await until(lambda: all(len(w.written(c)) == 5 for c in children), what="the children")
+                await stop()
+            assert w.written("shard-000") == []
+            assert (await w.table.read()).leases["shard-000"].checkpoint == SHARD_END
+            assert all(w.written(c) == puts[c] for c in children)
+            assert ("shard-000", {"Type": "TRIM_HORIZON"}) not in kinesis.subscribe_calls
+
+    run(scenario())
+
+
+def test_a_consumer_deregistered_while_running_stops_the_service_naming_it(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis) as w:
+            stop, driver_done = asyncio.Event(), asyncio.Event()
+            service = asyncio.ensure_future(w.coordinator.run(stop, driver_done))
+            await until(lambda: "shard-000" in w.coordinator.owned)
+            kinesis.consumer_registered = False
+            kinesis.stream_failures["shard-000"] = botocore.exceptions.ClientError(
+                {"Error": {"Code": "ResourceNotFoundException", "Message": "consumer not found"}}, "SubscribeToShard"
+            )
+            with pytest.raises(ExceptionGroup) as failed:
+                await asyncio.wait_for(service, 5)
+            assert "no longer registered" in str(failed.value.exceptions[0])
+
+    run(scenario())
