@@ -5,6 +5,8 @@ Users who already have a SparkSession call :func:`run_with_session` with theirs.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from pyspark.sql import SparkSession
 
 from efo.config import Settings, SinkSpec
@@ -32,7 +34,8 @@ def run_with_session(
     spark: SparkSession, settings: Settings, sink: Sink | None = None, *, install_signals: bool = False
 ) -> int:
     """Run the service on the caller's SparkSession, which stays open. From the main thread,
-    ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)."""
+    ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)
+    until it returns; the caller's handlers are restored then."""
     service = Service(settings)
     service.preflight()
     sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
@@ -51,6 +54,5 @@ def _drive(spark: SparkSession, sink: Sink, settings: Settings, service: Service
         dead_letter_sink=make_sink(SinkSpec.parse(settings.dead_letter_sink)) if settings.dead_letter_sink else None,
     )
     driver = Driver(runner, settings, service)
-    if install_signals:
-        driver.install_signal_handlers()
-    return driver.run()
+    with driver.capture_signals() if install_signals else nullcontext():
+        return driver.run()

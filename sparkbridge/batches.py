@@ -188,8 +188,12 @@ class BatchRunner:
         retry_backoff_s: float,
         decoder: ValueDecoder | None = None,
         dead_letter_sink: Sink | None = None,
+        give_up_at: Callable[[], float | None] = lambda: None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``give_up_at`` is a deadline on the ``clock`` (the shutdown's) or None: no sink attempt
+        starts after it, and no retry delay runs past it."""
         self.spark = spark
         self.sink = sink
         self.dead_letter_sink = dead_letter_sink
@@ -197,7 +201,9 @@ class BatchRunner:
         self.retry_backoff_s = retry_backoff_s
         self.decoder = decoder or ValueDecoder("binary", None)
         self.watermark = DeliveryWatermark()
+        self._give_up_at = give_up_at
         self._sleep = sleep
+        self._clock = clock
 
     def run(self, batch_id: str, chunks: list[RecordChunk]) -> BatchResult:
         """Write the batch through the sink (its dead letters first, through the dead-letter sink),
@@ -267,6 +273,12 @@ class BatchRunner:
                         f"{name} failed on batch {batch_id} after {attempt} attempts: {type(exc).__name__}: {exc}"
                     ) from None
                 delay_s = self.retry_backoff_s * 2 ** (attempt - 1)
+                give_up_at = self._give_up_at()
+                if give_up_at is not None and self._clock() + delay_s >= give_up_at:
+                    raise SinkFailed(
+                        f"{name} failed on batch {batch_id} (attempt {attempt}: {type(exc).__name__}: {exc}) and the "
+                        "shutdown deadline leaves no time for another attempt; its records will be read again"
+                    ) from None
                 log.warning(
                     "sink.retry",
                     sink=name,

@@ -1,8 +1,14 @@
 """The Spark driver loop: batches from the handoff, through a :class:`BatchRunner`, acknowledged.
 
-The main thread runs Spark and owns the signals. The first SIGTERM or SIGINT stops intake,
-finishes and checkpoints the running batch within ``shutdown_timeout_s`` and exits 0 (what is
-still queued is not checkpointed: the next owner reads it again). A second signal exits at once.
+The main thread runs Spark and owns the signals. The first SIGTERM or SIGINT stops intake; the
+batch in the sink may finish and be checkpointed until ``shutdown_timeout_s`` after the signal (no
+new sink attempt starts after that); then the service checkpoints what was committed, releases
+the leases and the process exits: 0 when everything taken was committed, 1 when a batch was
+not (its records are read again by the next owner). A second signal exits at once.
+
+Bounded in every case: a sink that never returns cannot keep the process. A watchdog thread
+ends the process shortly after the deadline, and also when the service failed while the sink
+still holds the main thread (a stalled batch, a consumer deregistered under it).
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 import structlog
 
 from efo.config import Settings
-from efo.errors import EXIT_OK, EXIT_RUNTIME
+from efo.coordinator import FINAL_WRITES_TIMEOUT_S
+from efo.errors import EXIT_OK, EXIT_RUNTIME, EfoError
 from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
 from efo.service import Service
@@ -26,35 +36,78 @@ from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
 
 log = structlog.get_logger("sparkbridge.driver")
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: After the shutdown deadline: time for the service's last checkpoints and releases, then exit.
+EXIT_GRACE_S = FINAL_WRITES_TIMEOUT_S + 2.0
+WATCH_INTERVAL_S = 0.2
+
+
+@contextmanager
+def capture_signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
+    """Install ``handler`` for SIGTERM and SIGINT and restore the previous handlers on exit."""
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
 
 class Driver:
-    def __init__(self, runner: BatchRunner, settings: Settings, service: Service) -> None:
+    def __init__(
+        self,
+        runner: BatchRunner,
+        settings: Settings,
+        service: Service,
+        *,
+        exit_process: Callable[[int], Any] = os._exit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.runner = runner
         self.settings = settings
         self.service = service
         self.handoff = service.handoff
         self._stopping = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stop_at: float | None = None
+        self._done = threading.Event()
+        self._exit_process = exit_process
+        self._clock = clock
         self._run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         self._batches = 0
+        self._in_sink: str | None = None  # the batch id the sink is writing
+        runner._give_up_at = self.give_up_at
 
     def request_stop(self) -> None:
+        """Stop intake now (the service stops reading at once); the sink has until the deadline."""
+        with self._stop_lock:
+            if self._stop_at is None:
+                self._stop_at = self._clock()
         self._stopping.set()
+        self.service.request_stop()
+
+    def give_up_at(self) -> float | None:
+        """No sink attempt starts after this: ``shutdown_timeout_s`` after the stop was asked for."""
+        stop_at = self._stop_at
+        return None if stop_at is None else stop_at + self.settings.shutdown_timeout_s
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stopping.is_set():
             sys.stderr.write("efo: second signal, exiting at once (uncommitted records will be read again)\n")
             os._exit(EXIT_RUNTIME)
         log.info("driver.signal", signal=signal.Signals(signum).name)
-        self._stopping.set()
+        self.request_stop()
 
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+    def capture_signals(self) -> Any:
+        """SIGTERM/SIGINT stop this driver for as long as the context lasts."""
+        return capture_signals(self._on_signal)
 
     def run(self) -> int:
         """Take and commit batches until a stop is asked for or the service fails. The next batch
         is taken and converted to Arrow on a worker thread while Spark commits the current one."""
         self.service.start()
+        watchdog = threading.Thread(target=self._watch, name="efo-watchdog", daemon=True)
+        watchdog.start()
         prefetch = Prefetcher(self._take_and_prepare)
         try:
             while not self._stopping.is_set() and not self.service.finished.is_set():
@@ -64,15 +117,44 @@ class Driver:
         finally:
             # Intake stops; a batch taken but not committed is read again by the next owner. The
             # service flushes what was committed, releases the leases and ends.
-            self.service.request_stop()
+            self.request_stop()
             prefetch.close()
             self.service.driver_finished()
-            if not self.service.join(self.settings.shutdown_timeout_s + 5):
+            if not self.service.join(self.settings.shutdown_timeout_s + EXIT_GRACE_S):
                 log.warning("driver.service_join_timeout")
+            self._done.set()
         if self.service.error is not None:
             raise self.service.error
         log.info("driver.stopped", batches=self._batches)
         return EXIT_OK
+
+    def _watch(self) -> None:
+        """End the process when the main thread cannot: it is inside a sink that does not return."""
+        while not self._done.wait(WATCH_INTERVAL_S):
+            if self.service.finished.is_set():
+                self.request_stop()  # the service is gone: the batch in the sink may still finish
+            give_up_at = self.give_up_at()
+            if give_up_at is None:
+                continue
+            now = self._clock()
+            if (now > give_up_at and self.service.finished.is_set()) or now > give_up_at + EXIT_GRACE_S:
+                self._exit(self._exit_reason())
+                return
+
+    def _exit_reason(self) -> EfoError:
+        error = self.service.error
+        if error is not None:
+            return error
+        return EfoError(
+            f"the sink did not finish batch {self._in_sink} within shutdown_timeout_s "
+            f"({self.settings.shutdown_timeout_s:g} s); what it holds was not checkpointed and will be read again"
+        )
+
+    def _exit(self, error: EfoError) -> None:
+        log.error("driver.exit", error=str(error), batch_id=self._in_sink)
+        sys.stderr.write(f"efo: {error}\n")
+        sys.stderr.flush()
+        self._exit_process(error.exit_code or EXIT_RUNTIME)
 
     def _take_and_prepare(self) -> PreparedBatch | None:
         batch = self.settings.batch
@@ -85,8 +167,10 @@ class Driver:
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
 
     def commit(self, prepared: PreparedBatch) -> None:
+        self._in_sink = prepared.batch_id
         self.service.batch_started()
         result = self.runner.commit(prepared)
+        self._in_sink = None
         self.service.commit(Commit.of(chunk) for chunk in result.chunks)
         METRICS.batches_committed.inc()
         METRICS.batch_seconds.observe(result.duration_s)

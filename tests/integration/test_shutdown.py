@@ -100,3 +100,51 @@ def test_failing_sink_stops_with_exit_1_and_no_checkpoint_moves_past_the_failed_
     wait_for_rows(tmp_path / "out", len(puts), fixed)
     assert fixed.stop() == 0
     assert_exactly(read_output(tmp_path / "out"), puts)
+
+
+def test_sigterm_while_the_sink_hangs_exits_within_the_shutdown_timeout_with_exit_1_and_loses_nothing(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    stream, app = unique("hang"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    puts = put_records(kinesis_client, stream, 50, tag="h")
+    handlers = tmp_path / "handlers"
+    handlers.mkdir()
+    entered = tmp_path / "entered"
+    (handlers / "hanging_sink.py").write_text(
+        "import pathlib, time\n"
+        f"def write(df, batch):\n    pathlib.Path({str(entered)!r}).touch()\n    time.sleep(120)\n"
+    )
+    shutdown_timeout_s = 3.0
+    env = service_env(
+        local_stack,
+        stream=stream,
+        app=app,
+        output=tmp_path / "out",
+        initial_position="TRIM_HORIZON",
+        EFO_SINK="handler:hanging_sink:write",
+        EFO_SHUTDOWN_TIMEOUT_S=str(shutdown_timeout_s),
+        PYTHONPATH=str(handlers),
+    )
+    hanging = ServiceRun(env, tmp_path / "hanging.log").start()
+    deadline = time.monotonic() + 90
+    while not entered.exists():
+        assert time.monotonic() < deadline and hanging.process is not None and hanging.process.poll() is None, (
+            hanging.tail()
+        )
+        time.sleep(0.2)
+    started = time.monotonic()
+    code = hanging.stop(timeout_s=60)
+    stopped_in_s = time.monotonic() - started
+    assert code == 1, hanging.tail()
+    assert stopped_in_s < shutdown_timeout_s + 7, f"stopped {stopped_in_s:.1f} s after SIGTERM"
+    log = hanging.log_path.read_text()
+    assert "efo: " in log and "Traceback" not in log
+
+    fixed = ServiceRun(
+        service_env(local_stack, stream=stream, app=app, output=tmp_path / "out", initial_position="TRIM_HORIZON"),
+        tmp_path / "fixed.log",
+    ).start()
+    wait_for_rows(tmp_path / "out", len(puts), fixed)
+    assert fixed.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), puts)

@@ -127,6 +127,17 @@ def test_sink_failing_every_attempt_raises_sink_failed_naming_the_batch(spark: S
     assert len(sink.calls) == 3
 
 
+def test_no_sink_attempt_starts_once_the_shutdown_deadline_leaves_no_time_for_it(spark: SparkSession) -> None:
+    now = [100.0]
+    sink = Recorder(fail_times=99)
+    r = runner(spark, sink, max_attempts=10, give_up_at=lambda: 101.2, clock=lambda: now[0])
+    r._sleep = lambda seconds: now.__setitem__(0, now[0] + seconds)  # type: ignore[method-assign]
+    with pytest.raises(SinkFailed, match=r"b-d .*shutdown deadline leaves no time for another attempt"):
+        r.run("b-d", [chunk("s-1", 0, 3)])
+    assert len(sink.calls) == 2  # at 100.0, then 100.5; the next delay (1.0 s) would pass 101.2
+    assert now[0] <= 101.2
+
+
 def test_records_reaching_the_driver_twice_are_dropped_and_counted(spark: SparkSession) -> None:
     sink = Recorder()
     r = runner(spark, sink)

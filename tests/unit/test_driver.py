@@ -1,0 +1,120 @@
+"""The driver's bounds without Spark: signal handlers restored, and a watchdog that ends the process
+when a sink holds the main thread past the shutdown deadline or after the service failed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from efo.config import load_settings
+from efo.errors import EfoError, ResourceNotFound
+from efo.pipeline.handoff import Handoff
+from sparkbridge.driver import EXIT_GRACE_S, Driver, capture_signals
+
+
+class FakeService:
+    def __init__(self) -> None:
+        self.handoff = Handoff()
+        self.finished = threading.Event()
+        self.error: EfoError | None = None
+        self.stops = 0
+
+    def request_stop(self) -> None:
+        self.stops += 1
+
+
+class FakeRunner:
+    _give_up_at: Any = None
+
+
+@pytest.fixture(autouse=True)
+def _no_efo_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+
+
+def _driver(clock: list[float]) -> tuple[Driver, FakeService, list[int]]:
+    settings = load_settings(stream="s", app="a", sink="console", shutdown_timeout_s=10)
+    service = FakeService()
+    exits: list[int] = []
+    driver = Driver(FakeRunner(), settings, service, exit_process=exits.append, clock=lambda: clock[0])  # type: ignore[arg-type]
+    return driver, service, exits
+
+
+def _watch(driver: Driver) -> threading.Thread:
+    watcher = threading.Thread(target=driver._watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_capture_signals_installs_the_handler_and_restores_the_previous_ones() -> None:
+    def mine(signum: int, frame: Any) -> None:
+        pass
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with capture_signals(mine):
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_stop_tells_the_service_at_once_and_sets_the_sink_deadline() -> None:
+    clock = [50.0]
+    driver, service, _ = _driver(clock)
+    assert driver.give_up_at() is None
+    driver.request_stop()
+    clock[0] = 55.0
+    driver.request_stop()  # a second request does not move the deadline
+    assert service.stops == 2
+    assert driver.give_up_at() == 60.0
+    assert driver.runner._give_up_at() == 60.0
+
+
+def test_the_watchdog_exits_1_once_the_deadline_passed_and_the_service_has_finished() -> None:
+    clock = [0.0]
+    driver, service, exits = _driver(clock)
+    watcher = _watch(driver)
+    driver.request_stop()
+    clock[0] = 10.5  # past the deadline, the sink still holds the main thread
+    time.sleep(0.5)
+    assert exits == [], "exited before the service had written its last checkpoints"
+    service.finished.set()
+    watcher.join(2)
+    assert exits == [1]
+
+
+def test_the_watchdog_exits_after_the_grace_even_when_the_service_does_not_finish() -> None:
+    clock = [0.0]
+    driver, _, exits = _driver(clock)
+    watcher = _watch(driver)
+    driver.request_stop()
+    clock[0] = 10 + EXIT_GRACE_S + 0.1
+    watcher.join(2)
+    assert exits == [1]
+
+
+def test_a_failed_service_stops_the_driver_and_the_watchdog_exits_with_its_code() -> None:
+    clock = [0.0]
+    driver, service, exits = _driver(clock)
+    watcher = _watch(driver)
+    service.error = ResourceNotFound("consumer gone")
+    service.finished.set()
+    time.sleep(0.5)
+    assert driver.give_up_at() == 10.0 and exits == []  # the batch in the sink may still finish
+    clock[0] = 10.5
+    watcher.join(2)
+    assert exits == [3]
+
+
+def test_the_watchdog_does_nothing_once_the_driver_is_done() -> None:
+    clock = [0.0]
+    driver, _, exits = _driver(clock)
+    watcher = _watch(driver)
+    driver._done.set()
+    watcher.join(2)
+    assert not watcher.is_alive() and exits == []
