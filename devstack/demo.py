@@ -19,63 +19,34 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import botocore.session
 import pyarrow.dataset as ds
 
-from efo.devstack.stack import LocalStack, StackEndpoints, die_with_parent_process
+from efo.devstack.producer import kinesis_client, put_all, wait_active
+from efo.devstack.stack import LocalStack, die_with_parent_process
 
 STREAM = "efo-demo"
 
 
-def kinesis_client(endpoints: StackEndpoints) -> Any:
-    return botocore.session.get_session().create_client(
-        "kinesis",
-        endpoint_url=endpoints.kinesis_endpoint,
-        region_name=endpoints.region,
-        aws_access_key_id="demo",
-        aws_secret_access_key="demo",
-    )
-
-
-def wait_active(kinesis: Any, stream: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"stream {stream} did not become ACTIVE")
-        time.sleep(0.2)
-
-
 def produce(kinesis: Any, stream: str, count: int, *, split_after: int | None) -> set[tuple[str, str]]:
-    """Put ``count`` records (500 per call); returns the (shard, sequence number) Kinesis acknowledged."""
-    acknowledged: set[tuple[str, str]] = set()
-    sent = 0
-    while sent < count:
-        n = min(500, count - sent)
-        entries = [
-            {"Data": f'{{"n": {sent + i}, "id": "{uuid.uuid4()}"}}'.encode(), "PartitionKey": f"key-{(sent + i) % 97}"}
-            for i in range(n)
+    """Put ``count`` records, splitting a shard after ``split_after``; returns the (shard, sequence
+    number) pairs Kinesis acknowledged."""
+
+    def entries(first: int, last: int) -> list[dict[str, Any]]:
+        return [
+            {"Data": f'{{"n": {n}, "id": "{uuid.uuid4()}"}}'.encode(), "PartitionKey": f"key-{n % 97}"}
+            for n in range(first, last)
         ]
-        pending = entries
-        while pending:
-            response = kinesis.put_records(StreamName=stream, Records=pending)
-            retry = []
-            for entry, result in zip(pending, response["Records"], strict=True):
-                if "SequenceNumber" in result:
-                    acknowledged.add((result["ShardId"], result["SequenceNumber"]))
-                else:
-                    retry.append(entry)
-            pending = retry
-        sent += n
-        if split_after is not None and sent >= split_after:
-            split_after = None
-            shard = kinesis.list_shards(StreamName=stream)["Shards"][0]
-            low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
-            kinesis.split_shard(
-                StreamName=stream, ShardToSplit=shard["ShardId"], NewStartingHashKey=str((low + high) // 2)
-            )
-            print(f"demo: split {shard['ShardId']} after {sent} records", flush=True)
-            wait_active(kinesis, stream)
-    return acknowledged
+
+    half = count if split_after is None else min(split_after, count)
+    acknowledged = put_all(kinesis, stream, entries(0, half))
+    if split_after is not None:
+        shard = kinesis.list_shards(StreamName=stream)["Shards"][0]
+        low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
+        kinesis.split_shard(StreamName=stream, ShardToSplit=shard["ShardId"], NewStartingHashKey=str((low + high) // 2))
+        print(f"demo: split {shard['ShardId']} after {half} records", flush=True)
+        wait_active(kinesis, stream)
+    acknowledged += put_all(kinesis, stream, entries(half, count))
+    return {(put.shard_id, put.sequence_number) for put in acknowledged}
 
 
 def output_rows(path: Path) -> int:
@@ -123,7 +94,7 @@ def main() -> int:
 
     with LocalStack(log_dir=workdir / "stack-logs") as endpoints:
         print(f"demo: local stack up: kinesis {endpoints.kinesis_endpoint}, dynamodb {endpoints.dynamodb_endpoint}")
-        kinesis = kinesis_client(endpoints)
+        kinesis = kinesis_client(endpoints.kinesis_endpoint, endpoints.region)
         kinesis.create_stream(StreamName=STREAM, ShardCount=4)
         wait_active(kinesis, STREAM)
         env = {

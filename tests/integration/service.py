@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
+from efo.devstack.producer import Put, put_all, wait_active
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
 
 # Settings that make a test run quick without changing behaviour.
@@ -33,14 +34,6 @@ FAST_SETTINGS = {
 }
 
 
-@dataclass(frozen=True)
-class Put:
-    shard_id: str
-    sequence_number: str
-    partition_key: str
-    data: bytes
-
-
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -50,36 +43,10 @@ def create_stream(kinesis: Any, name: str, shards: int, timeout_s: float = 30.0)
     wait_active(kinesis, name, timeout_s)
 
 
-def wait_active(kinesis: Any, name: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
-        assert time.monotonic() < deadline, f"stream {name} not ACTIVE after {timeout_s} s"
-        time.sleep(0.1)
-
-
 def put_records(kinesis: Any, stream: str, count: int, *, keys: int = 16, tag: str = "r") -> list[Put]:
     """Put ``count`` records; returns what Kinesis acknowledged, in the order it acknowledged them."""
-    acknowledged: list[Put] = []
-    sent = 0
-    while sent < count:
-        batch = [
-            {"Data": f"{tag}-{sent + i}".encode(), "PartitionKey": f"k{(sent + i) % keys}"}
-            for i in range(min(500, count - sent))
-        ]
-        pending = batch
-        while pending:
-            response = kinesis.put_records(StreamName=stream, Records=pending)
-            retry = []
-            for entry, result in zip(pending, response["Records"], strict=True):
-                if "SequenceNumber" in result:
-                    acknowledged.append(
-                        Put(result["ShardId"], result["SequenceNumber"], entry["PartitionKey"], entry["Data"])
-                    )
-                else:
-                    retry.append(entry)
-            pending = retry
-        sent += len(batch)
-    return acknowledged
+    entries = ({"Data": f"{tag}-{i}".encode(), "PartitionKey": f"k{i % keys}"} for i in range(count))
+    return put_all(kinesis, stream, entries)
 
 
 def split_first_shard(kinesis: Any, stream: str) -> str:
@@ -143,6 +110,44 @@ class ServiceRun:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"efo run did not stop within {timeout_s} s:\n{self.tail()}") from None
+
+
+#: What Spark writes when it starts: a command that fails in its pre-flight must not show them.
+SPARK_MARKERS = ("SparkContext", "log4j", "SparkSession")
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("efo: ")]
+
+    def one_error_line(self) -> str:
+        """The operator's one line; no traceback, no Spark start-up on the way to it."""
+        assert "Traceback" not in self.stderr, self.stderr
+        assert len(self.error_lines) == 1, self.stderr
+        output = self.stdout + self.stderr
+        assert not [m for m in SPARK_MARKERS if m in output], f"Spark was started:\n{output}"
+        return self.error_lines[0]
+
+
+def efo(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> Result:
+    """One ``efo`` command as a subprocess, its output captured."""
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "efo.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    return Result(completed.returncode, completed.stdout, completed.stderr, time.monotonic() - started)
 
 
 def service_env(

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,22 +15,11 @@ import pytest
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK
 
-from .service import ServiceRun, create_stream, service_env, unique
+from .service import ServiceRun, create_stream, efo, service_env, unique
 
 pytestmark = pytest.mark.integration
 
 DUMMY_CREDENTIALS = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
-
-
-def efo(env: dict[str, str], *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "efo.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 def table_rows(stdout: str) -> tuple[list[str], list[list[str]]]:
@@ -82,7 +69,7 @@ def offline_env(local_stack: StackEndpoints, tmp_path: Path) -> dict[str, str]:
 
 def test_config_validate_exits_0_with_valid_settings(offline_env: dict[str, str], tmp_path: Path) -> None:
     result = efo(offline_env, "config", "validate")
-    assert result.returncode == EXIT_OK, result.stderr
+    assert result.code == EXIT_OK, result.stderr
     assert result.stdout.strip() == (
         f"configuration is valid: stream={offline_env['EFO_STREAM']} app=orders sink=parquet:{tmp_path / 'out'}"
     )
@@ -106,7 +93,7 @@ def test_config_validate_exits_2_naming_the_bad_setting(
         else:
             env[name] = value
     result = efo(env, "config", "validate")
-    assert result.returncode == EXIT_CONFIG
+    assert result.code == EXIT_CONFIG
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("efo: invalid configuration: ")
@@ -122,7 +109,7 @@ def test_config_show_prints_the_effective_settings_with_the_environment_winning_
     )
     env = {**offline_env, "EFO_POOL__MAX_PENDING_RECORDS": "7"}
     result = efo(env, "config", "show", "--config", str(config))
-    assert result.returncode == EXIT_OK, result.stderr
+    assert result.code == EXIT_OK, result.stderr
     shown = json.loads(result.stdout)
     assert shown["pool"]["max_pending_records"] == 7  # the environment wins
     assert shown["pool"]["reserved_records_per_shard"] == 3  # the rest of the YAML section stays
@@ -139,17 +126,17 @@ def test_config_show_reports_the_sink_of_the_yaml_file(offline_env: dict[str, st
     config.write_text(f"sink: parquet:{tmp_path / 'yaml-out'}\n")
     env = {k: v for k, v in offline_env.items() if k != "EFO_SINK"}
     validated = efo(env, "config", "validate", "--config", str(config))
-    assert validated.returncode == EXIT_OK, validated.stderr
+    assert validated.code == EXIT_OK, validated.stderr
     assert f"sink=parquet:{tmp_path / 'yaml-out'}" in validated.stdout
     shown = efo(env, "config", "show", "--config", str(config))
-    assert shown.returncode == EXIT_OK, shown.stderr
+    assert shown.code == EXIT_OK, shown.stderr
     assert json.loads(shown.stdout)["sink"] == f"parquet:{tmp_path / 'yaml-out'}"
 
 
 def test_config_show_with_a_missing_file_exits_2_naming_it(offline_env: dict[str, str], tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     result = efo(offline_env, "config", "show", "--config", str(missing))
-    assert result.returncode == EXIT_CONFIG
+    assert result.code == EXIT_CONFIG
     assert result.stderr.strip() == f"efo: cannot read the configuration file {missing}: No such file or directory"
 
 
@@ -158,14 +145,14 @@ def test_config_show_with_a_missing_file_exits_2_naming_it(offline_env: dict[str
 
 def test_shards_prints_the_shard_tree_as_a_table_and_as_json(ran_once: RanOnce) -> None:
     table = efo(ran_once.env, "shards")
-    assert table.returncode == EXIT_OK, table.stderr
+    assert table.code == EXIT_OK, table.stderr
     header, rows = table_rows(table.stdout)
     assert header == ["shard_id", "parents", "state", "children"]
     assert [row[0] for row in rows] == ran_once.shard_ids
     assert all(row[1:] == ["open"] for row in rows)  # no parents, open, no children
 
     as_json = efo(ran_once.env, "shards", "--json")
-    assert as_json.returncode == EXIT_OK, as_json.stderr
+    assert as_json.code == EXIT_OK, as_json.stderr
     assert json.loads(as_json.stdout) == [
         {"shard_id": shard_id, "parents": "", "state": "open", "children": ""} for shard_id in ran_once.shard_ids
     ]
@@ -173,7 +160,7 @@ def test_shards_prints_the_shard_tree_as_a_table_and_as_json(ran_once: RanOnce) 
 
 def test_leases_prints_released_leases_with_checkpoints_as_a_table_and_as_json(ran_once: RanOnce) -> None:
     as_json = efo(ran_once.env, "leases", "--json")
-    assert as_json.returncode == EXIT_OK, as_json.stderr
+    assert as_json.code == EXIT_OK, as_json.stderr
     leases = json.loads(as_json.stdout)
     assert [lease["shard_id"] for lease in leases] == ran_once.shard_ids
     for lease in leases:
@@ -184,7 +171,7 @@ def test_leases_prints_released_leases_with_checkpoints_as_a_table_and_as_json(r
         assert lease["parents"] == ""
 
     table = efo(ran_once.env, "leases")
-    assert table.returncode == EXIT_OK, table.stderr
+    assert table.code == EXIT_OK, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["shard_id", "owner", "counter", "checkpoint", "parents"]
     assert len(lines) == 1 + len(ran_once.shard_ids)
@@ -194,7 +181,7 @@ def test_leases_prints_released_leases_with_checkpoints_as_a_table_and_as_json(r
 
 def test_consumer_show_prints_the_registered_consumer_as_a_table_and_as_json(ran_once: RanOnce) -> None:
     as_json = efo(ran_once.env, "consumer", "show", "--json")
-    assert as_json.returncode == EXIT_OK, as_json.stderr
+    assert as_json.code == EXIT_OK, as_json.stderr
     [consumer] = json.loads(as_json.stdout)
     assert consumer["ConsumerName"] == ran_once.app
     assert consumer["ConsumerARN"].startswith(f"{ran_once.stream_arn}/consumer/{ran_once.app}:")
@@ -202,7 +189,7 @@ def test_consumer_show_prints_the_registered_consumer_as_a_table_and_as_json(ran
     assert consumer["ConsumerCreationTimestamp"]
 
     table = efo(ran_once.env, "consumer", "show")
-    assert table.returncode == EXIT_OK, table.stderr
+    assert table.code == EXIT_OK, table.stderr
     header, rows = table_rows(table.stdout)
     assert header == ["ConsumerName", "ConsumerARN", "ConsumerStatus", "ConsumerCreationTimestamp"]
     assert len(rows) == 1
@@ -213,7 +200,7 @@ def test_consumer_deregister_without_yes_exits_2_and_leaves_the_consumer(
     ran_once: RanOnce, kinesis_client: Any
 ) -> None:
     result = efo(ran_once.env, "consumer", "deregister")
-    assert result.returncode == EXIT_CONFIG
+    assert result.code == EXIT_CONFIG
     assert result.stdout == ""
     assert "refusing to deregister without --yes" in result.stderr
     description = kinesis_client.describe_stream_consumer(StreamARN=ran_once.stream_arn, ConsumerName=ran_once.app)
@@ -225,7 +212,7 @@ def test_operator_commands_on_a_missing_stream_exit_3_naming_it(ran_once: RanOnc
     env = {**ran_once.env, "EFO_STREAM": stream}
     for command in (["shards"], ["leases", "--json"], ["consumer", "show"]):
         result = efo(env, *command)
-        assert result.returncode == EXIT_NOT_FOUND, (command, result.stderr)
+        assert result.code == EXIT_NOT_FOUND, (command, result.stderr)
         assert "Traceback" not in result.stderr
         assert result.stdout == ""
         [line] = result.stderr.strip().splitlines()

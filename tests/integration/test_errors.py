@@ -22,7 +22,7 @@ import pytest
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME
 
-from .service import ServiceRun, create_stream, service_env, unique
+from .service import Result, ServiceRun, create_stream, efo, service_env, unique
 
 pytestmark = pytest.mark.integration
 
@@ -31,40 +31,6 @@ PREFLIGHT_BUDGET_S = 20.0
 # efo/aws.py's control-plane clients use botocore's standard retries with max_attempts=5: a refused
 # connection is tried 6 times with full-jitter exponential back-off, up to ~31 s per call.
 UNREACHABLE_BUDGET_S = 60.0
-SPARK_MARKERS = ("SparkContext", "log4j", "SparkSession")
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def error_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("efo: ")]
-
-    def one_error_line(self) -> str:
-        """The operator's one line; no traceback, no Spark start-up on the way to it."""
-        assert "Traceback" not in self.stderr, self.stderr
-        assert len(self.error_lines) == 1, self.stderr
-        output = self.stdout + self.stderr
-        assert not [m for m in SPARK_MARKERS if m in output], f"Spark was started:\n{output}"
-        return self.error_lines[0]
-
-
-def efo(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> Result:
-    started = time.monotonic()
-    completed = subprocess.run(
-        [sys.executable, "-m", "efo.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    return Result(completed.returncode, completed.stdout, completed.stderr, time.monotonic() - started)
 
 
 def closed_port_url() -> str:

@@ -21,6 +21,7 @@ from .service import (
     ServiceRun,
     assert_exactly,
     create_stream,
+    efo,
     put_records,
     read_output,
     service_env,
@@ -98,7 +99,6 @@ def test_a_second_signal_exits_at_once_without_checkpointing_anything_uncommitte
     assert time.monotonic() - started < 5
     assert "second signal, exiting at once" in run.log_path.read_text()
     assert not [e for e in run.events() if e["event"] == "batch.committed"]
-    leases = subprocess.run(
-        [sys.executable, "-m", "efo.cli", "leases", "--json"], env=env, capture_output=True, text=True, check=True
-    )
+    leases = efo(env, "leases", "--json")
+    assert leases.code == 0, leases.stderr
     assert [lease["checkpoint"] for lease in json.loads(leases.stdout)] == ["TRIM_HORIZON"]
