@@ -35,6 +35,7 @@ from multidict import CIMultiDict
 
 from efo.devstack.eventstream import Frame, decode_message, encode_message, frame_length
 from efo.devstack.faults import SUBSCRIBE, FaultRule, FaultRules, RuleError
+from efo.devstack.listings import Shard, ShardListings, StreamKey
 
 log = logging.getLogger("efo.devstack.proxy")
 
@@ -76,7 +77,7 @@ INITIAL_RESPONSE = encode_message(
 class ProxyConfig:
     upstream: str
     subscription_lifetime_s: float = 0.0  # 0 = subscriptions last until the client or upstream ends them
-    shard_check_interval_s: float = 1.0  # minimum spacing of ListShards checks per subscription
+    shard_check_interval_s: float = 1.0  # a stream is listed at most this often, for all its subscriptions
 
 
 def _event_frame(payload: dict[str, Any]) -> bytes:
@@ -144,11 +145,8 @@ class _Subscription:
     """Per-subscription state for closed-shard detection."""
 
     shard_id: str
-    stream_arn: str
-    access_key: str
-    region: str
-    children: list[dict[str, Any]] = field(default_factory=list)
-    last_check: float = float("-inf")
+    stream: StreamKey
+    children: list[Shard] = field(default_factory=list)
 
 
 class ConformanceProxy:
@@ -157,6 +155,7 @@ class ConformanceProxy:
         self.faults = FaultRules()
         self._upstream = config.upstream.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        self._listings = ShardListings(self._list_shards, config.shard_check_interval_s)
         self._active: dict[tuple[str, str], int] = {}
         self._released: dict[tuple[str, str], float] = {}  # (consumer, shard) -> proxy-initiated end time
 
@@ -179,6 +178,7 @@ class ConformanceProxy:
         )
 
     async def _close_session(self, _app: web.Application) -> None:
+        await self._listings.close()
         if self._session is not None:
             await self._session.close()
 
@@ -242,10 +242,7 @@ class ConformanceProxy:
         consumer_arn = str(request_json.get("ConsumerARN", ""))
         access_key, region = _credential_scope(request.headers.get("Authorization", ""))
         sub = _Subscription(
-            shard_id=shard_id,
-            stream_arn=consumer_arn.split("/consumer/", 1)[0],
-            access_key=access_key,
-            region=region,
+            shard_id=shard_id, stream=StreamKey(access_key, region, consumer_arn.split("/consumer/", 1)[0])
         )
         key = (consumer_arn, shard_id)
         started = time.monotonic()
@@ -411,39 +408,28 @@ class ConformanceProxy:
         """
         if sub.children:
             return True
-        if time.monotonic() - sub.last_check >= self.config.shard_check_interval_s:
-            await self._refresh_children(sub)
+        await self._refresh_children(sub)
         return False
 
     async def _refresh_children(self, sub: _Subscription) -> None:
-        sub.last_check = time.monotonic()
+        """The shard's children from a listing of its stream at most shard_check_interval_s old."""
         try:
-            shards = await self._list_shards(sub)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("ListShards for %s failed: %s", sub.stream_arn, exc)
-            return
-        sub.children = [
-            {
-                "ShardId": shard["ShardId"],
-                "ParentShards": [p for p in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")) if p],
-                "HashKeyRange": shard["HashKeyRange"],
-            }
-            for shard in shards
-            if sub.shard_id in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId"))
-        ]
+            sub.children = await self._listings.children(sub.stream, sub.shard_id)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass  # logged by the listings; the next empty event asks again
 
-    async def _list_shards(self, sub: _Subscription) -> list[dict[str, Any]]:
-        shards: list[dict[str, Any]] = []
-        params: dict[str, Any] = {"StreamARN": sub.stream_arn}
+    async def _list_shards(self, stream: StreamKey) -> list[Shard]:
+        shards: list[Shard] = []
+        params: dict[str, Any] = {"StreamARN": stream.stream_arn}
         while True:
-            page = await self._call_upstream("ListShards", params, sub)
+            page = await self._call_upstream("ListShards", params, stream)
             shards.extend(page.get("Shards", []))
             token = page.get("NextToken")
             if not token:
                 return shards
             params = {"NextToken": token}
 
-    async def _call_upstream(self, operation: str, params: dict[str, Any], sub: _Subscription) -> dict[str, Any]:
+    async def _call_upstream(self, operation: str, params: dict[str, Any], stream: StreamKey) -> dict[str, Any]:
         url = self._upstream + "/"
         aws_request = AWSRequest(
             method="POST",
@@ -452,7 +438,7 @@ class ConformanceProxy:
             headers={"X-Amz-Target": TARGET_PREFIX + operation, "Content-Type": AWS_JSON_CONTENT_TYPE},
         )
         # kinesis-local does not verify signatures but selects the account from the access key id.
-        SigV4Auth(Credentials(sub.access_key, "dummy-secret"), "kinesis", sub.region).add_auth(aws_request)
+        SigV4Auth(Credentials(stream.access_key, "dummy-secret"), "kinesis", stream.region).add_auth(aws_request)
         async with self.session.post(
             url, data=aws_request.body, headers=dict(aws_request.headers.items()), timeout=aiohttp.ClientTimeout(10)
         ) as resp:
