@@ -13,17 +13,28 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiobotocore.session import get_session
+from aiohttp import web
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from efo.devstack.eventstream import encode_message
 from efo.devstack.faults import FaultClient
 from efo.devstack.proxy import ProxyConfig, start_proxy
 from efo.devstack.stack import StackEndpoints
+
+from .test_errors import trap_endpoint
 
 pytestmark = pytest.mark.integration
 
 SHARD0 = "shardId-000000000000"
 TRIM_HORIZON = {"Type": "TRIM_HORIZON"}
 AioFactory = Callable[..., Any]
+DUMMY = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+# aiohttp's default connector holds at most 100 connections, and a subscription keeps one for its life.
+MORE_SUBSCRIPTIONS_THAN_A_DEFAULT_POOL = 110
+# The bound the proxy is configured with where a test waits for it to give up (its default is longer).
+SHORT_BOUND_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,14 @@ def put(kinesis: Any, stream: Stream, prefix: str, count: int) -> list[tuple[byt
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
+
+
+def aio_client(endpoint_url: str, *, attempts: int = 1, connections: int = 10) -> Any:
+    """An aiobotocore Kinesis client with ``connections`` in its pool and ``attempts`` tries per call."""
+    config = Config(retries={"total_max_attempts": attempts, "mode": "standard"}, max_pool_connections=connections)
+    return get_session().create_client(
+        "kinesis", endpoint_url=endpoint_url, region_name="us-east-1", config=config, **DUMMY
+    )
 
 
 def records_of(events: list[dict[str, Any]]) -> list[tuple[bytes, str]]:
@@ -338,5 +357,119 @@ def test_subscribe_to_already_closed_shard_ends_after_its_records(
         assert records_of(events) == sent
         assert len(events[-1]["ChildShards"]) == 2
         assert "ContinuationSequenceNumber" not in events[-1]
+
+    run(scenario())
+
+
+def test_more_than_100_subscriptions_are_all_answered_and_other_calls_still_pass(
+    local_stack: StackEndpoints, kinesis_client: Any
+) -> None:
+    shards = MORE_SUBSCRIPTIONS_THAN_A_DEFAULT_POOL
+    stream = make_stream(kinesis_client, shards)
+
+    async def scenario() -> None:
+        async with aio_client(local_stack.kinesis_endpoint, connections=shards + 10) as client:
+            async with asyncio.timeout(45):
+                answered = await asyncio.gather(
+                    *(
+                        client.subscribe_to_shard(
+                            ConsumerARN=stream.consumer_arn, ShardId=f"shardId-{i:012d}", StartingPosition=TRIM_HORIZON
+                        )
+                        for i in range(shards)
+                    )
+                )
+            assert len(answered) == shards
+            # Every subscription holds its connection through the proxy; other calls do not queue behind them.
+            started = time.monotonic()
+            async with asyncio.timeout(10):
+                summary = await client.describe_stream_summary(StreamName=stream.name)
+            assert summary["StreamDescriptionSummary"]["OpenShardCount"] == shards
+            assert time.monotonic() - started < 5
+
+    run(scenario())
+
+
+def test_upstream_that_never_answers_gets_503_within_the_bound_and_the_sdk_retries_it() -> None:
+    async def scenario() -> None:
+        with trap_endpoint() as (trap, accepted):
+            runner, port = await start_proxy(ProxyConfig(upstream=trap, response_timeout_s=SHORT_BOUND_S))
+            proxy = f"http://127.0.0.1:{port}"
+            consumer_arn = "arn:aws:kinesis:us-east-1:000000000000:stream/trap/consumer/c:1"
+            try:
+                async with aio_client(proxy) as client:
+                    calls = {
+                        "DescribeStreamSummary": lambda: client.describe_stream_summary(StreamName="trap"),
+                        "SubscribeToShard": lambda: client.subscribe_to_shard(
+                            ConsumerARN=consumer_arn, ShardId=SHARD0, StartingPosition=TRIM_HORIZON
+                        ),
+                    }
+                    for operation, call in calls.items():
+                        started = time.monotonic()
+                        with pytest.raises(ClientError) as failed:
+                            async with asyncio.timeout(15):
+                                await call()
+                        elapsed_s = time.monotonic() - started
+                        error = failed.value.response
+                        assert error["Error"]["Code"] == "ServiceUnavailable", operation
+                        assert error["ResponseMetadata"]["HTTPStatusCode"] == 503, operation
+                        assert SHORT_BOUND_S <= elapsed_s < SHORT_BOUND_S + 3, (operation, elapsed_s)
+                assert accepted() == 2
+                async with aio_client(proxy, attempts=3) as client:
+                    with pytest.raises(ClientError) as failed:
+                        async with asyncio.timeout(30):
+                            await client.describe_stream_summary(StreamName="trap")
+                assert failed.value.response["ResponseMetadata"]["RetryAttempts"] == 2
+                assert accepted() == 3  # botocore took the 503 as retriable: three attempts reached upstream
+            finally:
+                await runner.cleanup()
+
+    run(scenario())
+
+
+def test_upstream_stream_gone_silent_ends_with_internal_failure_exception_within_the_bound() -> None:
+    """kinesis-local sends a frame every second; a subscription it stops feeding must not hang the client."""
+    one_event = encode_message(
+        {":message-type": "event", ":event-type": "SubscribeToShardEvent", ":content-type": "application/json"},
+        json.dumps({"Records": [], "ContinuationSequenceNumber": "1", "MillisBehindLatest": 0}).encode(),
+    )
+
+    async def silent_upstream(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("X-Amz-Target", "").endswith("ListShards"):
+            return web.json_response({"Shards": []})
+        response = web.StreamResponse(headers={"Content-Type": "application/vnd.amazon.eventstream"})
+        await response.prepare(request)
+        await response.write(one_event)
+        await asyncio.Event().wait()
+        return response
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", silent_upstream)
+        upstream = web.AppRunner(app, handler_cancellation=True)
+        await upstream.setup()
+        site = web.TCPSite(upstream, "127.0.0.1", 0)
+        await site.start()
+        upstream_port = site._server.sockets[0].getsockname()[1]
+        runner, port = await start_proxy(
+            ProxyConfig(upstream=f"http://127.0.0.1:{upstream_port}", stream_idle_timeout_s=SHORT_BOUND_S)
+        )
+        try:
+            async with aio_client(f"http://127.0.0.1:{port}") as client:
+                response = await client.subscribe_to_shard(
+                    ConsumerARN="arn:aws:kinesis:us-east-1:000000000000:stream/s/consumer/c:1",
+                    ShardId=SHARD0,
+                    StartingPosition=TRIM_HORIZON,
+                )
+                events = aiter(response["EventStream"])
+                async with asyncio.timeout(10):
+                    await anext(events)
+                    started = time.monotonic()
+                    with pytest.raises(ClientError) as failed:
+                        await anext(events)
+                assert failed.value.response["Error"]["Code"] == "InternalFailureException"
+                assert SHORT_BOUND_S <= time.monotonic() - started < SHORT_BOUND_S + 3
+        finally:
+            await runner.cleanup()
+            await upstream.cleanup()
 
     run(scenario())
