@@ -51,8 +51,8 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_ACCESS_KEY = "test"
 # kinesis-local keeps refusing a consumer+shard for 3-4 s after its subscription connection closes.
-# AWS frees it at once when the *service* ended the subscription, so after proxy-initiated ends the
-# proxy retries a refused upstream subscribe for up to this long.
+# AWS frees it at once when the *service* ended the subscription (or never made it: a 503), so after
+# proxy-initiated ends the proxy retries a refused upstream subscribe for up to this long.
 RELEASE_GRACE_S = 6.0
 RELEASE_RETRY_INTERVAL_S = 0.25
 # A new connection to kinesis-local (loopback: instant unless it stopped accepting).
@@ -296,6 +296,9 @@ class ConformanceProxy:
             await self._refresh_children(sub)
             upstream, first = await self._open_upstream(request, body, key)
         except _UPSTREAM_ERRORS as exc:
+            # On AWS a subscription answered 503 does not exist, but kinesis-local keeps what it got of it in
+            # use for seconds after the proxy hangs up: the SDK's retry must not be refused with ResourceInUse.
+            self._released[key] = time.monotonic()
             return self._unavailable(SUBSCRIBE, started, exc)
         events = 0
         reason = "client disconnected"

@@ -7,7 +7,8 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,52 @@ def aio_client(endpoint_url: str, *, attempts: int = 1, connections: int = 10) -
     return get_session().create_client(
         "kinesis", endpoint_url=endpoint_url, region_name="us-east-1", config=config, **DUMMY
     )
+
+
+@asynccontextmanager
+async def answer_held_back(upstream: str, hold_s: float) -> AsyncIterator[str]:
+    """A TCP relay to ``upstream`` that holds back kinesis-local's answer to the first SubscribeToShard
+    passing through it for ``hold_s``, as kinesis-local itself does when many subscriptions open at once."""
+    host, port = upstream.removeprefix("http://").rsplit(":", 1)
+    held = False
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        nonlocal held
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+        hold = asyncio.Event()
+
+        async def to_upstream() -> None:
+            nonlocal held
+            while data := await client_reader.read(65536):
+                if not held and b"SubscribeToShard" in data:
+                    held = True
+                    hold.set()
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+
+        async def to_client() -> None:
+            while data := await upstream_reader.read(65536):
+                if hold.is_set():
+                    hold.clear()
+                    await asyncio.sleep(hold_s)
+                client_writer.write(data)
+                await client_writer.drain()
+
+        tasks = [asyncio.create_task(to_upstream()), asyncio.create_task(to_client())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            upstream_writer.close()
+            client_writer.close()
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
 
 
 def records_of(events: list[dict[str, Any]]) -> list[tuple[bytes, str]]:
@@ -471,5 +518,30 @@ def test_upstream_stream_gone_silent_ends_with_internal_failure_exception_within
         finally:
             await runner.cleanup()
             await upstream.cleanup()
+
+    run(scenario())
+
+
+def test_a_subscription_answered_503_is_not_refused_as_in_use_when_the_sdk_retries_it(
+    local_stack: StackEndpoints, kinesis_client: Any
+) -> None:
+    """On AWS a subscription that got 503 does not exist; kinesis-local keeps the one the proxy gave up
+    on in use for seconds after the proxy hangs up, so the proxy must retry the SDK's retry upstream."""
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 1)
+
+    bound_s = 2.5  # kinesis-local sends a subscription's first frame (or its refusal) about 1 s after the call
+
+    async def scenario() -> None:
+        async with answer_held_back(local_stack.kinesis_upstream_endpoint, 2 * bound_s) as upstream:
+            runner, port = await start_proxy(ProxyConfig(upstream=upstream, response_timeout_s=bound_s))
+            try:
+                async with aio_client(f"http://127.0.0.1:{port}", attempts=3) as client:
+                    async with asyncio.timeout(20):
+                        response = await subscribe(client, stream)
+                        event = (await anext(aiter(response)))["SubscribeToShardEvent"]
+                assert records_of([event]) == sent
+            finally:
+                await runner.cleanup()
 
     run(scenario())
