@@ -1,6 +1,6 @@
 """Memory is bounded by configuration: RSS of ``efo run`` at 64 shards with a stalled sink.
 
-Starts the local stack (kinesis-local with SHARD_LIMIT raised), a 64-shard stream, and ``efo run``
+Starts the local stack as ``efo dev up`` starts it, a 64-shard stream (``--shards``), and ``efo run``
 whose sink never returns (the first batch blocks forever), so nothing is ever committed and the
 pool fills. It writes several times the pool's budget into the stream and samples the service's
 resident memory (the Python process; the JVM is a separate process with its own heap setting)
@@ -39,7 +39,7 @@ import botocore.session
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from efo.devstack.stack import LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
+from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
 
 BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
 K_RECORD_BYTES = 250  # tracemalloc: strings, list slots and ints per record, 20-character keys
@@ -169,6 +169,7 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
     finally:
         service.send_signal(signal.SIGKILL)
         service.wait()
+        kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)  # its shards count against the limit
 
 
 def main() -> None:
@@ -180,10 +181,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="RSS is sampled at least this long")
     parser.add_argument("--settle-s", type=float, default=10.0, help="and this long after producing ended")
     args = parser.parse_args()
+    if not 1 <= args.shards <= DEFAULT_SHARD_LIMIT:
+        parser.error(f"--shards must be in 1..{DEFAULT_SHARD_LIMIT} (the local stack's shard limit)")
     command = "python bench/memory_bound.py " + shlex.join(sys.argv[1:])
     workdir = Path(tempfile.mkdtemp(prefix="efo-membench-"))
     results = []
-    with LocalStack(shard_limit=max(200, 4 * args.shards), log_dir=workdir / "stack") as endpoints:
+    with LocalStack(log_dir=workdir / "stack") as endpoints:
         for pool_mib in args.pools_mib:
             results.append(run_case(endpoints, args, pool_mib, workdir))
     mib = 2**20
