@@ -1,6 +1,6 @@
 """Memory is bounded by configuration: RSS of ``efo run`` at 64 shards with a stalled sink.
 
-Starts the local stack (kinesis-local with SHARD_LIMIT raised), a 64-shard stream, and ``efo run``
+Starts the local stack as ``efo dev up`` starts it, a 64-shard stream (``--shards``), and ``efo run``
 whose sink never returns (the first batch blocks forever), so nothing is ever committed and the
 pool fills. It writes several times the pool's budget into the stream and samples the service's
 resident memory (the Python process; the JVM is a separate process with its own heap setting)
@@ -34,12 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import botocore.session
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from efo.devstack.stack import LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
+from efo.devstack.producer import kinesis_client, put_all, wait_active  # noqa: E402
+from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
 
 BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
 K_RECORD_BYTES = 250  # tracemalloc: strings, list slots and ints per record, 20-character keys
@@ -56,39 +55,25 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def client(endpoints: StackEndpoints) -> Any:
-    return botocore.session.get_session().create_client(
-        "kinesis",
-        endpoint_url=endpoints.kinesis_endpoint,
-        region_name=endpoints.region,
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-    )
-
-
 def produce(kinesis: Any, stream: str, shards: list[dict[str, Any]], records: int, size: int) -> int:
+    """``records`` of ``size`` bytes, spread evenly over the shards by explicit hash key."""
     payload = os.urandom(size)
-    sent = 0
-    while sent < records:
-        entries = [
-            {
-                "Data": payload,
-                "PartitionKey": "k",
-                "ExplicitHashKey": shards[(sent + i) % len(shards)]["HashKeyRange"]["StartingHashKey"],
-            }
-            for i in range(min(500, records - sent))
-        ]
-        response = kinesis.put_records(StreamName=stream, Records=entries)
-        sent += len(entries) - response.get("FailedRecordCount", 0)
-    return sent
+    entries = (
+        {
+            "Data": payload,
+            "PartitionKey": "k",
+            "ExplicitHashKey": shards[i % len(shards)]["HashKeyRange"]["StartingHashKey"],
+        }
+        for i in range(records)
+    )
+    return len(put_all(kinesis, stream, entries))
 
 
 def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int, workdir: Path) -> dict[str, Any]:
-    kinesis = client(endpoints)
+    kinesis = kinesis_client(endpoints.kinesis_endpoint, endpoints.region)
     stream = f"mem-{pool_mib}-{int(time.time())}"
     kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
-    while kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
-        time.sleep(0.2)
+    wait_active(kinesis, stream, timeout_s=120)
     shards = kinesis.list_shards(StreamName=stream)["Shards"]
     pool_bytes = pool_mib * 2**20
     pool_records = max(1, pool_bytes // args.record_bytes)
@@ -169,6 +154,7 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
     finally:
         service.send_signal(signal.SIGKILL)
         service.wait()
+        kinesis.delete_stream(StreamName=stream, EnforceConsumerDeletion=True)  # its shards count against the limit
 
 
 def main() -> None:
@@ -180,10 +166,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="RSS is sampled at least this long")
     parser.add_argument("--settle-s", type=float, default=10.0, help="and this long after producing ended")
     args = parser.parse_args()
+    if not 1 <= args.shards <= DEFAULT_SHARD_LIMIT:
+        parser.error(f"--shards must be in 1..{DEFAULT_SHARD_LIMIT} (the local stack's shard limit)")
     command = "python bench/memory_bound.py " + shlex.join(sys.argv[1:])
     workdir = Path(tempfile.mkdtemp(prefix="efo-membench-"))
     results = []
-    with LocalStack(shard_limit=max(200, 4 * args.shards), log_dir=workdir / "stack") as endpoints:
+    with LocalStack(log_dir=workdir / "stack") as endpoints:
         for pool_mib in args.pools_mib:
             results.append(run_case(endpoints, args, pool_mib, workdir))
     mib = 2**20

@@ -55,7 +55,12 @@ class Clients:
         return await self._enter("kinesis", self.endpoints.kinesis, config)
 
     async def dynamodb(self) -> Any:
-        config = AioConfig(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10)
+        config = AioConfig(
+            retries={"mode": "standard", "max_attempts": 3},
+            connect_timeout=5,
+            read_timeout=10,
+            max_pool_connections=32,  # the final checkpoints and releases of a stop go out 16 at once
+        )
         return await self._enter("dynamodb", self.endpoints.dynamodb, config)
 
     def subscriber(self, read_timeout_s: float) -> SubscriberClient:

@@ -68,3 +68,17 @@ def aio_kinesis_client(local_stack: StackEndpoints) -> Callable[..., Any]:
         )
 
     return create
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what tests measured (``record_property``): CI runs with -q, which hides their output."""
+    measured = [
+        (report.nodeid, report.user_properties)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call" and getattr(report, "user_properties", None)
+    ]
+    if measured:
+        terminalreporter.section("measured")
+        for nodeid, properties in measured:
+            terminalreporter.write_line(f"{nodeid}: " + ", ".join(f"{name}={value}" for name, value in properties))

@@ -10,6 +10,7 @@ from typing import Any
 
 from efo.devstack.stack import (
     DEFAULT_REGION,
+    DEFAULT_SHARD_LIMIT,
     LocalStack,
     StackEndpoints,
     StackError,
@@ -38,6 +39,12 @@ def add_dev_commands(subparsers: Any) -> None:
     up.add_argument("--proxy-port", type=int, help="proxy port clients use (default: a free port)")
     up.add_argument("--region", default=DEFAULT_REGION)
     up.add_argument("--subscription-lifetime-s", type=float, default=0.0, help="end subscriptions after N s (0 off)")
+    up.add_argument(
+        "--shard-limit",
+        type=int,
+        default=DEFAULT_SHARD_LIMIT,
+        help=f"open shards kinesis-local allows across all streams (default {DEFAULT_SHARD_LIMIT})",
+    )
     _state_dir_option(up)
     up.set_defaults(handler=cmd_up)
 
@@ -67,6 +74,7 @@ def _describe(endpoints: StackEndpoints) -> list[str]:
         f"kinesis upstream:   {endpoints.kinesis_upstream_endpoint}   (raw kinesis-local, diagnostics only)",
         f"dynamodb endpoint:  {endpoints.dynamodb_endpoint}",
         f"region:             {endpoints.region}",
+        f"shard limit:        {'not recorded' if endpoints.shard_limit is None else endpoints.shard_limit}",
         f"logs:               {endpoints.log_dir}",
     ]
 
@@ -80,6 +88,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     if args.subscription_lifetime_s < 0:
         _error("--subscription-lifetime-s must be >= 0")
+        return EXIT_USAGE
+    if args.shard_limit < 1:
+        _error("--shard-limit must be >= 1")
         return EXIT_USAGE
     try:
         state = read_state(state_dir)
@@ -95,6 +106,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         proxy_port=args.proxy_port,
         dynamodb_port=args.dynamodb_port,
         subscription_lifetime_s=args.subscription_lifetime_s,
+        shard_limit=args.shard_limit,
         log_dir=(state_dir / "logs").resolve(),
         die_with_parent=False,
     )

@@ -10,6 +10,11 @@ kinesis-local differs from AWS in ways that break real SDK consumers; this proxy
 * ``ChildShards: null`` in mid-shard events is dropped (AWS omits the key).
 * Optional subscription lifetime (AWS ends subscriptions after 5 minutes).
 * Fault injection through ``/_efo/faults`` (see ``efo.devstack.faults``).
+* No cap on connections to kinesis-local (each subscription holds one for its life), and every wait
+  on it is bounded: a request it does not take or answer in time gets the answer AWS gives when it
+  cannot serve one (503 ServiceUnavailable, which the SDKs retry), a subscription it stops feeding
+  ends with an InternalFailureException event. Only waits on the client (a full TCP window: backpressure;
+  a ``stall`` fault) last as long as the client lets them.
 
 Everything else is passed through unchanged. Run: ``python -m efo.devstack.proxy --port P --upstream URL``.
 """
@@ -35,6 +40,7 @@ from multidict import CIMultiDict
 
 from efo.devstack.eventstream import Frame, decode_message, encode_message, frame_length
 from efo.devstack.faults import SUBSCRIBE, FaultRule, FaultRules, RuleError
+from efo.devstack.listings import Shard, ShardListings, StreamKey
 
 log = logging.getLogger("efo.devstack.proxy")
 
@@ -45,10 +51,21 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_ACCESS_KEY = "test"
 # kinesis-local keeps refusing a consumer+shard for 3-4 s after its subscription connection closes.
-# AWS frees it at once when the *service* ended the subscription, so after proxy-initiated ends the
-# proxy retries a refused upstream subscribe for up to this long.
+# AWS frees it at once when the *service* ended the subscription (or never made it: a 503), so after
+# proxy-initiated ends the proxy retries a refused upstream subscribe for up to this long.
 RELEASE_GRACE_S = 6.0
 RELEASE_RETRY_INTERVAL_S = 0.25
+# A new connection to kinesis-local (loopback: instant unless it stopped accepting).
+CONNECT_TIMEOUT_S = 5.0
+# From sending a request to its response headers; then again for the body of a plain call, the first
+# event of a subscription, each ListShards page. Measured with 256 subscriptions opened at once:
+# kinesis-local sent the headers within 4-10 s (p50 2-5 s) and the first event 1 s after them; the
+# few it keeps waiting longer get 503 and the SDK's retry.
+RESPONSE_TIMEOUT_S = 10.0
+# kinesis-local sends an event every second on an open subscription, records or not.
+STREAM_IDLE_TIMEOUT_S = 30.0
+# What kinesis-local can fail with; the caller gets 503 ServiceUnavailable.
+_UPSTREAM_ERRORS = (TimeoutError, aiohttp.ClientError, ConnectionError)
 
 _HOP_BY_HOP = frozenset(
     {
@@ -76,7 +93,10 @@ INITIAL_RESPONSE = encode_message(
 class ProxyConfig:
     upstream: str
     subscription_lifetime_s: float = 0.0  # 0 = subscriptions last until the client or upstream ends them
-    shard_check_interval_s: float = 1.0  # minimum spacing of ListShards checks per subscription
+    shard_check_interval_s: float = 1.0  # a stream is listed at most this often, for all its subscriptions
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    response_timeout_s: float = RESPONSE_TIMEOUT_S
+    stream_idle_timeout_s: float = STREAM_IDLE_TIMEOUT_S
 
 
 def _event_frame(payload: dict[str, Any]) -> bytes:
@@ -144,11 +164,8 @@ class _Subscription:
     """Per-subscription state for closed-shard detection."""
 
     shard_id: str
-    stream_arn: str
-    access_key: str
-    region: str
-    children: list[dict[str, Any]] = field(default_factory=list)
-    last_check: float = float("-inf")
+    stream: StreamKey
+    children: list[Shard] = field(default_factory=list)
 
 
 class ConformanceProxy:
@@ -157,6 +174,7 @@ class ConformanceProxy:
         self.faults = FaultRules()
         self._upstream = config.upstream.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        self._listings = ShardListings(self._list_shards, config.shard_check_interval_s)
         self._active: dict[tuple[str, str], int] = {}
         self._released: dict[tuple[str, str], float] = {}  # (consumer, shard) -> proxy-initiated end time
 
@@ -173,12 +191,18 @@ class ConformanceProxy:
 
     async def _open_session(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(
+            # No cap: every subscription holds its connection for its whole life, and aiohttp's default
+            # of 100 left the 101st subscription, and every call behind it, waiting with no timeout.
+            connector=aiohttp.TCPConnector(limit=0),
             auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            # No total: a subscription's body streams for minutes. The waits on answers are bounded
+            # where they happen (response_timeout_s, stream_idle_timeout_s).
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
 
     async def _close_session(self, _app: web.Application) -> None:
+        await self._listings.close()
         if self._session is not None:
             await self._session.close()
 
@@ -211,6 +235,7 @@ class ConformanceProxy:
     # Proxying ------------------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
         body = await request.read()
         target = request.headers.get("X-Amz-Target", "")
         operation = target.removeprefix(TARGET_PREFIX) if target else ""
@@ -221,44 +246,67 @@ class ConformanceProxy:
             log.info("fault %d: answering %s with %d %s", rule.id, operation, rule.status, rule.error_code)
             return aws_error(rule.status, rule.error_code, rule.message)
         if operation == SUBSCRIBE:
-            return await self._subscribe(request, body, request_json, rule)
-        async with self.session.request(
-            request.method,
-            self._upstream + request.rel_url.raw_path_qs,
-            headers=_forward_headers(request.headers),
-            data=body,
-            allow_redirects=False,
-        ) as upstream:
-            return await self._passthrough(upstream)
+            return await self._subscribe(request, body, request_json, rule, started)
+        operation = operation or f"{request.method} {request.path}"
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                upstream = await self.session.request(
+                    request.method,
+                    self._upstream + request.rel_url.raw_path_qs,
+                    headers=_forward_headers(request.headers),
+                    data=body,
+                    allow_redirects=False,
+                )
+        except _UPSTREAM_ERRORS as exc:
+            return self._unavailable(operation, started, exc)
+        try:
+            return await self._passthrough(upstream, operation, started)
+        finally:
+            upstream.release()
 
-    async def _passthrough(self, upstream: aiohttp.ClientResponse) -> web.Response:
-        payload = await upstream.read()
+    async def _passthrough(self, upstream: aiohttp.ClientResponse, operation: str, started: float) -> web.Response:
+        """The upstream response as it is; its body read within response_timeout_s."""
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                payload = await upstream.read()
+        except _UPSTREAM_ERRORS as exc:
+            return self._unavailable(operation, started, exc)
         return web.Response(status=upstream.status, body=payload, headers=_forward_headers(upstream.headers))
 
+    def _unavailable(self, operation: str, started: float, exc: BaseException) -> web.Response:
+        """What AWS answers when it cannot serve a request in time: 503 ServiceUnavailable, retried by the SDKs."""
+        cause = "no answer in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+        log.warning(
+            "upstream.unavailable operation=%s after=%.1fs cause=%s", operation, time.monotonic() - started, cause
+        )
+        return aws_error(503, "ServiceUnavailable", f"kinesis-local did not answer {operation} ({cause}); try again")
+
     async def _subscribe(
-        self, request: web.Request, body: bytes, request_json: dict[str, Any], rule: FaultRule | None
+        self, request: web.Request, body: bytes, request_json: dict[str, Any], rule: FaultRule | None, started: float
     ) -> web.StreamResponse:
         shard_id = str(request_json.get("ShardId", ""))
         consumer_arn = str(request_json.get("ConsumerARN", ""))
         access_key, region = _credential_scope(request.headers.get("Authorization", ""))
         sub = _Subscription(
-            shard_id=shard_id,
-            stream_arn=consumer_arn.split("/consumer/", 1)[0],
-            access_key=access_key,
-            region=region,
+            shard_id=shard_id, stream=StreamKey(access_key, region, consumer_arn.split("/consumer/", 1)[0])
         )
         key = (consumer_arn, shard_id)
-        started = time.monotonic()
-        # Before subscribing upstream, so that closure is known before the first event is generated.
-        await self._refresh_children(sub)
-        upstream, first = await self._open_upstream(request, body, key)
+        try:
+            # Before subscribing upstream, so that closure is known before the first event is generated.
+            await self._refresh_children(sub)
+            upstream, first = await self._open_upstream(request, body, key)
+        except _UPSTREAM_ERRORS as exc:
+            # On AWS a subscription answered 503 does not exist, but kinesis-local keeps what it got of it in
+            # use for seconds after the proxy hangs up: the SDK's retry must not be refused with ResourceInUse.
+            self._released[key] = time.monotonic()
+            return self._unavailable(SUBSCRIBE, started, exc)
         events = 0
         reason = "client disconnected"
         self._active[key] = self._active.get(key, 0) + 1
         try:
             if upstream.status != 200:
                 reason = f"upstream status {upstream.status}"
-                return await self._passthrough(upstream)
+                return await self._passthrough(upstream, SUBSCRIBE, started)
             if first is None:
                 reason = "upstream ended before the first event"
                 return aws_error(500, "InternalFailure", "upstream ended the subscription before any event")
@@ -310,18 +358,9 @@ class ConformanceProxy:
         now = time.monotonic()
         self._released = {k: t for k, t in self._released.items() if now - t < RELEASE_GRACE_S}
         while True:
-            upstream = await self.session.post(
-                self._upstream + request.rel_url.raw_path_qs,
-                headers=_forward_headers(request.headers),
-                data=body,
-            )
+            upstream, first = await self._subscribe_upstream(request, body)
             if upstream.status != 200:
                 return upstream, None
-            try:
-                first = await _FrameReader(upstream.content).next()
-            except BaseException:
-                upstream.close()
-                raise
             released = self._released.get(key)
             retry = (
                 first is not None
@@ -334,6 +373,26 @@ class ConformanceProxy:
                 return upstream, first
             upstream.close()
             await asyncio.sleep(RELEASE_RETRY_INTERVAL_S)
+
+    async def _subscribe_upstream(
+        self, request: web.Request, body: bytes
+    ) -> tuple[aiohttp.ClientResponse, tuple[bytes, Frame] | None]:
+        """One upstream SubscribeToShard: its response headers and (status 200) first frame, each within
+        response_timeout_s."""
+        async with asyncio.timeout(self.config.response_timeout_s):
+            upstream = await self.session.post(
+                self._upstream + request.rel_url.raw_path_qs,
+                headers=_forward_headers(request.headers),
+                data=body,
+            )
+        if upstream.status != 200:
+            return upstream, None
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                return upstream, await _FrameReader(upstream.content).next()
+        except BaseException:
+            upstream.close()
+            raise
 
     async def _pump(
         self,
@@ -348,6 +407,7 @@ class ConformanceProxy:
         """Forward upstream frames until the subscription ends; returns (events forwarded, reason)."""
         lifetime = self.config.subscription_lifetime_s
         deadline = started + lifetime if lifetime > 0 else None
+        idle_s = self.config.stream_idle_timeout_s
         events = 0
         item: tuple[bytes, Frame] | None = first
         while item is not None:
@@ -372,16 +432,17 @@ class ConformanceProxy:
                     return events + 1, "shard closed, final event sent"
                 events += 1
             await response.write(raw)
-            if deadline is None:
-                item = await reader.next()
-                continue
-            remaining = deadline - time.monotonic()
+            remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return events, "subscription lifetime reached"
             try:
-                item = await asyncio.wait_for(reader.next(), remaining)
+                item = await asyncio.wait_for(reader.next(), min(remaining, idle_s))
             except TimeoutError:
-                return events, "subscription lifetime reached"
+                if remaining <= idle_s:
+                    return events, "subscription lifetime reached"
+                silent = f"kinesis-local sent nothing for {idle_s:g} s"
+                await response.write(_exception_frame("InternalFailureException", silent))
+                return events, "upstream silent"
         return events, "upstream ended"
 
     async def _fire(
@@ -411,39 +472,35 @@ class ConformanceProxy:
         """
         if sub.children:
             return True
-        if time.monotonic() - sub.last_check >= self.config.shard_check_interval_s:
+        try:
             await self._refresh_children(sub)
+        except _UPSTREAM_ERRORS:
+            pass  # logged by the listings; the next empty event asks again
         return False
 
     async def _refresh_children(self, sub: _Subscription) -> None:
-        sub.last_check = time.monotonic()
-        try:
-            shards = await self._list_shards(sub)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("ListShards for %s failed: %s", sub.stream_arn, exc)
-            return
-        sub.children = [
-            {
-                "ShardId": shard["ShardId"],
-                "ParentShards": [p for p in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")) if p],
-                "HashKeyRange": shard["HashKeyRange"],
-            }
-            for shard in shards
-            if sub.shard_id in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId"))
-        ]
+        """The shard's children from a listing of its stream at most shard_check_interval_s old.
 
-    async def _list_shards(self, sub: _Subscription) -> list[dict[str, Any]]:
-        shards: list[dict[str, Any]] = []
-        params: dict[str, Any] = {"StreamARN": sub.stream_arn}
+        Raises what kinesis-local failed with if it did not answer. A refused listing (an unknown
+        stream) leaves the children unknown: the subscription's own answer then says what is wrong.
+        """
+        try:
+            sub.children = await self._listings.children(sub.stream, sub.shard_id)
+        except ValueError:
+            pass  # logged by the listings
+
+    async def _list_shards(self, stream: StreamKey) -> list[Shard]:
+        shards: list[Shard] = []
+        params: dict[str, Any] = {"StreamARN": stream.stream_arn}
         while True:
-            page = await self._call_upstream("ListShards", params, sub)
+            page = await self._call_upstream("ListShards", params, stream)
             shards.extend(page.get("Shards", []))
             token = page.get("NextToken")
             if not token:
                 return shards
             params = {"NextToken": token}
 
-    async def _call_upstream(self, operation: str, params: dict[str, Any], sub: _Subscription) -> dict[str, Any]:
+    async def _call_upstream(self, operation: str, params: dict[str, Any], stream: StreamKey) -> dict[str, Any]:
         url = self._upstream + "/"
         aws_request = AWSRequest(
             method="POST",
@@ -452,10 +509,11 @@ class ConformanceProxy:
             headers={"X-Amz-Target": TARGET_PREFIX + operation, "Content-Type": AWS_JSON_CONTENT_TYPE},
         )
         # kinesis-local does not verify signatures but selects the account from the access key id.
-        SigV4Auth(Credentials(sub.access_key, "dummy-secret"), "kinesis", sub.region).add_auth(aws_request)
-        async with self.session.post(
-            url, data=aws_request.body, headers=dict(aws_request.headers.items()), timeout=aiohttp.ClientTimeout(10)
-        ) as resp:
+        SigV4Auth(Credentials(stream.access_key, "dummy-secret"), "kinesis", stream.region).add_auth(aws_request)
+        async with (
+            asyncio.timeout(self.config.response_timeout_s),
+            self.session.post(url, data=aws_request.body, headers=dict(aws_request.headers.items())) as resp,
+        ):
             payload = await resp.read()
             if resp.status != 200:
                 raise ValueError(f"{operation} returned {resp.status}: {payload[:200]!r}")

@@ -25,7 +25,9 @@ from typing import Any
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_REGION = "us-east-1"
-DEFAULT_SHARD_LIMIT = 200
+# kinesis-local's SHARD_LIMIT: open shards across all its streams (every region and key; CreateStream beyond it
+# is refused with LimitExceededException). 1,024 fits the benchmarks' 256 shards next to everything a test run creates.
+DEFAULT_SHARD_LIMIT = 1024
 DEFAULT_OPERATION_DELAY = "100ms"
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
@@ -64,6 +66,8 @@ class StackEndpoints:
     proxy_pid: int
     dynamodb_pid: int
     log_dir: str
+    # None only in a state file written before the stack recorded it.
+    shard_limit: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -288,6 +292,7 @@ class LocalStack:
             proxy_pid=proxy.popen.pid,
             dynamodb_pid=dynamodb.popen.pid,
             log_dir=str(log_dir),
+            shard_limit=self.shard_limit,
         )
         return self.endpoints
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,6 +150,35 @@ def efo(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> Result:
         check=False,
     )
     return Result(completed.returncode, completed.stdout, completed.stderr, time.monotonic() - started)
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: connections are refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def trap_endpoint() -> Iterator[tuple[str, Any]]:
+    """A loopback URL that accepts connections and never answers; ``count()`` says how many were made."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        sock.setblocking(False)
+
+        def count() -> int:
+            accepted = 0
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except BlockingIOError:
+                    return accepted
+                conn.close()
+                accepted += 1
+
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", count
 
 
 def service_env(

@@ -7,23 +7,35 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
+from aiobotocore.session import get_session
+from aiohttp import web
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from efo.devstack.eventstream import encode_message
 from efo.devstack.faults import FaultClient
 from efo.devstack.proxy import ProxyConfig, start_proxy
 from efo.devstack.stack import StackEndpoints
+
+from .service import trap_endpoint
 
 pytestmark = pytest.mark.integration
 
 SHARD0 = "shardId-000000000000"
 TRIM_HORIZON = {"Type": "TRIM_HORIZON"}
 AioFactory = Callable[..., Any]
+DUMMY = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+# aiohttp's default connector holds at most 100 connections, and a subscription keeps one for its life.
+MORE_SUBSCRIPTIONS_THAN_A_DEFAULT_POOL = 110
+# The bound the proxy is configured with where a test waits for it to give up (its default is longer).
+SHORT_BOUND_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,60 @@ def put(kinesis: Any, stream: Stream, prefix: str, count: int) -> list[tuple[byt
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
+
+
+def aio_client(endpoint_url: str, *, attempts: int = 1, connections: int = 10) -> Any:
+    """An aiobotocore Kinesis client with ``connections`` in its pool and ``attempts`` tries per call."""
+    config = Config(retries={"total_max_attempts": attempts, "mode": "standard"}, max_pool_connections=connections)
+    return get_session().create_client(
+        "kinesis", endpoint_url=endpoint_url, region_name="us-east-1", config=config, **DUMMY
+    )
+
+
+@asynccontextmanager
+async def answer_held_back(upstream: str, hold_s: float) -> AsyncIterator[str]:
+    """A TCP relay to ``upstream`` that holds back kinesis-local's answer to the first SubscribeToShard
+    passing through it for ``hold_s``, as kinesis-local itself does when many subscriptions open at once."""
+    host, port = upstream.removeprefix("http://").rsplit(":", 1)
+    held = False
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        nonlocal held
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+        hold = asyncio.Event()
+
+        async def to_upstream() -> None:
+            nonlocal held
+            while data := await client_reader.read(65536):
+                if not held and b"SubscribeToShard" in data:
+                    held = True
+                    hold.set()
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+
+        async def to_client() -> None:
+            while data := await upstream_reader.read(65536):
+                if hold.is_set():
+                    hold.clear()
+                    await asyncio.sleep(hold_s)
+                client_writer.write(data)
+                await client_writer.drain()
+
+        tasks = [asyncio.create_task(to_upstream()), asyncio.create_task(to_client())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            upstream_writer.close()
+            client_writer.close()
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
 
 
 def records_of(events: list[dict[str, Any]]) -> list[tuple[bytes, str]]:
@@ -338,5 +404,144 @@ def test_subscribe_to_already_closed_shard_ends_after_its_records(
         assert records_of(events) == sent
         assert len(events[-1]["ChildShards"]) == 2
         assert "ContinuationSequenceNumber" not in events[-1]
+
+    run(scenario())
+
+
+def test_more_than_100_subscriptions_are_all_answered_and_other_calls_still_pass(
+    local_stack: StackEndpoints, kinesis_client: Any
+) -> None:
+    shards = MORE_SUBSCRIPTIONS_THAN_A_DEFAULT_POOL
+    stream = make_stream(kinesis_client, shards)
+
+    async def scenario() -> None:
+        async with aio_client(local_stack.kinesis_endpoint, connections=shards + 10) as client:
+            async with asyncio.timeout(45):
+                answered = await asyncio.gather(
+                    *(
+                        client.subscribe_to_shard(
+                            ConsumerARN=stream.consumer_arn, ShardId=f"shardId-{i:012d}", StartingPosition=TRIM_HORIZON
+                        )
+                        for i in range(shards)
+                    )
+                )
+            assert len(answered) == shards
+            # Every subscription holds its connection through the proxy; other calls do not queue behind them.
+            started = time.monotonic()
+            async with asyncio.timeout(10):
+                summary = await client.describe_stream_summary(StreamName=stream.name)
+            assert summary["StreamDescriptionSummary"]["OpenShardCount"] == shards
+            assert time.monotonic() - started < 5
+
+    run(scenario())
+
+
+def test_upstream_that_never_answers_gets_503_within_the_bound_and_the_sdk_retries_it() -> None:
+    async def scenario() -> None:
+        with trap_endpoint() as (trap, accepted):
+            runner, port = await start_proxy(ProxyConfig(upstream=trap, response_timeout_s=SHORT_BOUND_S))
+            proxy = f"http://127.0.0.1:{port}"
+            consumer_arn = "arn:aws:kinesis:us-east-1:000000000000:stream/trap/consumer/c:1"
+            try:
+                async with aio_client(proxy) as client:
+                    calls = {
+                        "DescribeStreamSummary": lambda: client.describe_stream_summary(StreamName="trap"),
+                        "SubscribeToShard": lambda: client.subscribe_to_shard(
+                            ConsumerARN=consumer_arn, ShardId=SHARD0, StartingPosition=TRIM_HORIZON
+                        ),
+                    }
+                    for operation, call in calls.items():
+                        started = time.monotonic()
+                        with pytest.raises(ClientError) as failed:
+                            async with asyncio.timeout(15):
+                                await call()
+                        elapsed_s = time.monotonic() - started
+                        error = failed.value.response
+                        assert error["Error"]["Code"] == "ServiceUnavailable", operation
+                        assert error["ResponseMetadata"]["HTTPStatusCode"] == 503, operation
+                        assert SHORT_BOUND_S <= elapsed_s < SHORT_BOUND_S + 3, (operation, elapsed_s)
+                assert accepted() == 2
+                async with aio_client(proxy, attempts=3) as client:
+                    with pytest.raises(ClientError) as failed:
+                        async with asyncio.timeout(30):
+                            await client.describe_stream_summary(StreamName="trap")
+                assert failed.value.response["ResponseMetadata"]["RetryAttempts"] == 2
+                assert accepted() == 3  # botocore took the 503 as retriable: three attempts reached upstream
+            finally:
+                await runner.cleanup()
+
+    run(scenario())
+
+
+def test_upstream_stream_gone_silent_ends_with_internal_failure_exception_within_the_bound() -> None:
+    """kinesis-local sends a frame every second; a subscription it stops feeding must not hang the client."""
+    one_event = encode_message(
+        {":message-type": "event", ":event-type": "SubscribeToShardEvent", ":content-type": "application/json"},
+        json.dumps({"Records": [], "ContinuationSequenceNumber": "1", "MillisBehindLatest": 0}).encode(),
+    )
+
+    async def silent_upstream(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("X-Amz-Target", "").endswith("ListShards"):
+            return web.json_response({"Shards": []})
+        response = web.StreamResponse(headers={"Content-Type": "application/vnd.amazon.eventstream"})
+        await response.prepare(request)
+        await response.write(one_event)
+        await asyncio.Event().wait()
+        return response
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", silent_upstream)
+        upstream = web.AppRunner(app, handler_cancellation=True)
+        await upstream.setup()
+        site = web.TCPSite(upstream, "127.0.0.1", 0)
+        await site.start()
+        upstream_port = site._server.sockets[0].getsockname()[1]
+        runner, port = await start_proxy(
+            ProxyConfig(upstream=f"http://127.0.0.1:{upstream_port}", stream_idle_timeout_s=SHORT_BOUND_S)
+        )
+        try:
+            async with aio_client(f"http://127.0.0.1:{port}") as client:
+                response = await client.subscribe_to_shard(
+                    ConsumerARN="arn:aws:kinesis:us-east-1:000000000000:stream/s/consumer/c:1",
+                    ShardId=SHARD0,
+                    StartingPosition=TRIM_HORIZON,
+                )
+                events = aiter(response["EventStream"])
+                async with asyncio.timeout(10):
+                    await anext(events)
+                    started = time.monotonic()
+                    with pytest.raises(ClientError) as failed:
+                        await anext(events)
+                assert failed.value.response["Error"]["Code"] == "InternalFailureException"
+                assert SHORT_BOUND_S <= time.monotonic() - started < SHORT_BOUND_S + 3
+        finally:
+            await runner.cleanup()
+            await upstream.cleanup()
+
+    run(scenario())
+
+
+def test_a_subscription_answered_503_is_not_refused_as_in_use_when_the_sdk_retries_it(
+    local_stack: StackEndpoints, kinesis_client: Any
+) -> None:
+    """On AWS a subscription that got 503 does not exist; kinesis-local keeps the one the proxy gave up
+    on in use for seconds after the proxy hangs up, so the proxy must retry the SDK's retry upstream."""
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 1)
+
+    bound_s = 2.5  # kinesis-local sends a subscription's first frame (or its refusal) about 1 s after the call
+
+    async def scenario() -> None:
+        async with answer_held_back(local_stack.kinesis_upstream_endpoint, 2 * bound_s) as upstream:
+            runner, port = await start_proxy(ProxyConfig(upstream=upstream, response_timeout_s=bound_s))
+            try:
+                async with aio_client(f"http://127.0.0.1:{port}", attempts=3) as client:
+                    async with asyncio.timeout(20):
+                        response = await subscribe(client, stream)
+                        event = (await anext(aiter(response)))["SubscribeToShardEvent"]
+                assert records_of([event]) == sent
+            finally:
+                await runner.cleanup()
 
     run(scenario())

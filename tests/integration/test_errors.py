@@ -5,13 +5,11 @@ no traceback, and (for everything the pre-flight catches) no Spark start-up."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME
 
-from .service import Result, ServiceRun, create_stream, efo, service_env, unique
+from .service import Result, ServiceRun, closed_port_url, create_stream, efo, service_env, trap_endpoint, unique
 
 pytestmark = pytest.mark.integration
 
@@ -31,35 +29,6 @@ PREFLIGHT_BUDGET_S = 20.0
 # efo/aws.py's control-plane clients use botocore's standard retries with max_attempts=5: a refused
 # connection is tried 6 times with full-jitter exponential back-off, up to ~31 s per call.
 UNREACHABLE_BUDGET_S = 60.0
-
-
-def closed_port_url() -> str:
-    """A loopback URL nothing listens on: connections are refused at once."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
-@contextmanager
-def trap_endpoint() -> Iterator[tuple[str, Any]]:
-    """A loopback URL that accepts connections and never answers; ``count()`` says how many were made."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        sock.setblocking(False)
-
-        def count() -> int:
-            accepted = 0
-            while True:
-                try:
-                    conn, _ = sock.accept()
-                except BlockingIOError:
-                    return accepted
-                conn.close()
-                accepted += 1
-
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", count
 
 
 def _env(stack: StackEndpoints, tmp_path: Path, stream: str, app: str | None = None, **extra: str) -> dict[str, str]:
