@@ -59,12 +59,12 @@ class InitialPosition:
         return self.kind
 
 
-SINK_GRAMMAR = "parquet:<path or URI>, handler:<module>:<function>, console"
+SINK_GRAMMAR = "parquet:<path or URI>, handler:<module>:<function>, arrow:<module>:<function>, console"
 
 
 @dataclass(frozen=True, slots=True)
 class SinkSpec:
-    kind: Literal["parquet", "handler", "console"]
+    kind: Literal["parquet", "handler", "arrow", "console"]
     target: str = ""
 
     @classmethod
@@ -72,8 +72,8 @@ class SinkSpec:
         kind, _, rest = text.strip().partition(":")
         if kind == "parquet" and rest:
             return cls("parquet", rest)
-        if kind == "handler" and re.fullmatch(r"[\w.]+:\w+", rest):
-            return cls("handler", rest)
+        if kind in ("handler", "arrow") and re.fullmatch(r"[\w.]+:\w+", rest):
+            return cls(kind, rest)  # type: ignore[arg-type]
         if kind == "console" and not rest:
             return cls("console")
         raise ValueError(f"allowed: {SINK_GRAMMAR}")
@@ -295,6 +295,22 @@ class Settings(BaseSettings):
             raise ValueError(
                 "on_corrupt_aggregate (EFO_ON_CORRUPT_AGGREGATE) = 'dead_letter' needs dead_letter_sink "
                 f"(EFO_DEAD_LETTER_SINK): {SINK_GRAMMAR}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _arrow_sinks_start_no_spark(self) -> Settings:
+        if self.sink_spec.kind != "arrow":
+            return self
+        if self.value_format != "binary":
+            raise ValueError(
+                f"value_format (EFO_VALUE_FORMAT) = {self.value_format!r} decodes with Spark, which the sink "
+                f"(EFO_SINK) = {self.sink!r} does not start: use value_format binary, or a parquet/handler sink"
+            )
+        if self.dead_letter_sink and SinkSpec.parse(self.dead_letter_sink).kind != "arrow":
+            raise ValueError(
+                f"dead_letter_sink (EFO_DEAD_LETTER_SINK) = {self.dead_letter_sink!r} needs Spark, which the sink "
+                f"(EFO_SINK) = {self.sink!r} does not start: use an arrow:<module>:<function> dead-letter sink"
             )
         return self
 

@@ -15,7 +15,7 @@ from efo.service import Service
 from sparkbridge.batches import BatchRunner, ValueDecoder
 from sparkbridge.driver import Driver
 from sparkbridge.session import build_session
-from sparkbridge.sinks import Sink, make_sink
+from sparkbridge.sinks import Sink, make_sink, takes_arrow
 
 
 def run(settings: Settings) -> int:
@@ -23,6 +23,8 @@ def run(settings: Settings) -> int:
     sink = make_sink(settings.sink_spec, settings.partition_columns)  # a bad sink fails before Spark starts
     service = Service(settings)
     service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
+    if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+        return _drive(None, sink, settings, service, install_signals=True)
     spark = build_session(settings, app_name=f"efo-{settings.app}")
     try:
         return _drive(spark, sink, settings, service, install_signals=True)
@@ -42,7 +44,9 @@ def run_with_session(
     return _drive(spark, sink, settings, service, install_signals=install_signals)
 
 
-def _drive(spark: SparkSession, sink: Sink, settings: Settings, service: Service, *, install_signals: bool) -> int:
+def _drive(
+    spark: SparkSession | None, sink: Sink, settings: Settings, service: Service, *, install_signals: bool
+) -> int:
     if settings.metrics_port:
         METRICS.serve(settings.metrics_port)
     runner = BatchRunner(
@@ -50,7 +54,7 @@ def _drive(spark: SparkSession, sink: Sink, settings: Settings, service: Service
         sink,
         max_attempts=settings.sink_retry.max_attempts,
         retry_backoff_s=settings.sink_retry.retry_backoff_s,
-        decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs the session
+        decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs a session
         dead_letter_sink=make_sink(SinkSpec.parse(settings.dead_letter_sink)) if settings.dead_letter_sink else None,
     )
     driver = Driver(runner, settings, service)

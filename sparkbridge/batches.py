@@ -21,7 +21,7 @@ from efo.errors import ConfigError, SinkFailed
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
 from sparkbridge.arrow import to_table
-from sparkbridge.sinks import BatchInfo, ShardRange, Sink
+from sparkbridge.sinks import BatchInfo, ShardRange, Sink, takes_arrow
 
 log = structlog.get_logger("sparkbridge.batches")
 
@@ -181,7 +181,7 @@ class BatchResult:
 class BatchRunner:
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | None,
         sink: Sink,
         *,
         max_attempts: int,
@@ -244,14 +244,19 @@ class BatchRunner:
                 raise SinkFailed(
                     f"batch {batch.batch_id} has corrupt aggregates to dead-letter but no dead_letter_sink"
                 )
-            dead_df = self.spark.createDataFrame(batch.dead_table)
             self._write(
-                self.dead_letter_sink, dead_df, f"{batch.batch_id}-dead-letters", batch.dead, "dead_letter_sink"
+                self.dead_letter_sink,
+                self._frame(self.dead_letter_sink, batch.dead_table),
+                f"{batch.batch_id}-dead-letters",
+                batch.dead,
+                "dead_letter_sink",
             )
         info = describe_batch(batch.batch_id, batch.kept) if batch.kept else BatchInfo(batch.batch_id, 0, 0)
         invalid_json: int | None = None
-        if batch.table is not None:
-            df, observation = self.decoder.decode(self.spark.createDataFrame(batch.table))
+        if batch.table is not None and takes_arrow(self.sink):
+            info = self._write(self.sink, batch.table, batch.batch_id, batch.kept, "sink")
+        elif batch.table is not None:
+            df, observation = self.decoder.decode(self._frame(self.sink, batch.table))
             info = self._write(self.sink, df, batch.batch_id, batch.kept, "sink")
             metrics = observed(observation)
             if metrics is not None:
@@ -261,7 +266,14 @@ class BatchRunner:
         duration_s = batch.prepare_s + time.monotonic() - started
         return BatchResult(info, batch.chunks, batch.duplicates, invalid_json, duration_s)
 
-    def _write(self, sink: Sink, df: DataFrame, batch_id: str, chunks: list[RecordChunk], name: str) -> BatchInfo:
+    def _frame(self, sink: Sink, table: pa.Table) -> Any:
+        """What the sink is handed: the Arrow table itself, or a DataFrame made from it."""
+        if takes_arrow(sink):
+            return table
+        assert self.spark is not None, "a DataFrame sink needs a Spark session"
+        return self.spark.createDataFrame(table)
+
+    def _write(self, sink: Sink, df: Any, batch_id: str, chunks: list[RecordChunk], name: str) -> BatchInfo:
         for attempt in range(1, self.max_attempts + 1):
             info = describe_batch(batch_id, chunks, attempt)
             try:

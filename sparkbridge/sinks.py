@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -84,24 +85,45 @@ class ParquetSink:
         )
 
 
+def _function(kind: str, target: str) -> Callable[..., Any]:
+    module_name, _, function_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"sink (EFO_SINK) = '{kind}:{target}': cannot import module {module_name!r}: {exc}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"sink (EFO_SINK) = '{kind}:{target}': {module_name} has no function {function_name!r}")
+    return function  # type: ignore[no-any-return]
+
+
 class HandlerSink:
     """``handler:<module>:<function>``: calls ``function(df, batch)``."""
 
     def __init__(self, target: str) -> None:
-        module_name, _, function_name = target.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"sink (EFO_SINK) = 'handler:{target}': cannot import module {module_name!r}: {exc}"
-            ) from None
-        function = getattr(module, function_name, None)
-        if not callable(function):
-            raise ConfigError(f"sink (EFO_SINK) = 'handler:{target}': {module_name} has no function {function_name!r}")
-        self._function: Callable[[DataFrame, BatchInfo], Any] = function
+        self._function: Callable[[DataFrame, BatchInfo], Any] = _function("handler", target)
 
     def write(self, df: DataFrame, batch: BatchInfo) -> None:
         self._function(df, batch)
+
+
+class ArrowSink:
+    """``arrow:<module>:<function>``: calls ``function(table, batch)`` with the batch as a
+    ``pyarrow.Table`` of the DataFrame schema. No Spark session is started: for streams a Python
+    process writes on its own, and for tests of your own code."""
+
+    takes_arrow = True
+
+    def __init__(self, target: str) -> None:
+        self._function: Callable[[pa.Table, BatchInfo], Any] = _function("arrow", target)
+
+    def write(self, table: pa.Table, batch: BatchInfo) -> None:
+        self._function(table, batch)
+
+
+def takes_arrow(sink: object) -> bool:
+    """The sink is handed the batch's Arrow table, not a DataFrame (and needs no Spark)."""
+    return bool(getattr(sink, "takes_arrow", False))
 
 
 class ConsoleSink:
@@ -115,4 +137,6 @@ def make_sink(spec: SinkSpec, partition_by: tuple[str, ...] = ()) -> Sink:
         return ParquetSink(spec.target, partition_by)
     if spec.kind == "handler":
         return HandlerSink(spec.target)
+    if spec.kind == "arrow":
+        return ArrowSink(spec.target)
     return ConsoleSink()

@@ -203,6 +203,28 @@ def service_env(
     return env
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def arrow_env(
+    stack: StackEndpoints, *, stream: str, app: str, sink_dir: Path, initial_position: str, **extra: str
+) -> dict[str, str]:
+    """``service_env`` with the Spark-free sink of tests/integration/ledger_check.py: no JVM, so a
+    process is ready in a second or two and several fit on this machine at once."""
+    sink_dir.mkdir(parents=True, exist_ok=True)
+    return service_env(
+        stack,
+        stream=stream,
+        app=app,
+        output=sink_dir,
+        initial_position=initial_position,
+        EFO_SINK="arrow:tests.integration.ledger_check:write",
+        EFO_TEST_SINK_DIR=str(sink_dir),
+        PYTHONPATH=str(REPO_ROOT),
+        **extra,
+    )
+
+
 def read_output(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

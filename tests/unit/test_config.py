@@ -133,11 +133,26 @@ def test_bad_initial_position_names_field_env_variable_value_and_allowed_values(
 def test_sink_outside_the_grammar_names_field_env_variable_value_and_the_grammar(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for bad in ("kafka:topic", "parquet:", "handler:no_function", "console:extra"):
+    for bad in ("kafka:topic", "parquet:", "handler:no_function", "arrow:module", "console:extra"):
         message = _config_error(monkeypatch, EFO_SINK=bad)
         assert "sink (EFO_SINK)" in message
         assert repr(bad) in message
-        assert "parquet:<path or URI>, handler:<module>:<function>, console" in message
+        assert "parquet:<path or URI>, handler:<module>:<function>, arrow:<module>:<function>, console" in message
+
+
+def test_an_arrow_sink_starts_no_spark_so_spark_decoding_and_dataframe_dead_letters_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    message = _config_error(monkeypatch, EFO_SINK="arrow:my.module:write", EFO_VALUE_FORMAT="utf8")
+    assert "value_format (EFO_VALUE_FORMAT) = 'utf8'" in message and "arrow:my.module:write" in message
+    message = _config_error(
+        monkeypatch,
+        EFO_SINK="arrow:my.module:write",
+        EFO_VALUE_FORMAT="binary",
+        EFO_ON_CORRUPT_AGGREGATE="dead_letter",
+        EFO_DEAD_LETTER_SINK="parquet:/tmp/dead",
+    )
+    assert "dead_letter_sink (EFO_DEAD_LETTER_SINK) = 'parquet:/tmp/dead'" in message
 
 
 @pytest.mark.parametrize(
