@@ -253,7 +253,7 @@ class LocalStack:
             )
             dynamodb = self._spawn(
                 "moto-dynamodb",
-                [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(dynamodb_port)],
+                [sys.executable, "-m", "efo.devstack.dynamodb", "--port", str(dynamodb_port)],
                 None,
                 log_dir,
             )
