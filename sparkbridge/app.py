@@ -5,6 +5,7 @@ Users who already have a SparkSession call :func:`run_with_session` with theirs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 
 from pyspark.sql import SparkSession
@@ -24,12 +25,9 @@ def run(settings: Settings) -> int:
     service = Service(settings)
     service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
     if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
-        return _drive(None, sink, settings, service, install_signals=True)
+        return _drive(_driver(None, sink, settings, service), install_signals=True)
     spark = build_session(settings, app_name=f"efo-{settings.app}")
-    try:
-        return _drive(spark, sink, settings, service, install_signals=True)
-    finally:
-        spark.stop()
+    return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
 
 
 def run_with_session(
@@ -41,12 +39,10 @@ def run_with_session(
     service = Service(settings)
     service.preflight()
     sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
-    return _drive(spark, sink, settings, service, install_signals=install_signals)
+    return _drive(_driver(spark, sink, settings, service), install_signals=install_signals)
 
 
-def _drive(
-    spark: SparkSession | None, sink: Sink, settings: Settings, service: Service, *, install_signals: bool
-) -> int:
+def _driver(spark: SparkSession | None, sink: Sink, settings: Settings, service: Service) -> Driver:
     if settings.metrics_port:
         METRICS.serve(settings.metrics_port)
     runner = BatchRunner(
@@ -57,6 +53,18 @@ def _drive(
         decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs a session
         dead_letter_sink=make_sink(SinkSpec.parse(settings.dead_letter_sink)) if settings.dead_letter_sink else None,
     )
-    driver = Driver(runner, settings, service)
-    with driver.capture_signals() if install_signals else nullcontext():
-        return driver.run()
+    return Driver(runner, settings, service)
+
+
+def _drive(driver: Driver, *, install_signals: bool, then: Callable[[], object] | None = None) -> int:
+    """Run the driver; ``then`` (stopping Spark) runs after it, still under the driver's watchdog,
+    so that the whole shutdown stays bounded by shutdown_timeout_s."""
+    try:
+        with driver.capture_signals() if install_signals else nullcontext():
+            return driver.run()
+    finally:
+        try:
+            if then is not None:
+                then()
+        finally:
+            driver.close()

@@ -275,6 +275,12 @@ class BatchRunner:
 
     def _write(self, sink: Sink, df: Any, batch_id: str, chunks: list[RecordChunk], name: str) -> BatchInfo:
         for attempt in range(1, self.max_attempts + 1):
+            give_up_at = self._give_up_at()
+            if give_up_at is not None and self._clock() >= give_up_at:
+                raise SinkFailed(
+                    f"{name}: batch {batch_id} not written: the shutdown deadline passed before attempt {attempt}; "
+                    "its records will be read again"
+                )
             info = describe_batch(batch_id, chunks, attempt)
             try:
                 sink.write(df, info)

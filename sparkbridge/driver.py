@@ -122,11 +122,14 @@ class Driver:
             self.service.driver_finished()
             if not self.service.join(self.settings.shutdown_timeout_s + EXIT_GRACE_S):
                 log.warning("driver.service_join_timeout")
-            self._done.set()
         if self.service.error is not None:
             raise self.service.error
         log.info("driver.stopped", batches=self._batches)
         return EXIT_OK
+
+    def close(self) -> None:
+        """The process is on its way out (Spark stopped too): the watchdog's work is done."""
+        self._done.set()
 
     def _watch(self) -> None:
         """End the process when the main thread cannot: it is inside a sink that does not return."""
@@ -137,7 +140,8 @@ class Driver:
             if give_up_at is None:
                 continue
             now = self._clock()
-            if (now > give_up_at and self.service.finished.is_set()) or now > give_up_at + EXIT_GRACE_S:
+            stuck_in_sink = self._in_sink is not None and now > give_up_at and self.service.finished.is_set()
+            if stuck_in_sink or now > give_up_at + EXIT_GRACE_S:
                 self._exit(self._exit_reason())
                 return
 

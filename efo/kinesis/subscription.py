@@ -102,6 +102,7 @@ class ShardSubscription:
         on_corrupt_aggregate: CorruptPolicy = "passthrough",
         lease_check: Callable[[], Awaitable[bool]] | None = None,
         on_phase: Callable[[ShardPhase], None] = lambda phase: None,
+        on_first_event: Callable[[Position], Awaitable[None]] | None = None,
         logger: Any = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -122,6 +123,7 @@ class ShardSubscription:
         self._on_corrupt: CorruptPolicy = on_corrupt_aggregate
         self._lease_check = lease_check
         self._on_phase = on_phase
+        self._on_first_event = on_first_event
         self._log = logger if logger is not None else log.bind(shard_id=shard_id)
         self._corrupt_logged = False
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
@@ -325,10 +327,13 @@ class ShardSubscription:
         continuation = event.continuation_sequence_number
         if not self._started:
             self._started = True
-            first = self._first_position(chunk, continuation)
-            self._progress.started(first)
-            if not self.position.is_concrete:
-                self.position = first  # never LATEST (or a timestamp) again for this shard
+            first = self._first_position(event, continuation)
+            if first is not None:  # None: the shard ended at once, nothing was (or will be) read
+                self._progress.started(first)
+                if self._on_first_event is not None:
+                    await self._on_first_event(first)  # e.g. LATEST pinned in the table before anything moves on
+                if not self.position.is_concrete:
+                    self.position = first  # never LATEST (or a timestamp) again for this shard
         last = event.sequence_numbers[-1] if event.sequence_numbers else None
         if last is not None and _is_newer(int(last), MAX_SUB_SEQUENCE, self._delivered):
             resume = after(last) if continuation is None or int(continuation) < int(last) else after(continuation)
@@ -349,15 +354,16 @@ class ShardSubscription:
             return ShardEnded(children)
         return None
 
-    def _first_position(self, chunk: RecordChunk, continuation: str | None) -> Position:
-        """A concrete position at or before the first record of the first event."""
-        if len(chunk):
-            return Position("AT_SEQUENCE_NUMBER", chunk.sequence_numbers[0])
-        if chunk.dead_letters:
-            return Position("AT_SEQUENCE_NUMBER", chunk.dead_letters[0].sequence_number)
+    def _first_position(self, event: ShardEvent, continuation: str | None) -> Position | None:
+        """A concrete position at or before the first record of the first event not yet delivered
+        (the raw record: its rows, or its dead letters, come from it); None when the first event
+        is already the shard's end, with nothing in it."""
+        for sequence_number in event.sequence_numbers:
+            if _is_newer(int(sequence_number), MAX_SUB_SEQUENCE, self._delivered):
+                return Position("AT_SEQUENCE_NUMBER", sequence_number)
         if continuation is not None:
             return after(continuation)
-        return self.position  # the shard ended at once: nothing will be read again
+        return None
 
     async def _admit(self, records: int, nbytes: int) -> Grant:
         """Pool budget for an event, before the next event is read; ``Backpressure`` after

@@ -36,6 +36,7 @@ class Grant:
 class _Usage:
     records: int = 0
     bytes: int = 0
+    registered: bool = True
 
 
 class PendingPool:
@@ -53,19 +54,27 @@ class PendingPool:
     # ---- owners and their reserves --------------------------------------------------------
 
     def register(self, owner: str) -> None:
-        self._usage.setdefault(owner, _Usage())
+        self._usage.setdefault(owner, _Usage()).registered = True
         self._admit()
 
     def unregister(self, owner: str) -> None:
-        """Forget an owner's reserve; its outstanding grants still count until released."""
+        """Forget an owner's reserve once its outstanding grants are released (at once if none)."""
         usage = self._usage.get(owner)
-        if usage is not None and usage.records == 0 and usage.bytes == 0:
-            del self._usage[owner]
+        if usage is not None:
+            usage.registered = False
+            self._forget_if_idle(owner, usage)
         self._admit()
+
+    def _forget_if_idle(self, owner: str, usage: _Usage) -> None:
+        if not usage.registered and usage.records == 0 and usage.bytes == 0:
+            del self._usage[owner]
+
+    def _registered(self) -> list[tuple[str, _Usage]]:
+        return [(owner, usage) for owner, usage in self._usage.items() if usage.registered]
 
     def reserve(self) -> tuple[int, int]:
         """Each owner's reserve: the configured share, shrunk so all reserves take at most half the pool."""
-        owners = max(1, len(self._usage))
+        owners = max(1, len(self._registered()))
         return (
             min(self._reserve_records, self.max_records // (2 * owners)),
             min(self._reserve_bytes, self.max_bytes // (2 * owners)),
@@ -85,10 +94,10 @@ class PendingPool:
         return self._paused
 
     def _within_reserve(self, grant: Grant) -> bool:
-        if grant.owner is None or grant.owner not in self._usage:
+        usage = self._usage.get(grant.owner) if grant.owner is not None else None
+        if usage is None or not usage.registered:
             return False
         reserve_records, reserve_bytes = self.reserve()
-        usage = self._usage[grant.owner]
         return (
             usage.records + grant.records <= reserve_records
             and usage.bytes + grant.bytes <= reserve_bytes
@@ -102,7 +111,7 @@ class PendingPool:
         reserve_records, reserve_bytes = self.reserve()
         # Unused reserves of the other owners stay set aside.
         held_records = held_bytes = 0
-        for owner, usage in self._usage.items():
+        for owner, usage in self._registered():
             if owner != grant.owner:
                 held_records += max(0, reserve_records - usage.records)
                 held_bytes += max(0, reserve_bytes - usage.bytes)
@@ -114,7 +123,8 @@ class PendingPool:
     def _needs_empty_pool(self, grant: Grant) -> bool:
         """Larger than the pool minus the other owners' reserves: fits only into an empty pool."""
         reserve_records, reserve_bytes = self.reserve()
-        others = len(self._usage) - (1 if grant.owner in self._usage else 0)
+        registered = self._registered()
+        others = len(registered) - (1 if any(owner == grant.owner for owner, _ in registered) else 0)
         return (
             grant.records + others * reserve_records > self.max_records
             or grant.bytes + others * reserve_bytes > self.max_bytes
@@ -183,9 +193,10 @@ class PendingPool:
         self.records -= records
         self.bytes -= nbytes
         usage = self._usage.get(owner) if owner is not None else None
-        if usage is not None:
+        if usage is not None and owner is not None:
             usage.records -= records
             usage.bytes -= nbytes
+            self._forget_if_idle(owner, usage)
         self._admit()
 
     def _take(self, grant: Grant) -> None:
@@ -193,7 +204,7 @@ class PendingPool:
         self.records += grant.records
         self.bytes += grant.bytes
         if grant.owner is not None:
-            usage = self._usage.setdefault(grant.owner, _Usage())
+            usage = self._usage.setdefault(grant.owner, _Usage(registered=False))
             usage.records += grant.records
             usage.bytes += grant.bytes
 

@@ -78,6 +78,7 @@ def test_a_stop_tells_the_service_at_once_and_sets_the_sink_deadline() -> None:
 def test_the_watchdog_exits_1_once_the_deadline_passed_and_the_service_has_finished() -> None:
     clock = [0.0]
     driver, service, exits = _driver(clock)
+    driver._in_sink = "b-1"  # the main thread is inside the sink
     watcher = _watch(driver)
     driver.request_stop()
     clock[0] = 10.5  # past the deadline, the sink still holds the main thread
@@ -101,6 +102,7 @@ def test_the_watchdog_exits_after_the_grace_even_when_the_service_does_not_finis
 def test_a_failed_service_stops_the_driver_and_the_watchdog_exits_with_its_code() -> None:
     clock = [0.0]
     driver, service, exits = _driver(clock)
+    driver._in_sink = "b-1"
     watcher = _watch(driver)
     service.error = ResourceNotFound("consumer gone")
     service.finished.set()
@@ -115,6 +117,62 @@ def test_the_watchdog_does_nothing_once_the_driver_is_done() -> None:
     clock = [0.0]
     driver, _, exits = _driver(clock)
     watcher = _watch(driver)
-    driver._done.set()
+    driver.close()
     watcher.join(2)
     assert not watcher.is_alive() and exits == []
+
+
+def test_a_clean_stop_that_ends_just_after_the_deadline_is_not_cut_short() -> None:
+    # The main thread is not in a sink: it is on its way out (joining the service, stopping Spark).
+    clock = [0.0]
+    driver, service, exits = _driver(clock)
+    watcher = _watch(driver)
+    driver.request_stop()
+    service.finished.set()
+    clock[0] = 10.5
+    time.sleep(0.5)
+    assert exits == [], "exited 1 although no batch was left in the sink"
+    clock[0] = 10 + EXIT_GRACE_S + 0.1
+    watcher.join(2)
+    assert exits == [1]  # still bounded
+
+
+def test_no_sink_attempt_starts_after_the_deadline_not_even_the_first_after_dead_letters() -> None:
+    from efo.errors import SinkFailed
+    from efo.pipeline.records import RecordChunk
+    from sparkbridge.batches import BatchRunner
+
+    now = [0.0]
+    calls: list[str] = []
+
+    class Slow:
+        takes_arrow = True
+
+        def __init__(self, name: str, seconds: float) -> None:
+            self.name, self.seconds = name, seconds
+
+        def write(self, table: Any, batch: Any) -> None:
+            calls.append(self.name)
+            now[0] += self.seconds
+
+    chunk = RecordChunk("s", "shard-0", 1, 1)
+    chunk.append("1", b"x", "k", 0)
+    chunk.dead_letters.append(
+        type(
+            "Letter",
+            (),
+            {"sequence_number": "0", "data": b"bad", "partition_key": "k", "arrival_ms": 0, "reason": "md5"},
+        )()
+    )
+    runner = BatchRunner(
+        None,
+        Slow("sink", 0),
+        max_attempts=3,
+        retry_backoff_s=0,
+        dead_letter_sink=Slow("dead letters", 20),  # the deadline passes while it writes
+        give_up_at=lambda: 10.0,
+        clock=lambda: now[0],
+    )
+    with pytest.raises(SinkFailed, match="deadline"):
+        runner.run("b-1", [chunk])
+    assert calls == ["dead letters"]

@@ -199,3 +199,24 @@ def test_oversize_event_is_admitted_alone_into_an_empty_pool_with_reserves(owner
         assert pool.records == 0
 
     asyncio.run(scenario())
+
+
+def test_a_shard_unregistered_with_budget_in_flight_is_forgotten_once_that_budget_comes_back() -> None:
+    # A shard lost to another worker with chunks in the sink: its late commits return the budget.
+    # Until then its reserve counts; afterwards it must not (10 phantom owners shrink every reserve).
+    async def scenario() -> None:
+        pool = PendingPool(1_000, 1 << 30, reserved_records=100, reserved_bytes=1 << 20)
+        owners = [f"s{i}" for i in range(10)]
+        for owner in owners:
+            pool.register(owner)
+        in_flight = [await pool.acquire(10, 10, owner) for owner in owners[2:]]
+        for owner in owners[2:]:
+            pool.unregister(owner)  # lost, with 10 records each still in the sink
+        for grant in in_flight:
+            pool.release(grant)  # the late commits
+        held = await pool.acquire(200, 200, "s0")
+        assert pool.reserve() == (100, 1 << 20)  # two owners left: the full reserve
+        assert pool.try_acquire(600, 600, "s1") is not None, "phantom owners still hold their reserves"
+        pool.release(held)
+
+    asyncio.run(scenario())

@@ -17,8 +17,10 @@ from efo.errors import (
 )
 from efo.kinesis.kpl import CorruptAggregate
 from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, ShardEnded
+from efo.leases.ledger import CheckpointLedger
+from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, after
+from efo.pipeline.records import SHARD_END, Position, after
 
 from .test_subscription import SHARD, FakeStream, client_error, event, harness, record, run, settle, shard_end
 
@@ -302,3 +304,47 @@ def test_a_call_that_does_not_answer_within_the_read_timeout_is_retried() -> Non
     h.subscription._client = stuck
     assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
     assert stuck.calls == 2
+
+
+# ---- the first event, against the real ledger ------------------------------------------------------
+
+
+@pytest.mark.parametrize("start", ["TRIM_HORIZON", "LATEST"])
+def test_a_shard_whose_first_event_is_its_end_ends_cleanly(start: str) -> None:
+    # A child split again before any record, or a closed shard past its retention: the first event
+    # has neither records nor a continuation. There is nothing to pin; the shard simply ends.
+    ledger = CheckpointLedger(Position(start))  # type: ignore[arg-type]
+    h = harness([[shard_end()]], start=Position(start), progress=ledger)  # type: ignore[arg-type]
+    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+    ledger.ended()
+    assert ledger.due == SHARD_END
+
+
+def test_the_pin_of_a_latest_start_is_written_before_the_first_records_are_handed_on() -> None:
+    order: list[str] = []
+
+    async def pin(first: Position) -> None:
+        order.append(f"pin {first}")
+
+    class Recording(Handoff):
+        def put(self, chunk: Any) -> None:
+            order.append("handed on")
+            super().put(chunk)
+
+    h = harness([[event("5", "6", continuation="6"), shard_end()]], start=Position("LATEST"), on_first_event=pin)
+    h.subscription._handoff = Recording()
+    run(h.subscription.run())
+    assert order == ["pin AT_SEQUENCE_NUMBER:5", "handed on"]
+
+
+def test_the_pin_covers_a_leading_dead_letter() -> None:
+    corrupt = b"\xf3\x89\x9a\xc2" + b"\x01" * 40
+    ledger = CheckpointLedger(Position("LATEST"))
+    h = harness(
+        [[event_of(record("10", corrupt), record("11", b"ok"), continuation="11"), shard_end()]],
+        start=Position("LATEST"),
+        on_corrupt_aggregate="dead_letter",
+        progress=ledger,
+    )
+    run(h.subscription.run())
+    assert ledger.due == Position("AT_SEQUENCE_NUMBER", "10"), "a restart would never dead-letter record 10"
