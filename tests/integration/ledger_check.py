@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ def write(table: Any, batch: Any) -> None:
     either there or not), named so that files sort in commit order on this machine."""
     directory = Path(os.environ[OUTPUT_ENV])
     rows = table.select(["shard_id", "sequence_number", "partition_key", "data"]).to_pylist()
-    stamp = f"{time.time_ns():020d}"
-    temporary = directory / f".{stamp}-{uuid.uuid4().hex}.tmp"
+    name = f"{time.time_ns():020d}-{batch.batch_id}"
+    temporary = directory / f".{name}.tmp"
     with temporary.open("w") as out:
         for row in rows:
             out.write(
@@ -44,11 +43,12 @@ def write(table: Any, batch: Any) -> None:
                         "key": row["partition_key"],
                         "data": row["data"].decode(),
                         "worker": os.environ.get("EFO_WORKER_ID", ""),
+                        "batch": name,
                     }
                 )
                 + "\n"
             )
-    temporary.rename(directory / f"{stamp}-{batch.batch_id}.jsonl")
+    temporary.rename(directory / f"{name}.jsonl")
 
 
 @dataclass(frozen=True)

@@ -226,8 +226,23 @@ def arrow_env(
 
 
 def read_output(path: Path) -> list[dict[str, Any]]:
+    """What the sink committed: the Parquet output, or the JSON lines of the arrow sink in
+    ledger_check.py (the same columns, batches in commit order)."""
     if not path.exists():
         return []
+    if any(path.glob("*.jsonl")):
+        from .ledger_check import committed_rows
+
+        return [
+            {
+                "shard_id": row["shard"],
+                "sequence_number": row["seq"],
+                "partition_key": row["key"],
+                "data": row["data"].encode(),
+                "efo_batch_id": row["batch"],
+            }
+            for row in committed_rows(path)
+        ]
     table = ds.dataset(str(path), format="parquet", partitioning="hive").to_table()
     return table.to_pylist()
 

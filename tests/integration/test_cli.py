@@ -15,7 +15,7 @@ import pytest
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK
 
-from .service import ServiceRun, create_stream, efo, service_env, unique
+from .service import ServiceRun, arrow_env, create_stream, efo, service_env, unique
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def ran_once(local_stack: StackEndpoints, tmp_path_factory: pytest.TempPathFacto
     stream, app = unique("cli"), unique("app")
     create_stream(kinesis, stream, 2)
     tmp = tmp_path_factory.mktemp("cli")
-    env = service_env(local_stack, stream=stream, app=app, output=tmp / "out", initial_position="TRIM_HORIZON")
+    env = arrow_env(local_stack, stream=stream, app=app, sink_dir=tmp / "out", initial_position="TRIM_HORIZON")
     run = ServiceRun(env, tmp / "efo-run.log").start()
     run.wait_for_event("service.ready")
     assert run.stop() == EXIT_OK, run.tail()

@@ -17,11 +17,11 @@ from efo.errors import EXIT_NOT_FOUND
 
 from .service import (
     ServiceRun,
+    arrow_env,
     assert_exactly,
     create_stream,
     put_records,
     read_output,
-    service_env,
     unique,
     wait_for_rows,
 )
@@ -64,11 +64,11 @@ def test_every_record_arrives_once_and_in_order_through_resets_stalls_throttles_
         after_events=1,
     )
     faults.add(operation=op, shard_id=shards[6], action="reset", after_events=0)
-    env = service_env(
+    env = arrow_env(
         local_stack,
         stream=stream,
         app=unique("app"),
-        output=tmp_path / "out",
+        sink_dir=tmp_path / "out",
         initial_position="TRIM_HORIZON",
         EFO_SUBSCRIPTION__READ_TIMEOUT_S="3",
     )
@@ -110,7 +110,7 @@ def test_a_consumer_deregistered_under_a_running_service_stops_it_with_exit_3_na
         message="Consumer arn:aws:kinesis:us-east-1:000000000000:stream/x/consumer/y:1 not found.",
         count=100,
     )
-    env = service_env(local_stack, stream=stream, app=unique("app"), output=tmp_path / "out", initial_position="LATEST")
+    env = arrow_env(local_stack, stream=stream, app=unique("app"), sink_dir=tmp_path / "out", initial_position="LATEST")
     run = ServiceRun(env, tmp_path / "efo.log").start()
     assert run.process is not None
     code = run.process.wait(120)

@@ -1,5 +1,7 @@
 """``efo run`` end to end against the local stack: every acknowledged record arrives, exactly once
-in a clean run, across restarts, kills, LATEST and a shard split."""
+in a clean run, across restarts, kills, LATEST and a shard split. The first test runs the whole
+path into Parquet through Spark; the others test the service, not Spark, and use the Spark-free
+arrow sink (no JVM start-up each)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from efo.devstack.stack import StackEndpoints
 
 from .service import (
     ServiceRun,
+    arrow_env,
     assert_exactly,
     create_stream,
     keys,
@@ -29,9 +32,15 @@ from .service import (
 pytestmark = pytest.mark.integration
 
 
-def _run(stack: StackEndpoints, tmp_path: Path, stream: str, app: str, position: str, **extra: str) -> ServiceRun:
+def _run(
+    stack: StackEndpoints, tmp_path: Path, stream: str, app: str, position: str, *, spark: bool = False, **extra: str
+) -> ServiceRun:
     runs = len(list(tmp_path.glob("efo-run-*.log")))
-    env = service_env(stack, stream=stream, app=app, output=tmp_path / "out", initial_position=position, **extra)
+    out = tmp_path / "out"
+    if spark:
+        env = service_env(stack, stream=stream, app=app, output=out, initial_position=position, **extra)
+    else:
+        env = arrow_env(stack, stream=stream, app=app, sink_dir=out, initial_position=position, **extra)
     return ServiceRun(env, tmp_path / f"efo-run-{runs}.log").start()
 
 
@@ -45,7 +54,7 @@ def test_trim_horizon_delivers_records_put_before_and_after_start_exactly_once(
     stream = unique("th")
     create_stream(kinesis_client, stream, 2)
     before = put_records(kinesis_client, stream, 300, tag="before")
-    run = _run(local_stack, tmp_path, stream, unique("app"), "TRIM_HORIZON")
+    run = _run(local_stack, tmp_path, stream, unique("app"), "TRIM_HORIZON", spark=True)
     run.wait_for_event("service.ready")
     after = put_records(kinesis_client, stream, 300, tag="after")
     rows = wait_for_rows(tmp_path / "out", 600, run)

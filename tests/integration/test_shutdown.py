@@ -3,6 +3,7 @@ stops the service without moving a checkpoint past the failed batch."""
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,7 @@ from efo.devstack.stack import StackEndpoints
 
 from .service import (
     ServiceRun,
+    arrow_env,
     assert_exactly,
     create_stream,
     put_records,
@@ -31,11 +33,11 @@ def test_sigterm_mid_stream_drains_and_restart_delivers_the_rest_exactly_once(
 ) -> None:
     stream, app = unique("term"), unique("app")
     create_stream(kinesis_client, stream, 2)
-    env = service_env(
+    env = arrow_env(
         local_stack,
         stream=stream,
         app=app,
-        output=tmp_path / "out",
+        sink_dir=tmp_path / "out",
         initial_position="TRIM_HORIZON",
         EFO_CHECKPOINT__INTERVAL_S="30",  # only the shutdown flush can save the position
     )
@@ -71,19 +73,18 @@ def test_failing_sink_stops_with_exit_1_and_no_checkpoint_moves_past_the_failed_
     handlers = tmp_path / "handlers"
     handlers.mkdir()
     (handlers / "broken_sink.py").write_text(
-        "def write(df, batch):\n    raise RuntimeError(f'warehouse unavailable for {batch.batch_id}')\n"
+        "def write(table, batch):\n    raise RuntimeError(f'warehouse unavailable for {batch.batch_id}')\n"
     )
     common = {"EFO_SINK_RETRY__MAX_ATTEMPTS": "2", "EFO_SINK_RETRY__RETRY_BACKOFF_S": "0.1"}
-    env = service_env(
+    env = arrow_env(
         local_stack,
         stream=stream,
         app=app,
-        output=tmp_path / "out",
+        sink_dir=tmp_path / "out",
         initial_position="TRIM_HORIZON",
-        EFO_SINK="handler:broken_sink:write",
-        PYTHONPATH=str(handlers),
         **common,
     )
+    env.update({"EFO_SINK": "arrow:broken_sink:write", "PYTHONPATH": f"{handlers}{os.pathsep}{env['PYTHONPATH']}"})
     failing = ServiceRun(env, tmp_path / "failing.log").start()
     assert failing.process is not None
     assert failing.process.wait(120) == 1
@@ -92,8 +93,8 @@ def test_failing_sink_stops_with_exit_1_and_no_checkpoint_moves_past_the_failed_
     assert "Traceback" not in log
 
     fixed = ServiceRun(
-        service_env(
-            local_stack, stream=stream, app=app, output=tmp_path / "out", initial_position="TRIM_HORIZON", **common
+        arrow_env(
+            local_stack, stream=stream, app=app, sink_dir=tmp_path / "out", initial_position="TRIM_HORIZON", **common
         ),
         tmp_path / "fixed.log",
     ).start()
