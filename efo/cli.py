@@ -10,15 +10,18 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from efo.aws import Clients, Endpoints
-from efo.config import Settings, load_settings, settings_table
-from efo.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EfoError, ResourceNotFound
+from efo.config import InitialPosition, Settings, load_settings, settings_table
+from efo.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
 from efo.kinesis.registration import describe_consumer, describe_stream, ensure_consumer
 from efo.kinesis.shards import list_shards
 from efo.leases.table import LeaseTable
+from efo.pipeline.records import Position, after
 
 
 def _settings(args: argparse.Namespace, *, need_sink: bool = True) -> Settings:
@@ -164,17 +167,78 @@ async def _leases(settings: Settings, clients: Clients, stream: Any, args: argpa
     return EXIT_OK
 
 
+def _reset_position(text: str) -> Position:
+    """``--to``: LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601> or AFTER:<sequence number>."""
+    value = text.strip()
+    if value.upper().startswith("AFTER:"):
+        sequence = value.split(":", 1)[1].strip()
+        if not sequence.isdigit():
+            raise ConfigError(f"--to {text!r}: AFTER needs a sequence number (digits), e.g. AFTER:4959...")
+        return after(sequence)
+    try:
+        initial = InitialPosition.parse(value)
+    except ValueError as exc:
+        raise ConfigError(f"--to {text!r}: {exc}, AFTER:<sequence number>") from None
+    if initial.kind == "LATEST":  # from now: the moment of the request, whenever its owner applies it
+        return Position("AT_TIMESTAMP", timestamp=datetime.now(UTC))
+    return Position(initial.kind, timestamp=initial.timestamp)
+
+
 async def _checkpoints_reset(settings: Settings, clients: Clients, stream: Any, args: argparse.Namespace) -> int:
-    if not args.yes:
-        print("refusing to reset without --yes: the next start applies EFO_INITIAL_POSITION again", file=sys.stderr)
-        return EXIT_CONFIG
     table = _table(settings, await clients.dynamodb(), stream)
     await table.ensure_table(create=False)
-    removed = await table.delete_all()
+    if args.delete_all:
+        if not args.yes:
+            print(
+                "refusing to delete every lease without --yes: the next start applies EFO_INITIAL_POSITION",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        removed = await table.delete_all()
+        print(f"removed {removed} rows of application {settings.app!r} on stream {stream.name!r}", end="")
+        print(f" from table {table.table!r}")
+        return EXIT_OK
+    if not args.to or not (args.shard or args.all):
+        print("efo: checkpoints reset needs --to and one of --shard ID or --all (or --delete-all)", file=sys.stderr)
+        return EXIT_CONFIG
+    position = _reset_position(args.to)
+    if position.kind == "AFTER_SEQUENCE_NUMBER" and args.all:
+        raise ConfigError("--to AFTER:<sequence> names a record of one shard: use it with --shard, not --all")
+    state = await table.read()
+    shards = sorted(state.leases) if args.all else args.shard
+    missing = [shard for shard in shards if shard not in state.leases]
+    if missing:
+        raise ResourceNotFound(
+            f"no lease for shard(s) {', '.join(missing)} of application {settings.app!r}; see 'efo leases'"
+        )
+    if not args.yes:
+        print(f"refusing to reset {len(shards)} shard(s) to {position} without --yes", file=sys.stderr)
+        return EXIT_CONFIG
+    reset_id = await table.request_reset(shards, position)
+    live = {lease.owner for lease in state.leases.values() if lease.owner}
     print(
-        f"removed {removed} rows of application {settings.app!r} on stream {stream.name!r} from table {table.table!r}"
+        f"reset of {len(shards)} shard(s) to {position} requested (id {reset_id}); "
+        + (
+            "the owning workers apply it within a lease cycle"
+            if live
+            else "no worker holds them: it applies at the next start"
+        )
     )
-    return EXIT_OK
+    if not args.wait:
+        return EXIT_OK
+    deadline = time.monotonic() + args.wait_s
+    while time.monotonic() < deadline:
+        pending = [
+            sid
+            for sid, lease in (await table.read()).leases.items()
+            if lease.reset and lease.reset.reset_id == reset_id
+        ]
+        if not pending:
+            print(f"applied to {len(shards)} shard(s)")
+            return EXIT_OK
+        await asyncio.sleep(0.5)
+    print(f"efo: not applied within {args.wait_s:g} s to: {', '.join(pending)} (is a worker running?)", file=sys.stderr)
+    return EXIT_RUNTIME
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,8 +282,28 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoints = commands.add_parser("checkpoints", help="checkpoint maintenance").add_subparsers(
         dest="sub", required=True
     )
-    reset = with_config(checkpoints.add_parser("reset", help="delete every lease and checkpoint of the application"))
-    reset.add_argument("--yes", action="store_true")
+    reset = with_config(
+        checkpoints.add_parser(
+            "reset",
+            help="move checkpoints while running (the owners restart those shards there), or delete them all",
+            description="Writes a pending reset on each shard's lease; the worker that owns the shard applies it "
+            "within a lease cycle by restarting the shard at the new position (no process restart); with no "
+            "worker running it applies at the next start. "
+            "Example: efo checkpoints reset --all --to LATEST --yes --wait",
+        )
+    )
+    target = reset.add_mutually_exclusive_group()
+    target.add_argument("--shard", action="append", metavar="ID", help="a shard to reset (repeatable)")
+    target.add_argument("--all", action="store_true", help="every shard of the application")
+    target.add_argument(
+        "--delete-all", action="store_true", help="delete every lease and checkpoint (a stream deleted and recreated)"
+    )
+    reset.add_argument(
+        "--to", metavar="POSITION", help="LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601>, AFTER:<sequence>"
+    )
+    reset.add_argument("--yes", action="store_true", help="do it (required)")
+    reset.add_argument("--wait", action="store_true", help="wait until every owner has applied it")
+    reset.add_argument("--wait-s", type=float, default=60.0, help="how long --wait waits (default 60)")
     reset.set_defaults(handler=_aws(_checkpoints_reset))
 
     from efo.devstack.cli import add_dev_commands

@@ -59,6 +59,18 @@ class InitialPosition:
         return self.kind
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_s(text: str) -> float:
+    """``60``, ``90s``, ``15m``, ``2h``, ``1d``: seconds."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError("allowed: a positive duration such as 60, 90s, 15m, 2h or 1d")
+    return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+
+
 SINK_GRAMMAR = "parquet:<path or URI>, handler:<module>:<function>, arrow:<module>:<function>, console"
 
 
@@ -133,6 +145,16 @@ class LeaseSettings(_Section):
         10.0,
         gt=0,
         description="A worker whose heartbeat has not changed for this long is dead; its leases are taken.",
+    )
+    sync_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often the lease table is read (one Query): leases taken by others are dropped, "
+        "free ones claimed, handovers and resets applied, shards balanced.",
+    )
+    max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
+    max_steals_per_cycle: int = Field(
+        1, ge=0, description="Handover requests a worker short of its share may have open at once (0: never steal)."
     )
 
     @model_validator(mode="after")
@@ -231,6 +253,11 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM: time to finish and checkpoint the running batch."
     )
+    skip_older_than: str | None = Field(
+        None,
+        description="Only live data: a shard whose checkpoint is older than this (e.g. 60, 90s, 15m, 2h) "
+        "starts at AT_TIMESTAMP(now - it) instead. Off by default.",
+    )
     pool: PoolSettings = Field(default_factory=PoolSettings)  # type: ignore[arg-type]
     batch: BatchSettings = Field(default_factory=BatchSettings)  # type: ignore[arg-type]
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)  # type: ignore[arg-type]
@@ -264,6 +291,14 @@ class Settings(BaseSettings):
     @classmethod
     def _initial_position(cls, value: str) -> str:
         return str(InitialPosition.parse(value))
+
+    @field_validator("skip_older_than")
+    @classmethod
+    def _skip_older_than(cls, value: str | None) -> str | None:
+        if value is None or not str(value).strip():
+            return None
+        seconds = parse_duration_s(str(value))
+        return f"{seconds:g}s"
 
     @field_validator("sink")
     @classmethod
@@ -332,6 +367,10 @@ class Settings(BaseSettings):
         if self.consumer_arn and not self.consumer_arn.startswith("arn:"):
             raise ValueError(f"consumer_arn (EFO_CONSUMER_ARN) = {self.consumer_arn!r}: allowed: a consumer ARN")
         return self
+
+    @property
+    def skip_older_than_s(self) -> float | None:
+        return parse_duration_s(self.skip_older_than) if self.skip_older_than else None
 
     @property
     def table_name(self) -> str:

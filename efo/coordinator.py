@@ -1,20 +1,26 @@
 """The coordinator: one task group owning every task of the service.
 
-It bootstraps the lease table at the application's first start, keeps shards in sync with
-ListShards, claims each shard whose parents are finished and runs it as an
+It bootstraps the lease table at the application's first start, lists shards (splits, merges),
+and every ``lease.sync_interval_s`` reads the lease table and acts on it: it claims its share of
+the shards that can be read (parents finished) and runs each as an
 :class:`~efo.leases.lifecycle.OwnedShard` (its own subscription task, its own checkpoint ledger),
+hands over what it holds above its share, asks for a share it lacks, applies operators' resets,
 turns the Spark driver's commits into coalesced checkpoints, and heartbeats.
 
 What a worker knows about its leases, and when:
 
 - a claim's epoch is the lease counter it set; every chunk and every commit carries it, and a
   commit of an earlier claim never moves a checkpoint;
-- every sync reads the whole table: a lease another worker took is dropped at once, not at the
-  next failed write;
+- every lease cycle reads the whole table: a lease another worker took is dropped at once, not at
+  the next failed write;
 - a worker whose last successful heartbeat is older than ``lease.failover_s`` minus one heartbeat
   interval can no longer prove its leases: it drops them all (stops reading, stops checkpointing)
   and claims again only after a heartbeat lands and the table has been read;
 - a batch that makes no progress for ``batch.stall_timeout_s`` stops the worker, so its shards move.
+
+Handing a lease over (a rebalance, a steal request, a stop): the subscription stops, the sink
+commits what was handed on, the checkpoint is written and the lease released: the next owner
+starts where this one stopped, nothing lost and nothing read twice.
 
 Stopping (SIGTERM): nothing new is claimed; every subscription stops; the driver gets until
 ``shutdown_timeout_s`` to commit what it holds; the committed positions are checkpointed and every
@@ -25,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import structlog
 
@@ -34,9 +42,11 @@ from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, LeaseLost, ResourceNotFound, SinkStalled, StreamRecreated
 from efo.kinesis.registration import StreamInfo, describe_consumer
 from efo.kinesis.shards import ShardGraph, list_shards
-from efo.kinesis.subscription import ShardSubscription
+from efo.kinesis.subscription import Backoff, ShardSubscription
+from efo.leases.balance import plan
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
+from efo.leases.view import TableView
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
@@ -44,10 +54,15 @@ from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.coordinator")
 
+T = TypeVar("T")
+
 #: After the driver is done (or its time is up): the last checkpoints and releases, at most this long,
 #: this many at once (256 shards release in about 3 s against moto, well under a second on AWS).
 FINAL_WRITES_TIMEOUT_S = 5.0
 FINAL_WRITES_CONCURRENCY = 16
+#: A lease that changed owner this many lease cycles ago or less is not moved again (no ping-pong).
+SETTLE_CYCLES = 10
+HANDOVER_POLL_S = 0.05
 
 
 class Coordinator:
@@ -75,45 +90,66 @@ class Coordinator:
         self._clock = clock
         self.owned: dict[str, OwnedShard] = {}
         self._log = log.bind(worker_id=table.worker_id)
-        self._sync_now = asyncio.Event()
+        self._discover_now = asyncio.Event()
+        self._cycle_now = asyncio.Event()
         self._checkpoint_now = asyncio.Event()
-        self._observed: dict[str, tuple[int | None, float]] = {}
+        self._graph: ShardGraph | None = None
+        self._listed_at = 0.0  # when the listing behind _graph was asked for
+        self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
+        self._view = TableView(table.worker_id, settings.lease.failover_s, clock)
+        self._asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._ready = False
         self._stopping = False
         self._group: asyncio.TaskGroup | None = None
         self._leases_in_doubt = False  # no heartbeat landed for too long: nothing is claimed or written
         self._heartbeat_deadline: asyncio.TimerHandle | None = None
+        self._heartbeat_ok_at: float | None = None  # when the last heartbeat that landed was sent
         self._batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
 
     # ---- start-up -------------------------------------------------------------------------
 
     async def bootstrap(self) -> None:
-        """At the first start, create a lease for every shard with the configured position;
-        afterwards, refuse a table that belongs to an earlier stream of the same name."""
+        """At the application's first start, a lease for every shard at the initial position;
+        afterwards, refuse a table that belongs to an earlier stream of the same name.
+
+        Several workers starting at once agree on one bootstrap: the meta row (the first start's
+        position and moment) is written first, conditionally, so one worker's wins and all use it;
+        every lease is written conditionally; the meta row is marked complete last. A worker that
+        dies half-way leaves it incomplete, and the next worker completes it the same way."""
         state = await self.table.read()
-        if state.meta is not None:
-            if abs(state.meta.stream_created_at.timestamp() - self.stream.created_at.timestamp()) > 1e-3:
-                raise StreamRecreated(
-                    f"stream {self.stream.name!r} was created at {self.stream.created_at.isoformat()}, "
-                    f"but the checkpoints in table {self.table.table!r} belong to the stream created at "
-                    f"{state.meta.stream_created_at.isoformat()} (deleted and recreated?); to start over run "
-                    f"'efo checkpoints reset --yes' with the same configuration"
-                )
+        if state.meta is None:
+            await self.table.create_meta(self.stream.created_at, str(self.settings.start), datetime.now(UTC))
+            state = await self.table.read()
+        meta = state.meta
+        assert meta is not None
+        if abs(meta.stream_created_at.timestamp() - self.stream.created_at.timestamp()) > 1e-3:
+            raise StreamRecreated(
+                f"stream {self.stream.name!r} was created at {self.stream.created_at.isoformat()}, "
+                f"but the checkpoints in table {self.table.table!r} belong to the stream created at "
+                f"{meta.stream_created_at.isoformat()} (deleted and recreated?); to start over run "
+                f"'efo checkpoints reset --delete-all --yes' with the same configuration"
+            )
+        if meta.complete:
             return
-        initial = self.settings.start
+        initial = InitialPosition.parse(meta.initial_position)
+        started_at = meta.started_at or datetime.now(UTC)
         graph = await list_shards(self._kinesis, self.stream.arn)
         for shard_id, shard in graph.shards.items():
-            await self.table.create_lease(shard_id, shard.parents, self._first_start_position(initial, graph, shard_id))
-        await self.table.create_meta(self.stream.created_at, str(initial))
+            start = self._first_start_position(initial, graph, shard_id, started_at)
+            await self.table.create_lease(shard_id, shard.parents, start)
+        await self.table.complete_meta()
         self._log.info(
             "leases.bootstrapped", stream=self.stream.name, shards=len(graph.shards), initial_position=str(initial)
         )
 
     @staticmethod
-    def _first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str) -> Position:
+    def _first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime) -> Position:
         if initial.kind == "LATEST":
             # Closed shards hold only what was written before the first start: nothing to read.
-            return SHARD_END if graph.is_closed(shard_id) else Position("LATEST")
+            # LATEST means "from the first start": kept as that moment, not as the word LATEST,
+            # so that no later claim (a crash, a handover before the first event) starts from a
+            # later "now" and skips what was written in between.
+            return SHARD_END if graph.is_closed(shard_id) else Position("AT_TIMESTAMP", timestamp=now)
         if initial.kind == "AT_TIMESTAMP":
             return Position("AT_TIMESTAMP", timestamp=initial.timestamp)
         return Position("TRIM_HORIZON")
@@ -132,11 +168,14 @@ class Coordinator:
                 self._group = group
                 heartbeat = group.create_task(self._heartbeat_loop(), name="heartbeat")
                 checkpoints = group.create_task(self._checkpoint_loop(), name="checkpoints")
-                sync = group.create_task(self._sync_loop(), name="shard-sync")
+                intake = [
+                    group.create_task(self._discovery_loop(), name="shard-discovery"),
+                    group.create_task(self._lease_loop(), name="lease-cycle"),
+                ]
                 await stop.wait()
                 stop_at = self._clock()
                 self._log.info("service.stopping", shards=len(self.owned))
-                await self._stop_intake(sync)
+                await self._stop_intake(intake)
                 await self._wait_for_driver(driver_done, stop_at + self.settings.shutdown_timeout_s)
                 await _cancelled(checkpoints)
                 await self._finish()
@@ -148,10 +187,11 @@ class Coordinator:
             if self._heartbeat_deadline is not None:
                 self._heartbeat_deadline.cancel()
 
-    async def _stop_intake(self, sync: asyncio.Task[None]) -> None:
+    async def _stop_intake(self, intake: list[asyncio.Task[None]]) -> None:
         """Nothing is claimed from here on, and every subscription stops reading."""
         self._stopping = True
-        await _cancelled(sync)
+        for task in intake:
+            await _cancelled(task)
         tasks = []
         for owned in self.owned.values():
             if owned.phase.reading:
@@ -198,15 +238,17 @@ class Coordinator:
         if owned.task is not None and not owned.task.done():
             owned.task.cancel()
             await asyncio.gather(owned.task, return_exceptions=True)
-        if not self._leases_in_doubt:
-            await self._write_checkpoint(owned)
-        if owned.phase.terminal:  # ended (SHARD_END) or lost meanwhile
+        await self._write_checkpoint(owned)
+        if owned.phase.terminal or not self._lease_valid():  # ended (SHARD_END), lost, or in doubt
             return 0
-        owned.enter(ShardPhase.RELEASING)
+        if owned.phase is not ShardPhase.RELEASING:
+            owned.enter(ShardPhase.RELEASING)
         try:
             await self.table.release(owned.lease)
         except LeaseLost as exc:
             self._lose(owned, str(exc))
+            return 0
+        if owned.phase.terminal:  # in doubt while the release was under way (it landed, fenced)
             return 0
         owned.enter(ShardPhase.RELEASED)
         self._forget(owned)
@@ -235,10 +277,11 @@ class Coordinator:
             self._check_batch_progress()
             sent_at = self._clock()
             try:
-                async with asyncio.timeout(interval_s):  # a slower write is as good as a failed one
+                # A write that lands late still counts (from when it was sent); past the validity it is moot.
+                async with asyncio.timeout(self.lease_validity_s):
                     await self.table.heartbeat()
             except TimeoutError:
-                self._log.warning("lease.heartbeat_failed", error=f"no answer within {interval_s:g} s")
+                self._log.warning("lease.heartbeat_failed", error=f"no answer within {self.lease_validity_s:g} s")
             except EfoError as exc:
                 if not exc.retriable:
                     raise
@@ -253,6 +296,7 @@ class Coordinator:
         return self.settings.lease.failover_s - self.settings.lease.heartbeat_interval_s
 
     def _heartbeat_landed(self, sent_at: float) -> None:
+        self._heartbeat_ok_at = sent_at
         if self._heartbeat_deadline is not None:
             self._heartbeat_deadline.cancel()
         delay_s = max(0.0, sent_at + self.lease_validity_s - self._clock())
@@ -260,7 +304,14 @@ class Coordinator:
         if self._leases_in_doubt:
             self._leases_in_doubt = False
             self._log.info("lease.heartbeat_recovered")
-            self._sync_now.set()  # read the table, then claim again what is still ours
+            self._cycle_now.set()  # read the table, then claim again what is still ours
+
+    def _lease_valid(self) -> bool:
+        return (
+            not self._leases_in_doubt
+            and self._heartbeat_ok_at is not None
+            and self._clock() - self._heartbeat_ok_at < self.lease_validity_s
+        )
 
     def _leases_expired(self) -> None:
         """No heartbeat landed for the lease validity: others may own these shards by now."""
@@ -281,52 +332,79 @@ class Coordinator:
                 "stopping this worker so that its shards move to others"
             )
 
-    # ---- shards -------------------------------------------------------------------------------
+    # ---- shards and leases -----------------------------------------------------------------
 
-    async def _sync_loop(self) -> None:
+    async def _discovery_loop(self) -> None:
+        """ListShards every ``shards.sync_interval_s`` (and when a shard ends): a lease for every
+        shard born since (a split or a merge), read from its own beginning."""
         while True:
             try:
-                if not self._leases_in_doubt:
-                    graph = await list_shards(self._kinesis, self.stream.arn)
-                    state = await self.table.read()
-                    await self._reconcile(graph, state)
+                asked_at = self._clock()
+                graph = await list_shards(self._kinesis, self.stream.arn)
+                known = {lease.shard_id for lease in (await self.table.read()).leases.values()}
+                for shard_id, shard in graph.shards.items():
+                    if shard_id not in known:
+                        await self.table.create_lease(shard_id, shard.parents, Position("TRIM_HORIZON"))
+                        self._log.info("shard.discovered", shard_id=shard_id, parents=list(shard.parents))
+                self._graph, self._listed_at = graph, asked_at
+                self._cycle_now.set()
             except EfoError as exc:
                 if not exc.retriable:
                     raise
                 self._log.warning("shards.sync_failed", error=str(exc), code=exc.code)
-            self._sync_now.clear()
-            try:
-                async with asyncio.timeout(self.settings.shards.sync_interval_s):
-                    await self._sync_now.wait()
-            except TimeoutError:
-                pass
+            await _wait(self._discover_now, self.settings.shards.sync_interval_s)
 
-    async def _reconcile(self, graph: ShardGraph, state: TableState) -> None:
-        created = False
-        for shard_id, shard in graph.shards.items():
-            if shard_id not in state.leases:
-                # Born after the first start (split or merge): read from its own beginning.
-                created |= await self.table.create_lease(shard_id, shard.parents, Position("TRIM_HORIZON"))
-                self._log.info("shard.discovered", shard_id=shard_id, parents=list(shard.parents))
-        if created:
-            state = await self.table.read()
-        self._check_owned(state)
-        dead = self._dead_workers(state)
-        for lease in sorted(state.leases.values(), key=lambda lease: lease.shard_id):
-            if self._stopping or self._leases_in_doubt:
-                return
-            if lease.finished or lease.shard_id in self.owned:
-                continue
-            if lease.shard_id in graph.shards and not self._parents_finished(lease, state, graph):
-                continue
-            if lease.owner not in (None, self.table.worker_id) and lease.owner not in dead:
-                continue
+    async def _lease_loop(self) -> None:
+        while True:
             try:
-                claimed = await self.table.claim(lease)
-            except LeaseLost:
+                if self._graph is not None and not self._leases_in_doubt:
+                    await self._cycle(await self.table.read(), self._graph)
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("leases.cycle_failed", error=str(exc), code=exc.code)
+            await _wait(self._cycle_now, self.settings.lease.sync_interval_s)
+
+    async def _cycle(self, state: TableState, graph: ShardGraph) -> None:
+        """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
+        self._view.update(state)
+        self._check_owned(state)
+        await self._apply_requests(state, graph)
+        if self._stopping or self._leases_in_doubt:
+            return
+        handing_over = {sid for sid, owned in self.owned.items() if owned.phase is ShardPhase.RELEASING}
+        readable = []
+        for lease in state.leases.values():
+            if lease.shard_id in handing_over or not self._readable(lease, state, graph):
                 continue
-            self._start(claimed, listed=lease.shard_id in graph.shards)
+            if lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
+                lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
+            readable.append(lease)
+        settled_s = SETTLE_CYCLES * self.settings.lease.sync_interval_s
+        busy = {sid for sid, owned in self.owned.items() if not owned.phase.reading}  # draining: leave it be
+        moves = plan(
+            self.table.worker_id,
+            readable,
+            self._view.live,
+            moved_recently=self._view.moved_within(settled_s) | busy,
+            reserved_for_others=self._view.reserved_for_others(),
+            asked=len(self._asked),
+            max_leases=self.settings.lease.max_leases_per_worker,
+            max_steals=self.settings.lease.max_steals_per_cycle,
+        )
+        for lease in moves.claim:
+            await self._claim(state.leases[lease.shard_id], graph)  # fenced on the lease as it is in the table
+        for shard_id in moves.shed:
+            self._hand_over(self.owned[shard_id], f"above this worker's share of {moves.target}")
+        for lease in moves.ask:
+            await self._ask(lease)
+        await self._take_overdue(state, graph)
+        await self._finish_expired(state, graph)
         self._check_ready()
+
+    def _readable(self, lease: Lease, state: TableState, graph: ShardGraph) -> bool:
+        """Can be read now: not finished, still in the stream, its parents finished."""
+        return not lease.finished and lease.shard_id in graph.shards and self._parents_finished(lease, state, graph)
 
     def _check_owned(self, state: TableState) -> None:
         """A lease another worker took (or reset) is dropped now, not at the next failed write."""
@@ -336,6 +414,101 @@ class Coordinator:
                 holder = f"{lease.owner} (counter {lease.counter})" if lease is not None else "nobody (row gone)"
                 self._lose(owned, f"the lease is now held by {holder}")
 
+    async def _apply_requests(self, state: TableState, graph: ShardGraph) -> None:
+        """Operators' resets (of finished leases first: their children may have to wait again) and
+        other workers' handover requests for leases held here."""
+        for lease in sorted(state.leases.values(), key=lambda lease: not lease.finished):
+            owned = self.owned.get(lease.shard_id)
+            if lease.reset is not None and lease.finished and lease.owner is None:
+                try:
+                    state.leases[lease.shard_id] = await self.table.apply_reset(lease)
+                    self._log.info("shard.reset", shard_id=lease.shard_id, position=str(lease.reset.position))
+                except LeaseLost:
+                    continue
+            elif lease.reset is not None and owned is not None and lease.counter == owned.epoch:
+                await self._apply_reset(owned, lease, state, graph)
+            elif lease.wanted_by and owned is not None and owned.phase.reading and lease.counter == owned.epoch:
+                self._hand_over(owned, f"asked for by {lease.wanted_by}")
+
+    async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState, graph: ShardGraph) -> None:
+        """Restart the shard at the reset position, here and now: a new claim (a new epoch), so what
+        the old one handed on is committed but moves nothing."""
+        assert lease.reset is not None
+        await self._stop_reading(owned)
+        try:
+            reset = await self.table.apply_reset(lease)
+        except LeaseLost as exc:
+            self._lose(owned, str(exc))
+            return
+        if owned.phase.terminal or self._stopping:
+            return
+        owned.enter(ShardPhase.RELEASED)
+        self._forget(owned)
+        owned.log.info("shard.reset", position=str(lease.reset.position))
+        state.leases[lease.shard_id] = reset
+        if self._readable(reset, state, graph):
+            self._start(reset)
+        else:  # its parents are to be read again first
+            await self.table.release(reset)
+
+    async def _claim(self, lease: Lease, graph: ShardGraph) -> None:
+        try:
+            claimed = await self.table.claim(lease)
+        except LeaseLost:
+            return
+        self._asked.pop(lease.shard_id, None)
+        if self._leases_in_doubt or self._stopping:
+            return  # taken while this worker's leases went into doubt: claimed again once it is sure
+        if lease.owner not in (None, self.table.worker_id):
+            self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
+        self._start(claimed)
+
+    async def _ask(self, lease: Lease) -> None:
+        try:
+            await self.table.want(lease)
+        except LeaseLost:
+            return
+        self._asked[lease.shard_id] = self._clock()
+        self._log.info("lease.asked", shard_id=lease.shard_id, owner=lease.owner)
+
+    async def _take_overdue(self, state: TableState, graph: ShardGraph) -> None:
+        """A lease asked for and not handed over within ``failover_s`` is taken (fenced by the counter)."""
+        for shard_id, asked_at in list(self._asked.items()):
+            lease = state.leases.get(shard_id)
+            if lease is None or lease.wanted_by != self.table.worker_id or lease.finished:
+                del self._asked[shard_id]  # taken, finished, or the request was cleared
+                continue
+            if lease.owner is not None and self._clock() - asked_at >= self.settings.lease.failover_s:
+                self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)
+                await self._claim(lease, graph)
+                self._asked.pop(shard_id, None)
+
+    async def _finish_expired(self, state: TableState, graph: ShardGraph) -> None:
+        """A shard gone from the stream (past its retention) before it was finished: nothing is
+        left to read, and its children must not wait for it for ever. Gone means: missing from a
+        listing asked for after its lease was first seen missing (another worker may have created
+        the lease from a listing newer than this worker's)."""
+        for shard_id in list(self._unlisted_since):
+            if shard_id in graph.shards or shard_id not in state.leases:
+                del self._unlisted_since[shard_id]
+        for lease in state.leases.values():
+            if lease.finished or lease.shard_id in graph.shards or lease.shard_id in self.owned:
+                continue
+            first_missing = self._unlisted_since.setdefault(lease.shard_id, self._clock())
+            if self._listed_at <= first_missing + 2 * self.settings.shards.sync_interval_s:
+                self._discover_now.set()  # list again (and again) before calling it gone
+                continue
+            if lease.owner not in (None, self.table.worker_id) and not self._view.owner_is_dead(lease.owner):
+                continue
+            try:
+                claimed = await self.table.claim(lease)
+            except LeaseLost:
+                continue
+            owned = self._own(claimed)
+            METRICS.shards_expired.inc()
+            owned.log.warning("shard.expired", position=str(claimed.checkpoint))
+            self._end(owned, ())
+
     @staticmethod
     def _parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:
         for parent in lease.parents:
@@ -344,39 +517,85 @@ class Coordinator:
                 return False
         return True
 
-    def _dead_workers(self, state: TableState) -> set[str]:
-        """Owners whose heartbeat has not changed for ``lease.failover_s`` as seen from here
-        (observed on this clock, so no clocks need to agree)."""
-        now = self._clock()
-        owners = {lease.owner for lease in state.leases.values() if lease.owner} - {self.table.worker_id}
-        dead = set()
-        for owner in owners:
-            beat = state.heartbeats.get(owner)
-            seen = self._observed.get(owner)
-            if seen is None or seen[0] != beat:
-                self._observed[owner] = (beat, now)
-            elif now - seen[1] >= self.settings.lease.failover_s:
-                dead.add(owner)
-        if owners - dead:
-            # Look again once the failover time has passed rather than at the next full interval.
-            asyncio.get_running_loop().call_later(self.settings.lease.failover_s, self._sync_now.set)
-        return dead
-
-    def _start(self, lease: Lease, *, listed: bool) -> None:
+    def _own(self, lease: Lease, start: Position | None = None) -> OwnedShard:
         assert self._group is not None and not self._stopping
-        owned = OwnedShard.claim(lease, self.table.worker_id, self._on_change)
+        owned = OwnedShard.claim(lease, self.table.worker_id, self._on_change, start=start)
         self.owned[owned.shard_id] = owned
         self.pool.register(owned.shard_id)
         METRICS.shards_owned.set(len(self.owned))
-        if not listed:
-            # Gone from the stream (past its retention) before it was finished: nothing is left to
-            # read, and its children must not wait for it for ever.
-            METRICS.shards_expired.inc()
-            owned.log.warning("shard.expired", position=str(lease.checkpoint))
-            self._end(owned, ())
-            return
-        owned.log.info("shard.started", position=str(lease.checkpoint))
+        return owned
+
+    def _start(self, lease: Lease) -> None:
+        start = self._start_position(lease)
+        owned = self._own(lease, start)
+        owned.log.info("shard.started", position=str(start), checkpoint=str(lease.checkpoint))
+        assert self._group is not None
         owned.task = self._group.create_task(self._run_shard(owned), name=f"shard-{owned.shard_id}")
+
+    def _start_position(self, lease: Lease) -> Position:
+        """The checkpoint, or with ``skip_older_than`` a checkpoint older than that: AT_TIMESTAMP
+        (now - skip_older_than). What is younger is read; what is older is skipped, and counted."""
+        limit_s = self.settings.skip_older_than_s
+        start = lease.checkpoint
+        if limit_s is None or start.kind == "LATEST" or lease.updated_at is None:
+            return start
+        age_s = (datetime.now(UTC) - lease.updated_at).total_seconds()
+        if age_s <= limit_s:
+            return start
+        METRICS.positions_skipped.inc()
+        skipped = Position("AT_TIMESTAMP", timestamp=datetime.now(UTC) - timedelta(seconds=limit_s))
+        self._log.info(
+            "shard.skipped_old",
+            shard_id=lease.shard_id,
+            checkpoint=str(start),
+            age_s=round(age_s),
+            position=str(skipped),
+        )
+        return skipped
+
+    def _hand_over(self, owned: OwnedShard, reason: str) -> None:
+        """Give the lease to the next owner without losing or repeating anything: stop reading, let
+        the sink commit what was handed on, write the checkpoint, release. Within ``failover_s / 2``
+        (what is not committed by then is read again by the next owner)."""
+        if not owned.phase.reading or self._stopping:
+            return
+        owned.log.info("lease.handing_over", reason=reason)
+        assert self._group is not None
+        self._group.create_task(self._complete_handover(owned), name=f"handover-{owned.shard_id}")
+
+    async def _complete_handover(self, owned: OwnedShard) -> None:
+        started = self._clock()
+        await self._stop_reading(owned)
+        deadline = started + self.settings.lease.failover_s / 2
+        while owned.ledger.outstanding and self._clock() < deadline and not owned.phase.terminal:
+            await asyncio.sleep(HANDOVER_POLL_S)
+        if owned.phase.terminal or self._stopping:
+            return  # lost meanwhile, or the stop releases it
+        await self._write_checkpoint(owned)
+        if owned.phase.terminal:
+            return
+        try:
+            await self.table.release(owned.lease)
+        except LeaseLost as exc:
+            self._lose(owned, str(exc))
+            return
+        if owned.phase.terminal:
+            return
+        owned.enter(ShardPhase.RELEASED)
+        self._forget(owned)
+        owned.log.info(
+            "lease.handed_over",
+            waited_s=round(self._clock() - started, 3),
+            uncommitted_chunks=owned.ledger.outstanding,
+            checkpoint=str(owned.ledger.written),
+        )
+
+    async def _stop_reading(self, owned: OwnedShard) -> None:
+        if owned.phase.reading:
+            owned.enter(ShardPhase.RELEASING)
+        if owned.task is not None and not owned.task.done():
+            owned.task.cancel()
+            await asyncio.gather(owned.task, return_exceptions=True)
 
     async def _run_shard(self, owned: OwnedShard) -> None:
         await self._subscriber.ensure_room(len(self.owned))
@@ -385,7 +604,7 @@ class Coordinator:
             consumer_arn=self.consumer_arn,
             stream=self.stream.name,
             shard_id=owned.shard_id,
-            start=owned.lease.checkpoint,
+            start=owned.ledger.start,
             pool=self.pool,
             handoff=self.handoff,
             progress=owned.ledger,
@@ -395,6 +614,7 @@ class Coordinator:
             on_corrupt_aggregate=self.settings.on_corrupt_aggregate,
             lease_check=lambda: self.table.holds(owned.lease),
             on_phase=owned.enter,
+            on_first_event=lambda first: self._pin(owned),
             logger=owned.log,
         )
         try:
@@ -407,15 +627,44 @@ class Coordinator:
             return
         self._end(owned, ended.child_shard_ids)
 
+    async def _pin(self, owned: OwnedShard) -> None:
+        """LATEST and AT_TIMESTAMP name a moment: write the first event's position before any of its
+        records moves on, so that no later claim (after a crash, a failover) starts from "now" again."""
+        pin = owned.ledger.due
+        if pin is None:  # a start that names a record already: nothing to pin
+            return
+        backoff = Backoff(self.settings.subscription.backoff_initial_s, self.settings.subscription.backoff_max_s)
+        while owned.ledger.written != pin:
+            if owned.phase.terminal:
+                raise LeaseLost(f"lease of shard {owned.shard_id} lost before its start position was pinned")
+            await self._write_checkpoint(owned)
+            if owned.ledger.written != pin:
+                await asyncio.sleep(backoff.next_delay_s())
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` until it succeeds or fails for a reason that is not retriable."""
+        backoff = Backoff(self.settings.subscription.backoff_initial_s, self.settings.subscription.backoff_max_s)
+        while True:
+            try:
+                return await call()
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("aws.retry", error=str(exc), code=exc.code)
+                await asyncio.sleep(backoff.next_delay_s())
+
     async def _not_found(self, owned: OwnedShard, error: ResourceNotFound) -> None:
         """The consumer, the stream or the shard is gone. Only the last one is not fatal."""
-        graph = await list_shards(self._kinesis, self.stream.arn)
+        graph = await self._retrying(lambda: list_shards(self._kinesis, self.stream.arn))
         if owned.shard_id not in graph.shards:
             METRICS.shards_expired.inc()
             owned.log.warning("shard.expired", position=str(owned.ledger.written), error=str(error))
             self._end(owned, ())
             return
-        if await describe_consumer(self._kinesis, stream_arn=self.stream.arn, arn=self.consumer_arn) is None:
+        consumer = await self._retrying(
+            lambda: describe_consumer(self._kinesis, stream_arn=self.stream.arn, arn=self.consumer_arn)
+        )
+        if consumer is None:
             raise ResourceNotFound(
                 f"consumer {self.consumer_arn} is no longer registered on stream {self.stream.name!r} "
                 "(deregistered while running?); register it again ('efo consumer register') and restart"
@@ -508,9 +757,14 @@ class Coordinator:
         due = owned.ledger.due
         if due is None or owned.phase.terminal:
             return
+        if not self._lease_valid():
+            return  # no heartbeat landed for too long: another worker may hold the lease by now
         records = owned.ledger.uncheckpointed_records
         try:
-            owned.lease = await self.table.checkpoint(owned.lease, due)
+            if due == SHARD_END:
+                owned.lease = await self.table.finish(owned.lease)
+            else:
+                owned.lease = await self.table.checkpoint(owned.lease, due)
         except LeaseLost as exc:
             self._lose(owned, str(exc))
             return
@@ -528,17 +782,19 @@ class Coordinator:
             owned.enter(ShardPhase.ENDED)
             owned.log.info("checkpoint.shard_end", children=list(owned.children))
             self._forget(owned)
-            self._sync_now.set()  # its children may start now
+            self._discover_now.set()  # its children may start now
         else:
             owned.log.debug("checkpoint.written", position=str(due))
 
     # ---- readiness ------------------------------------------------------------------------
 
     def _check_ready(self) -> None:
-        if self._ready or not self.owned:
+        """Ready: a lease cycle has run and every shard it claimed has delivered its first event
+        (from here LATEST holds); a worker with no share of the shards is ready with none."""
+        if self._ready or self._graph is None:
             return
         reading = [owned for owned in self.owned.values() if owned.phase.reading]
-        if reading and all(owned.first_event for owned in reading):
+        if all(owned.first_event for owned in reading):
             self._ready = True
             self._log.info("service.ready", stream=self.stream.name, shards=len(reading))
 
@@ -546,3 +802,13 @@ class Coordinator:
 async def _cancelled(task: asyncio.Task[Any]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    """Until ``event`` is set or ``timeout_s`` passed; the event is cleared for the next wait."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        pass
+    event.clear()

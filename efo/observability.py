@@ -62,6 +62,7 @@ class Metrics:
     subscriptions_started: Counter
     subscription_errors: Counter
     positions_expired: Counter
+    positions_skipped: Counter
     shards_expired: Counter
     batches_committed: Counter
     batch_seconds: Histogram
@@ -100,6 +101,11 @@ class Metrics:
                 "efo_positions_expired_total",
                 "Starting positions older than the stream's retention: the shard restarted at TRIM_HORIZON "
                 "(records between them were lost to retention).",
+                registry=registry,
+            ),
+            positions_skipped=Counter(
+                "efo_positions_skipped_total",
+                "Shards started at AT_TIMESTAMP(now - skip_older_than) because their checkpoint was older.",
                 registry=registry,
             ),
             shards_expired=Counter(

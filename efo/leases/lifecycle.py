@@ -9,7 +9,8 @@ one terminal phase, which is also the reason it stopped::
          ├───────────┴────────────┴──▶ DRAINING ──▶ ENDED      shard end: last records committed,
          │                               │                       SHARD_END written, children may start
          ├──────────────▶ RELEASING ◀────┘ ──▶ RELEASED         asked to stop here: final checkpoint,
-         │                    │                                  lease given up for the next owner
+         │                    │       (──▶ ENDED if that was    lease given up for the next owner
+         │                    │            the shard's end)
          └────────────────────┴──────────────▶ LOST             another worker holds the lease now
 
 Every chunk this claim hands on carries its epoch, and so does the sink's commit of it: a commit
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,7 @@ import structlog
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.table import Lease
 from efo.pipeline.pool import Grant
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import Position, RecordChunk
 
 
 class ShardPhase(enum.Enum):
@@ -61,7 +63,7 @@ TRANSITIONS: dict[ShardPhase, frozenset[ShardPhase]] = {
     ShardPhase.READING: frozenset({ShardPhase.SUBSCRIBING, ShardPhase.BACKPRESSURED, *_STOPS}),
     ShardPhase.BACKPRESSURED: frozenset({ShardPhase.READING, ShardPhase.SUBSCRIBING, *_STOPS}),
     ShardPhase.DRAINING: frozenset({ShardPhase.ENDED, ShardPhase.RELEASING, ShardPhase.LOST}),
-    ShardPhase.RELEASING: frozenset({ShardPhase.RELEASED, ShardPhase.LOST}),
+    ShardPhase.RELEASING: frozenset({ShardPhase.RELEASED, ShardPhase.ENDED, ShardPhase.LOST}),
     ShardPhase.ENDED: frozenset(),
     ShardPhase.RELEASED: frozenset(),
     ShardPhase.LOST: frozenset(),
@@ -99,6 +101,7 @@ class OwnedShard:
     task: asyncio.Task[Any] | None = None
     first_event: bool = False
     children: tuple[str, ...] = ()
+    claimed_at: float = field(default_factory=time.monotonic)
     log: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -107,9 +110,17 @@ class OwnedShard:
         )
 
     @classmethod
-    def claim(cls, lease: Lease, worker_id: str, on_change: Callable[[OwnedShard], None]) -> OwnedShard:
+    def claim(
+        cls,
+        lease: Lease,
+        worker_id: str,
+        on_change: Callable[[OwnedShard], None],
+        *,
+        start: Position | None = None,
+    ) -> OwnedShard:
+        """A new claim of ``lease``, read from ``start`` (default: its checkpoint)."""
         assert lease.owner == worker_id, (lease.owner, worker_id)
-        return cls(lease, CheckpointLedger(lease.checkpoint), worker_id, on_change)
+        return cls(lease, CheckpointLedger(start or lease.checkpoint), worker_id, on_change)
 
     @property
     def shard_id(self) -> str:
@@ -127,9 +138,10 @@ class OwnedShard:
         if phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"shard {self.shard_id} epoch {self.epoch}: {self.phase.name} -> {phase.name}")
         previous, self.phase = self.phase, phase
+        self.log.debug("shard.phase", phase=phase.value, previous=previous.value)
         if phase is ShardPhase.READING and not self.first_event:
             self.first_event = True
-        self.log.debug("shard.phase", phase=phase.value, previous=previous.value)
+            self.log.info("shard.first_event", after_s=round(time.monotonic() - self.claimed_at, 3))
         self.on_change(self)
 
     def committed(self, commit: Commit) -> bool:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -34,12 +36,23 @@ SHARD_PREFIX = "shard|"
 
 
 @dataclass(frozen=True, slots=True)
+class PendingReset:
+    """An operator's ``efo checkpoints reset``: the owner applies it (or whoever claims it next)."""
+
+    reset_id: str
+    position: Position
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     shard_id: str
     parents: tuple[str, ...]
     owner: str | None
     counter: int  # +1 at every change of owner: the epoch of a claim, and the fence of every write
     checkpoint: Position  # where the shard resumes, or SHARD_END
+    updated_at: datetime | None = None  # when the checkpoint was written (or the lease created)
+    wanted_by: str | None = None  # a worker asked the owner to hand the lease over (a steal)
+    reset: PendingReset | None = None
 
     @property
     def finished(self) -> bool:
@@ -49,8 +62,13 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Meta:
+    """The application's first start: of which stream, from where, when, and whether every lease of
+    it is written (a worker that dies half-way leaves it incomplete; the next one completes it)."""
+
     stream_created_at: datetime
     initial_position: str
+    started_at: datetime | None = None
+    complete: bool = True
 
 
 @dataclass(slots=True)
@@ -60,27 +78,79 @@ class TableState:
     leases: dict[str, Lease] = field(default_factory=dict)
 
 
-def _position_item(position: Position) -> dict[str, Any]:
-    item: dict[str, Any] = {"position_kind": {"S": position.kind}}
+POSITION_ATTRIBUTES = ("position_kind", "sequence_number", "sub_sequence_number", "position_timestamp")
+RESET_PREFIX = "reset_"
+
+
+def _position_item(position: Position, prefix: str = "") -> dict[str, Any]:
+    item: dict[str, Any] = {f"{prefix}position_kind": {"S": position.kind}}
     if position.sequence_number is not None:
-        item["sequence_number"] = {"S": position.sequence_number}
+        item[f"{prefix}sequence_number"] = {"S": position.sequence_number}
     if position.sub_sequence_number is not None:
-        item["sub_sequence_number"] = {"N": str(position.sub_sequence_number)}
+        item[f"{prefix}sub_sequence_number"] = {"N": str(position.sub_sequence_number)}
     if position.timestamp is not None:
-        item["position_timestamp"] = {"N": repr(position.timestamp.timestamp())}
+        item[f"{prefix}position_timestamp"] = {"N": repr(position.timestamp.timestamp())}
     return item
 
 
-def _position_of(item: dict[str, Any]) -> Position:
-    kind = item["position_kind"]["S"]
-    stamp = item.get("position_timestamp", {}).get("N")
-    sub = item.get("sub_sequence_number", {}).get("N")
+def _position_of(item: dict[str, Any], prefix: str = "") -> Position:
+    kind = item[f"{prefix}position_kind"]["S"]
+    stamp = item.get(f"{prefix}position_timestamp", {}).get("N")
+    sub = item.get(f"{prefix}sub_sequence_number", {}).get("N")
     return Position(
         kind,
-        item.get("sequence_number", {}).get("S"),
+        item.get(f"{prefix}sequence_number", {}).get("S"),
         int(sub) if sub is not None else None,
         datetime.fromtimestamp(float(stamp), UTC) if stamp is not None else None,
     )
+
+
+def _now() -> dict[str, Any]:
+    return {"S": datetime.now(UTC).isoformat()}
+
+
+@dataclass
+class _Update:
+    """One conditional UpdateItem, built up clause by clause."""
+
+    sets: list[str] = field(default_factory=list)
+    removes: list[str] = field(default_factory=list)
+    conditions: list[str] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def set_position(self, position: Position, prefix: str = "") -> None:
+        attributes = _position_item(position, prefix)
+        for name, value in attributes.items():
+            self.sets.append(f"{name} = :{name}")
+            self.values[f":{name}"] = value
+        self.removes += [prefix + name for name in POSITION_ATTRIBUTES if prefix + name not in attributes]
+
+    def fence(self, lease: Lease) -> None:
+        """Only if the lease is still as it was read: the same owner (or none) and counter."""
+        self.values[":counter"] = {"N": str(lease.counter)}
+        self.conditions.append("lease_counter = :counter")
+        if lease.owner is None:
+            self.conditions.append("attribute_not_exists(lease_owner)")
+        else:
+            self.values[":owner"] = {"S": lease.owner}
+            self.conditions.append("lease_owner = :owner")
+
+    def next_counter(self) -> None:
+        self.sets.append("lease_counter = lease_counter + :one")
+        self.values[":one"] = {"N": "1"}
+
+    def apply_reset(self, reset: PendingReset) -> None:
+        """The pending reset becomes the checkpoint, if it is still the one that was read."""
+        self.set_position(reset.position)
+        self.sets.append("updated_at = :now")
+        self.values[":now"] = _now()
+        self.removes += ["reset_id", *(RESET_PREFIX + name for name in POSITION_ATTRIBUTES)]
+        self.values[":reset"] = {"S": reset.reset_id}
+        self.conditions.append("reset_id = :reset")
+
+    def expression(self) -> str:
+        removes = sorted(set(self.removes))
+        return "SET " + ", ".join(self.sets) + (" REMOVE " + ", ".join(removes) if removes else "")
 
 
 class LeaseTable:
@@ -178,38 +248,62 @@ class LeaseTable:
     def _absorb(state: TableState, item: dict[str, Any]) -> None:
         sort_key = item["sk"]["S"]
         if sort_key == META_KEY:
+            started = item.get("started_at", {}).get("N")
             state.meta = Meta(
                 stream_created_at=datetime.fromtimestamp(float(item["stream_created_at"]["N"]), UTC),
                 initial_position=item["initial_position"]["S"],
+                started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
+                complete=item.get("complete", {}).get("BOOL", True),
             )
         elif sort_key.startswith(WORKER_PREFIX):
             state.heartbeats[sort_key.removeprefix(WORKER_PREFIX)] = int(item["heartbeat"]["N"])
         elif sort_key.startswith(SHARD_PREFIX):
             shard_id = sort_key.removeprefix(SHARD_PREFIX)
+            updated = item.get("updated_at", {}).get("S")
+            reset_id = item.get("reset_id", {}).get("S")
             state.leases[shard_id] = Lease(
                 shard_id=shard_id,
                 parents=tuple(p["S"] for p in item.get("parents", {}).get("L", [])),
                 owner=item.get("lease_owner", {}).get("S"),
                 counter=int(item.get("lease_counter", {}).get("N", "0")),
                 checkpoint=_position_of(item),
+                updated_at=datetime.fromisoformat(updated) if updated else None,
+                wanted_by=item.get("wanted_by", {}).get("S"),
+                reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
             )
 
-    async def create_meta(self, stream_created_at: datetime, initial_position: str) -> bool:
-        """Record the first start; False when another worker did it first."""
+    async def create_meta(self, stream_created_at: datetime, initial_position: str, started_at: datetime) -> bool:
+        """Record the first start, incomplete until :meth:`complete_meta`; False when another worker
+        did it first (its start is the one: read it back)."""
         return await self._put_new(
             META_KEY,
             {
                 "stream_created_at": {"N": repr(stream_created_at.timestamp())},
                 "initial_position": {"S": initial_position},
-                "created_at": {"S": datetime.now(UTC).isoformat()},
+                "started_at": {"N": repr(started_at.timestamp())},
+                "complete": {"BOOL": False},
+                "created_at": _now(),
             },
         )
+
+    async def complete_meta(self) -> None:
+        """Every lease of the first start is written."""
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key=self._key(META_KEY),
+                UpdateExpression="SET complete = :yes",
+                ExpressionAttributeValues={":yes": {"BOOL": True}},
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
 
     async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
         """A lease row for a newly seen shard, unowned; ``start=SHARD_END`` marks it finished (never read)."""
         item: dict[str, Any] = {
             "parents": {"L": [{"S": p} for p in parents]},
             "lease_counter": {"N": "0"},
+            "updated_at": _now(),
             **_position_item(start),
         }
         return await self._put_new(SHARD_PREFIX + shard_id, item)
@@ -228,58 +322,103 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
 
     async def claim(self, lease: Lease) -> Lease:
-        """Take the lease as it was read (same owner, same counter), or raise LeaseLost."""
-        condition = "lease_counter = :counter AND position_kind <> :end AND " + (
-            "lease_owner = :previous" if lease.owner else "attribute_not_exists(lease_owner)"
+        """Take the lease as it was read (same owner, same counter), or raise LeaseLost. A pending
+        reset is applied in the same write; a steal request (``wanted_by``) is cleared."""
+        update = _Update()
+        update.fence(lease)
+        update.sets.append("lease_owner = :me")
+        update.values[":me"] = {"S": self.worker_id}
+        update.next_counter()
+        update.removes.append("wanted_by")
+        checkpoint = lease.checkpoint
+        if lease.reset is not None:
+            update.apply_reset(lease.reset)
+            checkpoint = lease.reset.position
+        else:
+            update.values[":end"] = {"S": SHARD_END.kind}
+            update.conditions.append("position_kind <> :end")
+        await self._update(lease, update)
+        return replace(
+            lease, owner=self.worker_id, counter=lease.counter + 1, checkpoint=checkpoint, wanted_by=None, reset=None
         )
-        values: dict[str, Any] = {
-            ":counter": {"N": str(lease.counter)},
-            ":end": {"S": SHARD_END.kind},
-            ":me": {"S": self.worker_id},
-            ":one": {"N": "1"},
-        }
-        if lease.owner:
-            values[":previous"] = {"S": lease.owner}
-        await self._update(lease, "SET lease_owner = :me, lease_counter = lease_counter + :one", condition, values)
-        return replace(lease, owner=self.worker_id, counter=lease.counter + 1)
+
+    async def apply_reset(self, lease: Lease) -> Lease:
+        """Apply the lease's pending reset without taking it: the owner's (a new claim of the same
+        owner: the counter moves) or an unowned, finished lease's (so that it is read again)."""
+        assert lease.reset is not None
+        update = _Update()
+        update.fence(lease)
+        update.next_counter()
+        update.apply_reset(lease.reset)
+        await self._update(lease, update)
+        return replace(lease, counter=lease.counter + 1, checkpoint=lease.reset.position, reset=None)
 
     async def checkpoint(self, lease: Lease, position: Position) -> Lease:
         """Store where the shard resumes (or SHARD_END). Fenced by owner and counter."""
-        attributes = _position_item(position)
-        sets = [f"{name} = :{name}" for name in attributes]
-        values: dict[str, Any] = {f":{name}": value for name, value in attributes.items()}
-        removes = [
-            name for name in ("sequence_number", "sub_sequence_number", "position_timestamp") if name not in attributes
-        ]
-        sets.append("updated_at = :now")
-        values[":now"] = {"S": datetime.now(UTC).isoformat()}
-        values[":me"] = {"S": self.worker_id}
-        values[":counter"] = {"N": str(lease.counter)}
-        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-        await self._update(lease, expression, "lease_owner = :me AND lease_counter = :counter", values)
+        update = _Update()
+        update.fence(lease)
+        update.set_position(position)
+        update.sets.append("updated_at = :now")
+        update.values[":now"] = _now()
+        await self._update(lease, update)
         return replace(lease, checkpoint=position)
 
-    async def release(self, lease: Lease) -> None:
-        """Give the lease up after a clean stop, so the next worker takes it at once."""
-        values = {":me": {"S": self.worker_id}, ":counter": {"N": str(lease.counter)}, ":one": {"N": "1"}}
-        await self._update(
-            lease,
-            "REMOVE lease_owner SET lease_counter = lease_counter + :one",
-            "lease_owner = :me AND lease_counter = :counter",
-            values,
-        )
+    async def finish(self, lease: Lease) -> Lease:
+        """SHARD_END: the sink committed the shard's last record. A finished lease has no owner, so
+        that anyone may apply an operator's reset to it."""
+        update = _Update()
+        update.fence(lease)
+        update.set_position(SHARD_END)
+        update.sets.append("updated_at = :now")
+        update.values[":now"] = _now()
+        update.removes.append("lease_owner")
+        update.next_counter()
+        await self._update(lease, update)
+        return replace(lease, owner=None, counter=lease.counter + 1, checkpoint=SHARD_END)
 
-    async def _update(self, lease: Lease, expression: str, condition: str, values: dict[str, Any]) -> None:
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (a clean stop, a handover), so the next worker takes it at once; a
+        steal request stays, so the worker that asked takes it first."""
+        update = _Update()
+        update.fence(lease)
+        update.removes.append("lease_owner")
+        update.next_counter()
+        await self._update(lease, update)
+
+    async def want(self, lease: Lease) -> None:
+        """Ask the owner to hand the lease over (a steal is a request, not a grab)."""
+        update = _Update()
+        update.fence(lease)
+        update.sets.append("wanted_by = :me")
+        update.values[":me"] = {"S": self.worker_id}
+        update.conditions.append("attribute_not_exists(wanted_by)")
+        await self._update(lease, update)
+
+    async def request_reset(self, shard_ids: Iterable[str], position: Position) -> str:
+        """The operator's reset: written on each shard's row as pending; returns its id."""
+        reset_id = uuid.uuid4().hex
+        for shard_id in shard_ids:
+            update = _Update()
+            update.set_position(position, RESET_PREFIX)
+            update.sets.append("reset_id = :reset")
+            update.values[":reset"] = {"S": reset_id}
+            update.conditions.append("attribute_exists(sk)")
+            await self._update(Lease(shard_id, (), None, 0, position), update, missing=f"no lease for shard {shard_id}")
+        return reset_id
+
+    async def _update(self, lease: Lease, update: _Update, *, missing: str | None = None) -> None:
         try:
             await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(SHARD_PREFIX + lease.shard_id),
-                UpdateExpression=expression,
-                ConditionExpression=condition,
-                ExpressionAttributeValues=values,
+                UpdateExpression=update.expression(),
+                ConditionExpression=" AND ".join(update.conditions),
+                ExpressionAttributeValues=update.values,
             )
         except Exception as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
+                if missing is not None:
+                    raise ResourceNotFound(f"{missing} in {self._resource()}") from None
                 raise LeaseLost(f"lease of shard {lease.shard_id} is no longer held by {self.worker_id}") from None
             raise translate(exc, resource=self._resource()) from None
 

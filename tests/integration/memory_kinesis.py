@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ EVENT_INTERVAL_S = 0.02
 class MemoryShard:
     shard_id: str
     parents: tuple[str, ...] = ()
-    records: list[tuple[int, str, bytes]] = field(default_factory=list)  # (sequence, key, data)
+    records: list[tuple[int, str, bytes, float]] = field(default_factory=list)  # (sequence, key, data, arrival)
     closed: bool = False
     children: tuple[str, ...] = ()
 
@@ -53,8 +54,8 @@ class MemoryStream:
         fresh = [r for r in self._shard.records if r[0] > self._after][: self._kinesis.max_records_per_event]
         payload: dict[str, Any] = {
             "Records": [
-                {"SequenceNumber": str(seq), "PartitionKey": key, "Data": data, "ApproximateArrivalTimestamp": 1.0}
-                for seq, key, data in fresh
+                {"SequenceNumber": str(seq), "PartitionKey": key, "Data": data, "ApproximateArrivalTimestamp": arrival}
+                for seq, key, data, arrival in fresh
             ],
             "MillisBehindLatest": 0,
         }
@@ -86,6 +87,7 @@ class MemoryKinesis:
         self.streams: list[MemoryStream] = []
         self.max_records_per_event = 100
         self.consumer_registered = True
+        self.list_failures = 0  # the next ListShards calls that are throttled
         self.room: list[int] = []
         for i in range(shards):
             self.add_shard(f"shard-{i:03d}")
@@ -104,7 +106,7 @@ class MemoryKinesis:
         for i in range(count):
             seq = next(self._sequence)
             self.last_sequence = seq
-            shard.records.append((seq, key, f"{shard_id}-{seq}-{i}".encode()))
+            shard.records.append((seq, key, f"{shard_id}-{seq}-{i}".encode(), time.time()))
             written.append(seq)
         return written
 
@@ -119,6 +121,13 @@ class MemoryKinesis:
     # ---- the control plane -----------------------------------------------------------------------
 
     async def list_shards(self, **kwargs: Any) -> dict[str, Any]:
+        if self.list_failures:
+            self.list_failures -= 1
+            import botocore.exceptions
+
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "LimitExceededException", "Message": "Rate exceeded"}}, "ListShards"
+            )
         return {
             "Shards": [
                 {
@@ -157,7 +166,11 @@ class MemoryKinesis:
             after = int(start["SequenceNumber"])
         elif kind == "AT_SEQUENCE_NUMBER":
             after = int(start["SequenceNumber"]) - 1
-        else:  # TRIM_HORIZON, AT_TIMESTAMP
+        elif kind == "AT_TIMESTAMP":
+            moment = start["Timestamp"].timestamp()
+            older = [seq for seq, _, _, arrival in shard.records if arrival < moment]
+            after = max(older, default=0)
+        else:  # TRIM_HORIZON
             after = 0
         stream = MemoryStream(self, shard, after)
         self.streams.append(stream)

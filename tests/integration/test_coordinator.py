@@ -23,7 +23,7 @@ from efo.kinesis.registration import StreamInfo
 from efo.leases.table import LeaseTable
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import SHARD_END
+from efo.pipeline.records import SHARD_END, Position
 
 from .memory_kinesis import MemoryDriver, MemoryKinesis
 from .service import unique
@@ -54,6 +54,31 @@ class World:
     def written(self, shard_id: str) -> list[int]:
         return [seq for shard, seq in self.driver.written if shard == shard_id]
 
+    async def worker(self, worker_id: str, *, bootstrap: bool = True) -> World:
+        """Another worker of the same application on the same stream (its own coordinator, pool,
+        handoff and driver), as another pod would be."""
+        return await _worker(self.kinesis, self.ddb, self.settings, worker_id, bootstrap=bootstrap)
+
+
+async def _worker(
+    kinesis: MemoryKinesis, ddb: Any, config: Settings, worker_id: str, *, bootstrap: bool = True
+) -> World:
+    table = LeaseTable(ddb, table=config.table_name, app=config.app, stream_arn=STREAM_ARN, worker_id=worker_id)
+    handoff = Handoff()
+    coordinator = Coordinator(
+        settings=config,
+        stream=StreamInfo("memory", STREAM_ARN, datetime(2026, 1, 1, tzinfo=UTC), "ACTIVE", len(kinesis.shards)),
+        consumer_arn="arn:consumer",
+        kinesis=kinesis,
+        subscriber=kinesis,
+        table=table,
+        pool=PendingPool(10_000, 1 << 26, reserved_records=100, reserved_bytes=1 << 20),
+        handoff=handoff,
+    )
+    if bootstrap:
+        await coordinator.bootstrap()
+    return World(kinesis, table, coordinator, MemoryDriver(handoff, coordinator.on_committed), config, ddb)
+
 
 def _settings(**overrides: Any) -> Settings:
     values: dict[str, Any] = {
@@ -63,7 +88,7 @@ def _settings(**overrides: Any) -> Settings:
         "initial_position": "TRIM_HORIZON",
         "shards": {"sync_interval_s": 0.2},
         "checkpoint": {"interval_s": 0.2},
-        "lease": {"heartbeat_interval_s": 0.25, "failover_s": 1.0},
+        "lease": {"heartbeat_interval_s": 0.25, "failover_s": 1.0, "sync_interval_s": 0.2},
         "shutdown_timeout_s": 5,
     }
     values.update(overrides)
@@ -78,7 +103,9 @@ def _no_efo_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @asynccontextmanager
-async def world(local_stack: Any, kinesis: MemoryKinesis, **settings: Any) -> AsyncIterator[World]:
+async def world(
+    local_stack: Any, kinesis: MemoryKinesis, *, bootstrap: bool = True, **settings: Any
+) -> AsyncIterator[World]:
     config = _settings(**settings)
     async with get_session().create_client(
         "dynamodb",
@@ -87,21 +114,10 @@ async def world(local_stack: Any, kinesis: MemoryKinesis, **settings: Any) -> As
         aws_access_key_id="test",
         aws_secret_access_key="test",
     ) as ddb:
-        table = LeaseTable(ddb, table=config.table_name, app=config.app, stream_arn=STREAM_ARN, worker_id="w1")
-        await table.ensure_table()
-        handoff = Handoff()
-        coordinator = Coordinator(
-            settings=config,
-            stream=StreamInfo("memory", STREAM_ARN, datetime(2026, 1, 1, tzinfo=UTC), "ACTIVE", len(kinesis.shards)),
-            consumer_arn="arn:consumer",
-            kinesis=kinesis,
-            subscriber=kinesis,
-            table=table,
-            pool=PendingPool(10_000, 1 << 26, reserved_records=100, reserved_bytes=1 << 20),
-            handoff=handoff,
-        )
-        await coordinator.bootstrap()
-        yield World(kinesis, table, coordinator, MemoryDriver(handoff, coordinator.on_committed), config, ddb)
+        await LeaseTable(
+            ddb, table=config.table_name, app=config.app, stream_arn=STREAM_ARN, worker_id="w1"
+        ).ensure_table()
+        yield await _worker(kinesis, ddb, config, "w1", bootstrap=bootstrap)
 
 
 @asynccontextmanager
@@ -329,6 +345,10 @@ def test_a_shard_gone_past_the_retention_is_marked_finished_and_its_children_sta
             puts = {child: kinesis.put(child, 5) for child in children}
             async with running(w) as stop:
                 await until(lambda: all(len(w.written(c)) == 5 for c in children), what="the children")
+                for _ in range(100):  # confirmed gone by two listings, then marked finished
+                    if (await w.table.read()).leases["shard-000"].finished:
+                        break
+                    await asyncio.sleep(0.05)
                 await stop()
             assert w.written("shard-000") == []
             assert (await w.table.read()).leases["shard-000"].checkpoint == SHARD_END
@@ -352,5 +372,107 @@ def test_a_consumer_deregistered_while_running_stops_the_service_naming_it(local
             with pytest.raises(ExceptionGroup) as failed:
                 await asyncio.wait_for(service, 5)
             assert "no longer registered" in str(failed.value.exceptions[0])
+
+    run(scenario())
+
+
+# ---- found in review -----------------------------------------------------------------------------
+
+
+def test_a_parent_split_before_any_record_ends_and_its_children_are_read(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis) as w:
+            children = kinesis.split("shard-000")  # closed with nothing in it: its first event is its end
+            puts = {child: kinesis.put(child, 5) for child in children}
+            async with running(w) as stop:
+                await until(lambda: all(w.written(c) == puts[c] for c in children), what="the children")
+                await stop()
+            assert (await w.table.read()).leases["shard-000"].checkpoint == SHARD_END
+
+    run(scenario())
+
+
+def test_the_latest_pin_is_in_the_table_before_the_sink_gets_the_first_record(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis, initial_position="LATEST") as w:
+            real = w.table.checkpoint
+
+            async def slow_checkpoint(lease: Any, position: Any) -> Any:
+                await asyncio.sleep(0.5)  # DynamoDB slow: a crash in this window must not lose anything
+                return await real(lease, position)
+
+            w.table.checkpoint = slow_checkpoint  # type: ignore[method-assign]
+            w.driver.hold = True
+            async with running(w) as stop:
+                await until(lambda: w.coordinator._ready, what="ready")
+                kinesis.put("shard-000", 5)
+                await until(lambda: bool(w.driver.held), what="the first chunk in the sink")
+                pinned = (await w.table.read()).leases["shard-000"].checkpoint
+                assert pinned.is_concrete, f"the table still says {pinned} while records are out"
+                w.driver.hold = False
+                w.driver.release_held()
+                await stop()
+
+    run(scenario())
+
+
+def test_a_lease_another_worker_created_for_a_shard_not_yet_listed_here_is_not_taken_for_expired(
+    local_stack: Any,
+) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        rarely = {"sync_interval_s": 30}  # this worker's listing of the shards is old
+        async with world(local_stack, kinesis, shards=rarely) as w, running(w) as stop:
+            await until(lambda: "shard-000" in w.coordinator.owned)
+            kinesis.add_shard("shard-001")  # born since this worker's listing ...
+            other = await w.other_worker("w2")  # ... and seen by another, which made its lease
+            await other.create_lease("shard-001", (), Position("TRIM_HORIZON"))
+            puts = kinesis.put("shard-001", 5)
+            await until(lambda: w.written("shard-001") == puts, what="the new shard read")
+            assert not (await w.table.read()).leases["shard-001"].finished
+            await stop()
+
+    run(scenario())
+
+
+def test_a_throttled_listing_after_a_shard_was_not_found_is_retried_not_fatal(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis) as w, running(w) as stop:
+            await until(lambda: "shard-000" in w.coordinator.owned)
+            kinesis.list_failures = 2
+            kinesis.unlisted.add("shard-000")
+            kinesis.stream_failures["shard-000"] = botocore.exceptions.ClientError(
+                {"Error": {"Code": "ResourceNotFoundException", "Message": "shard gone"}}, "SubscribeToShard"
+            )
+            await until(lambda: "shard-000" not in w.coordinator.owned, timeout_s=10, what="the shard expired")
+            await stop()
+
+    run(scenario())
+
+
+def test_leases_in_doubt_while_the_stop_releases_them_do_not_crash_the_stop(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis) as w:
+            stop, driver_done = asyncio.Event(), asyncio.Event()
+            service = asyncio.ensure_future(w.coordinator.run(stop, driver_done))
+            await until(lambda: len(w.coordinator.owned) == 2)
+            real_release = w.table.release
+
+            async def slow_release(lease: Any) -> None:
+                await asyncio.sleep(1.0)  # longer than the lease validity (0.75 s) in these settings
+                await real_release(lease)
+
+            async def failing_heartbeat() -> None:
+                raise Retriable("ThrottlingException on DynamoDB table (injected)")
+
+            w.table.release = slow_release  # type: ignore[method-assign]
+            w.table.heartbeat = failing_heartbeat  # type: ignore[method-assign]
+            stop.set()
+            driver_done.set()
+            await asyncio.wait_for(service, 10)  # no IllegalTransition: LOST -> RELEASED
 
     run(scenario())

@@ -20,7 +20,17 @@ import pytest
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME
 
-from .service import Result, ServiceRun, closed_port_url, create_stream, efo, service_env, trap_endpoint, unique
+from .service import (
+    Result,
+    ServiceRun,
+    arrow_env,
+    closed_port_url,
+    create_stream,
+    efo,
+    service_env,
+    trap_endpoint,
+    unique,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -174,7 +184,11 @@ def unreachable(local_stack: StackEndpoints, tmp_path_factory: pytest.TempPathFa
         (
             "EFO_SINK",
             "kafka:x",
-            ["sink", "'kafka:x'", "parquet:<path or URI>, handler:<module>:<function>, console"],
+            [
+                "sink",
+                "'kafka:x'",
+                "parquet:<path or URI>, handler:<module>:<function>, arrow:<module>:<function>, console",
+            ],
         ),
     ],
 )
@@ -239,7 +253,7 @@ def test_recreated_stream_exits_2_until_checkpoints_are_reset(
 ) -> None:
     stream, app = unique("recreated"), unique("app")
     create_stream(kinesis_client, stream, 1)
-    env = _env(local_stack, tmp_path, stream, app)
+    env = arrow_env(local_stack, stream=stream, app=app, sink_dir=tmp_path / "out", initial_position="TRIM_HORIZON")
     summary = kinesis_client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
     meta_key = {"pk": {"S": f"{app}|{summary['StreamARN']}"}, "sk": {"S": "meta"}}
 
@@ -259,15 +273,15 @@ def test_recreated_stream_exits_2_until_checkpoints_are_reset(
     assert refused.code == EXIT_CONFIG, refused.stderr
     line = refused.one_error_line()
     assert repr(stream) in line and repr(app) in line
-    assert "deleted and recreated" in line and "efo checkpoints reset --yes" in line
+    assert "deleted and recreated" in line and "efo checkpoints reset --delete-all --yes" in line
     assert refused.seconds < PREFLIGHT_BUDGET_S
 
-    not_confirmed = efo(env, "checkpoints", "reset")
+    not_confirmed = efo(env, "checkpoints", "reset", "--delete-all")
     assert not_confirmed.code == EXIT_CONFIG
     assert "--yes" in not_confirmed.stderr
     assert "Item" in dynamodb_client.get_item(TableName=app, Key=meta_key, ConsistentRead=True)
 
-    reset = efo(env, "checkpoints", "reset", "--yes")
+    reset = efo(env, "checkpoints", "reset", "--delete-all", "--yes")
     assert reset.code == EXIT_OK, reset.stderr
     assert f"of application {app!r} on stream {stream!r}" in reset.stdout
     assert "Item" not in dynamodb_client.get_item(TableName=app, Key=meta_key, ConsistentRead=True)

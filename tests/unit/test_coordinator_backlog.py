@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -55,6 +56,7 @@ def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Coordinator, FlakyTabl
         pool=PendingPool(1000, 1 << 20),
         handoff=Handoff(),
     )
+    coordinator._heartbeat_ok_at = time.monotonic()  # as if a heartbeat had just landed: its leases are valid
     return coordinator, table
 
 

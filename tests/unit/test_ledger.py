@@ -234,22 +234,24 @@ def _split_and_merge() -> ShardGraph:
     )
 
 
-def test_latest_first_start_skips_closed_shards_and_starts_open_ones_at_latest() -> None:
+def test_latest_first_start_skips_closed_shards_and_starts_open_ones_at_the_moment_of_the_first_start() -> None:
     graph = _split_and_merge()
-    positions = {sid: Coordinator._first_start_position(InitialPosition("LATEST"), graph, sid) for sid in graph.shards}
+    positions = {
+        sid: Coordinator._first_start_position(InitialPosition("LATEST"), graph, sid, STAMP) for sid in graph.shards
+    }
     assert positions == {
         "shard-0": SHARD_END,
         "shard-1": SHARD_END,
         "shard-2": SHARD_END,
-        "shard-3": Position("LATEST"),
-        "shard-9": Position("LATEST"),
+        "shard-3": Position("AT_TIMESTAMP", timestamp=STAMP),
+        "shard-9": Position("AT_TIMESTAMP", timestamp=STAMP),
     }
 
 
 def test_trim_horizon_first_start_reads_every_shard_from_its_beginning() -> None:
     graph = _split_and_merge()
     for sid in graph.shards:
-        assert Coordinator._first_start_position(InitialPosition("TRIM_HORIZON"), graph, sid) == Position(
+        assert Coordinator._first_start_position(InitialPosition("TRIM_HORIZON"), graph, sid, STAMP) == Position(
             "TRIM_HORIZON"
         )
 
@@ -258,6 +260,6 @@ def test_at_timestamp_first_start_applies_the_timestamp_to_open_and_closed_shard
     graph = _split_and_merge()
     initial = InitialPosition("AT_TIMESTAMP", STAMP)
     for sid in graph.shards:
-        position = Coordinator._first_start_position(initial, graph, sid)
+        position = Coordinator._first_start_position(initial, graph, sid, STAMP)
         assert position == Position("AT_TIMESTAMP", timestamp=STAMP)
         assert position.starting_position() == {"Type": "AT_TIMESTAMP", "Timestamp": STAMP}

@@ -1,0 +1,99 @@
+"""How many shards each worker reads, decided by each worker on its own from one read of the table.
+
+Of the ``n`` shards that can be read now (not finished, parents finished) and the ``w`` live
+workers, each worker's share is ``floor(n / w)``, one more for the first ``n mod w`` workers in
+name order: every worker computes every share from the same table, so they agree without talking.
+In one cycle a worker:
+
+1. **claims** free leases (unowned, or held by a dead worker) up to its share (and
+   ``max_leases_per_worker``), and beyond it up to ``ceil(n / w)`` only when more is free than all
+   the shares still missing; a free lease another live worker asked for is left to that worker;
+2. **sheds** what it holds above its share when that is above ``ceil(n / w)`` or another worker
+   holds less than ``floor(n / w)``, handing those leases over gracefully (in-flight records
+   committed, checkpoint written, lease released) so that the worker short of its share claims
+   them: this is how a worker that joins gets its share within a few cycles;
+3. **asks** for a lease (a steal is a request, not a grab) when it holds less than its share,
+   nothing is free, and the most loaded worker holds at least two more than it: at most
+   ``max_steals_per_cycle`` requests open, from the most loaded worker only. A worker that holds
+   more than its share sheds on its own, so this is the fallback for one that does not.
+
+Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
+last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from efo.leases.table import Lease
+
+
+@dataclass(frozen=True)
+class Plan:
+    claim: list[Lease] = field(default_factory=list)
+    shed: list[str] = field(default_factory=list)
+    ask: list[Lease] = field(default_factory=list)
+    target: int = 0
+
+
+def plan(
+    me: str,
+    readable: Iterable[Lease],
+    live: Iterable[str],
+    *,
+    moved_recently: AbstractSet[str] = frozenset(),
+    reserved_for_others: AbstractSet[str] = frozenset(),
+    asked: int = 0,
+    max_leases: int = 0,
+    max_steals: int = 1,
+) -> Plan:
+    """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
+    the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
+    leases another live worker asked for, still fresh; ``asked``: this worker's requests still open."""
+    leases = sorted(readable, key=lambda lease: lease.shard_id)
+    workers = sorted(set(live) | {me})
+    count, width = len(leases), len(workers)
+    floor, extra = divmod(count, width)
+    ceiling = floor + (1 if extra else 0)
+
+    def share(worker: str) -> int:
+        base = floor + (1 if workers.index(worker) < extra else 0)
+        return min(base, max_leases) if max_leases else base
+
+    load = Counter(lease.owner for lease in leases if lease.owner in workers)
+    mine, target = load[me], share(me)
+
+    free = [
+        lease
+        for lease in leases
+        if lease.owner not in workers and (lease.wanted_by == me or lease.shard_id not in reserved_for_others)
+    ]
+    free.sort(key=lambda lease: (lease.wanted_by != me, lease.shard_id))  # what this worker asked for first
+    missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
+    cap = target if len(free) <= missing else max(target, min(ceiling, max_leases) if max_leases else ceiling)
+    claim = free[: max(0, cap - mine)]
+    held = mine + len(claim)
+
+    shed: list[str] = []
+    short = any(load[worker] < min(floor, share(worker)) for worker in workers if worker != me)
+    if held > target and (held > ceiling or short):
+        movable = [lease.shard_id for lease in leases if lease.owner == me and lease.shard_id not in moved_recently]
+        shed = sorted(movable, reverse=True)[: held - target]
+
+    ask: list[Lease] = []
+    room = target - held
+    if not claim and not shed and room > 0 and asked < max_steals:
+        others = [worker for worker in workers if worker != me]
+        if others:
+            donor = max(others, key=lambda worker: (load[worker], worker))
+            if load[donor] - mine >= 2:
+                candidates = [
+                    lease
+                    for lease in leases
+                    if lease.owner == donor and lease.wanted_by is None and lease.shard_id not in moved_recently
+                ]
+                ask = candidates[: min(room, max_steals - asked)]
+    return Plan(claim=claim, shed=shed, ask=ask, target=target)

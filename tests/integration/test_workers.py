@@ -1,0 +1,227 @@
+"""Several workers on one stream, in-process: two or three coordinators share the in-memory Kinesis
+and the real lease table on the local stack's DynamoDB. Balancing, graceful handovers, steal
+requests, live resets, only-live-data starts and a concurrent LATEST bootstrap, in seconds each.
+(The same, as real ``efo run`` processes on kinesis-local, is in test_workers_processes.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from efo.pipeline.records import Position, after
+
+from .memory_kinesis import MemoryKinesis
+from .test_coordinator import World, run, running, until, world
+
+pytestmark = pytest.mark.integration
+
+PATIENT = {"heartbeat_interval_s": 0.25, "failover_s": 6.0, "sync_interval_s": 0.2}
+
+
+def holdings(*workers: World) -> dict[str, int]:
+    return {w.table.worker_id: len([o for o in w.coordinator.owned.values() if o.phase.reading]) for w in workers}
+
+
+def all_written(*workers: World) -> Counter[tuple[str, int]]:
+    return Counter(record for w in workers for record in w.driver.written)
+
+
+def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothing_moves(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(8)
+        puts = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
+        async with world(local_stack, kinesis) as a:
+            b = await a.worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
+                async with running(b) as stop_b:
+                    joined = asyncio.get_running_loop().time()
+                    await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
+                    settled_after_s = asyncio.get_running_loop().time() - joined
+                    assert settled_after_s < 10 * a.settings.lease.sync_interval_s, settled_after_s
+                    counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    more = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
+                    await asyncio.sleep(20 * a.settings.lease.sync_interval_s)  # twenty cycles
+                    after = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    assert after == counters, "a lease moved although the shards were balanced"
+                    await until(lambda: set(puts + more) <= {seq for _, seq in all_written(a, b)})
+                    await stop_b()
+                await stop_a()
+            written = all_written(a, b)
+            assert not [record for record, count in written.items() if count > 1], "a handover duplicated records"
+
+    run(scenario())
+
+
+def test_a_handover_waits_for_the_sink_so_the_next_owner_neither_loses_nor_repeats_anything(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=PATIENT) as a:  # a handover waits up to 3 s
+            b = await a.worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 2})
+                a.driver.hold = True  # records of both shards are in the sink when w2 arrives
+                puts = [seq for i in range(2) for seq in kinesis.put(f"shard-{i:03d}", 20)]
+                await until(lambda: sum(len(c) for c in a.driver.held) == 40, what="40 records in the sink")
+                async with running(b) as stop_b:
+                    await asyncio.sleep(1.0)  # w1 hands one shard over; it must wait for the sink
+                    assert holdings(b) == {"w2": 0}, "taken over before the sink committed what was handed on"
+                    a.driver.hold = False
+                    a.driver.release_held()
+                    await until(lambda: holdings(a, b) == {"w1": 1, "w2": 1}, what="one shard each")
+                    more = [seq for i in range(2) for seq in kinesis.put(f"shard-{i:03d}", 10)]
+                    await until(lambda: set(puts + more) <= {seq for _, seq in all_written(a, b)})
+                    await stop_b()
+                await stop_a()
+            assert not [r for r, count in all_written(a, b).items() if count > 1], "records read twice"
+
+    run(scenario())
+
+
+def test_a_steal_is_a_request_the_owner_honours_by_handing_the_lease_over(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=PATIENT) as a, running(a) as stop_a:
+            await until(lambda: holdings(a) == {"w1": 2})
+            b = await a.worker("w2")
+            await b.table.heartbeat()  # w2 is alive (its cycle is not running: the test plays it)
+            lease = (await b.table.read()).leases["shard-000"]
+            await b.table.want(lease)  # what w2's cycle does when w1 will not shed
+            await until(lambda: "shard-000" not in a.coordinator.owned, timeout_s=3, what="the handover")
+            released = (await a.table.read()).leases["shard-000"]
+            assert released.owner is None and released.wanted_by == "w2"
+            assert released.counter == lease.counter + 1
+            await b.table.heartbeat()
+            await asyncio.sleep(0.5)  # nobody but w2 may claim it while w2 lives and its request is fresh
+            assert (await a.table.read()).leases["shard-000"].owner is None
+            claimed = await b.table.claim((await b.table.read()).leases["shard-000"])
+            assert claimed.owner == "w2" and claimed.wanted_by is None
+            await stop_a()
+
+
+def test_a_reset_is_applied_by_the_owner_within_a_cycle_without_a_restart(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        first = kinesis.put("shard-000", 10)
+        async with world(local_stack, kinesis) as a:
+            async with running(a) as stop:
+                await until(lambda: len(a.written("shard-000")) == 10)
+                await until(lambda: a.coordinator.owned["shard-000"].ledger.written == after(str(first[-1])))
+                epoch = a.coordinator.owned["shard-000"].epoch
+                reset_id = await a.table.request_reset(["shard-000"], after(str(first[4])))
+                await until(
+                    lambda: "shard-000" in a.coordinator.owned and a.coordinator.owned["shard-000"].epoch > epoch,
+                    timeout_s=3,
+                    what="the reset applied",
+                )
+                await until(lambda: len(a.written("shard-000")) == 15, what="records 6-10 read again")
+                lease = (await a.table.read()).leases["shard-000"]
+                assert lease.reset is None and reset_id
+                await stop()
+            assert a.written("shard-000") == first + first[5:]
+
+    run(scenario())
+
+
+def test_a_reset_of_every_shard_to_trim_horizon_reads_parents_before_children_again(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        parent = kinesis.put("shard-000", 5)
+        async with world(local_stack, kinesis) as a, running(a) as stop:
+            children = kinesis.split("shard-000")
+            kids = {child: kinesis.put(child, 3) for child in children}
+            await until(lambda: all(len(a.written(c)) == 3 for c in children), what="the children")
+            state = await a.table.read()
+            mark = len(a.driver.written)
+            await a.table.request_reset(sorted(state.leases), Position("TRIM_HORIZON"))
+            await until(lambda: len(a.driver.written) - mark == 11, timeout_s=10, what="everything read again")
+            again = a.driver.written[mark:]
+            assert [seq for shard, seq in again if shard == "shard-000"] == parent
+            last_parent = max(i for i, (shard, _) in enumerate(again) if shard == "shard-000")
+            first_child = min(i for i, (shard, _) in enumerate(again) if shard != "shard-000")
+            assert last_parent < first_child, "a child was read before its parent ended"
+            assert all([seq for shard, seq in again if shard == c] == kids[c] for c in children)
+            await stop()
+
+    run(scenario())
+
+
+def test_skip_older_than_starts_a_stale_checkpoint_at_now_minus_the_age(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        async with world(local_stack, kinesis, skip_older_than="60") as a:
+            lease = (await a.table.read()).leases["shard-000"]
+            stale = replace(lease, updated_at=datetime.now(UTC) - timedelta(hours=2))
+            start = a.coordinator._start_position(stale)
+            assert start.kind == "AT_TIMESTAMP" and start.timestamp is not None
+            assert abs((datetime.now(UTC) - start.timestamp).total_seconds() - 60) < 5
+            fresh = replace(lease, updated_at=datetime.now(UTC) - timedelta(seconds=10))
+            assert a.coordinator._start_position(fresh) == lease.checkpoint
+            latest = replace(stale, checkpoint=Position("LATEST"))
+            assert a.coordinator._start_position(latest) == Position("LATEST")
+
+    run(scenario())
+
+
+def test_workers_bootstrapping_at_once_under_latest_agree_on_one_bootstrap(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(6)
+        async with world(local_stack, kinesis, initial_position="LATEST", bootstrap=False) as a:
+            workers = [a] + [await a.worker(f"w{i}", bootstrap=False) for i in (2, 3)]
+            await asyncio.gather(*(w.coordinator.bootstrap() for w in workers))  # at the same moment
+            state = await a.table.read()
+            assert state.meta is not None and state.meta.initial_position == "LATEST" and state.meta.complete
+            assert len(state.leases) == 6
+            # LATEST is the moment of the first start, one moment for every shard
+            assert {lease.checkpoint for lease in state.leases.values()} == {
+                Position("AT_TIMESTAMP", timestamp=state.meta.started_at)
+            }
+            assert {lease.counter for lease in state.leases.values()} == {0}
+
+    run(scenario())
+
+
+def test_a_bootstrap_cut_short_is_completed_by_the_next_worker(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(4)
+        async with world(local_stack, kinesis, initial_position="LATEST", bootstrap=False) as a:
+            # A worker died after the meta row and two of four leases (the meta row is marked complete last).
+            started = datetime.now(UTC) - timedelta(seconds=30)
+            await a.table.create_meta(datetime(2026, 1, 1, tzinfo=UTC), "LATEST", started)
+            first_start = Position("AT_TIMESTAMP", timestamp=started)
+            await a.table.create_lease("shard-000", (), first_start)
+            await a.table.create_lease("shard-001", (), first_start)
+            b = await a.worker("w2")  # bootstraps: the meta row is incomplete, so it completes it
+            state = await b.table.read()
+            assert state.meta is not None and state.meta.complete
+            assert sorted(state.leases) == ["shard-000", "shard-001", "shard-002", "shard-003"]
+            assert {lease.checkpoint for lease in state.leases.values()} == {first_start}
+
+    run(scenario())
+
+
+def test_a_latest_lease_handed_over_before_its_first_event_loses_nothing_written_since_the_start(
+    local_stack: Any,
+) -> None:
+    # Under LATEST a lease moved before its first event (start-up rebalancing) must not start from
+    # "now" again at its next owner: what was written in between would be skipped.
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        kinesis.put("shard-000", 5)  # before the first start: not expected under LATEST
+        async with world(local_stack, kinesis, initial_position="LATEST", lease=PATIENT) as a:
+            b = await a.worker("w2")
+            lease = (await b.table.read()).leases["shard-000"]
+            await b.table.claim(lease)  # w2 took it at once ...
+            written = kinesis.put("shard-000", 5)  # ... records arrive ...
+            claimed = (await b.table.read()).leases["shard-000"]
+            await b.table.release(claimed)  # ... and w2 handed it over before any event
+            async with running(a) as stop:
+                await until(lambda: a.written("shard-000") == written, what="what was written since the start")
+                await stop()
+
+    run(scenario())

@@ -1,0 +1,157 @@
+"""The balancing decisions of one worker's cycle: claim, shed, ask (pure, no table)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from efo.leases.balance import plan
+from efo.leases.table import Lease
+from efo.pipeline.records import Position
+
+
+def leases(owners: dict[str, str | None], wanted: dict[str, str] | None = None) -> list[Lease]:
+    wanted = wanted or {}
+    return [
+        Lease(sid, (), owner, 1, Position("TRIM_HORIZON"), wanted_by=wanted.get(sid))
+        for sid, owner in sorted(owners.items())
+    ]
+
+
+def shards(n: int, owner: str | None = None) -> dict[str, str | None]:
+    return {f"s{i:02d}": owner for i in range(n)}
+
+
+def test_a_worker_alone_claims_every_free_shard() -> None:
+    moves = plan("a", leases(shards(8)), ["a"])
+    assert len(moves.claim) == 8 and moves.target == 8 and not moves.shed and not moves.ask
+
+
+def test_two_workers_starting_together_each_claim_their_share() -> None:
+    assert len(plan("a", leases(shards(9)), ["a", "b"]).claim) == 5
+    owners = {**shards(9), **dict.fromkeys(["s00", "s01", "s02", "s03", "s04"], "a")}
+    assert len(plan("b", leases(owners), ["a", "b"]).claim) == 4
+
+
+def test_a_worker_holding_everything_sheds_down_to_its_share_when_another_joins() -> None:
+    moves = plan("a", leases(shards(8, "a")), ["a", "b"])
+    assert moves.claim == [] and len(moves.shed) == 4 and moves.target == 4
+
+
+def test_the_newcomer_claims_the_shed_leases_and_nobody_steals_at_a_spread_of_one() -> None:
+    owners = {**shards(8, "a")}
+    for sid in ("s04", "s05", "s06", "s07"):
+        owners[sid] = None
+    moves = plan("b", leases(owners), ["a", "b"])
+    assert [lease.shard_id for lease in moves.claim] == ["s04", "s05", "s06", "s07"]
+    settled = {**owners, "s04": "b", "s05": "b", "s06": "b", "s07": "b"}
+    for worker in ("a", "b"):
+        moves = plan(worker, leases(settled), ["a", "b"])
+        assert not moves.claim and not moves.shed and not moves.ask
+
+
+def test_three_workers_settle_at_three_three_two_and_then_nothing_moves() -> None:
+    owners = shards(8)
+    cycles(owners, ["a", "b", "c"], 3)
+    assert sorted(Counter(owners.values()).values()) == [2, 3, 3]
+    assert cycles(owners, ["a", "b", "c"], 3) == 0
+
+
+def test_a_lease_moved_recently_is_not_shed_again() -> None:
+    moves = plan("a", leases(shards(4, "a")), ["a", "b"], moved_recently={"s02", "s03"})
+    assert moves.shed == ["s01", "s00"]
+
+
+def test_a_worker_above_its_share_keeps_it_while_the_spread_is_one() -> None:
+    owners = {**shards(4, "b"), "s04": "a", "s05": "a", "s06": "a", "s07": "a", "s08": "b"}  # a 4, b 5 of 9
+    assert plan("b", leases(owners), ["a", "b"]).shed == []  # a's share is 5, b's 4: no move for that
+
+
+def test_an_under_loaded_worker_asks_the_most_loaded_one_for_one_lease_when_nothing_is_free() -> None:
+    # a holds 6 of 9 but (say, an older version) does not shed; b and c hold 1 and 2.
+    owners = {**shards(6, "a"), "s06": "b", "s07": "c", "s08": "c"}
+    moves = plan("b", leases(owners), ["a", "b", "c"])
+    assert not moves.claim and not moves.shed
+    assert [(lease.shard_id, lease.owner) for lease in moves.ask] == [("s00", "a")]
+
+
+def test_no_steal_while_the_spread_is_at_most_one_or_a_request_is_open() -> None:
+    owners = {**shards(5, "a"), "s05": "b", "s06": "b", "s07": "b", "s08": "b"}  # 5 / 4
+    assert not plan("b", leases(owners), ["a", "b"]).ask
+    owners = {**shards(7, "a"), "s07": "b"}  # 7 / 1
+    assert not plan("b", leases(owners), ["a", "b"], asked=1).ask
+    assert len(plan("b", leases(owners), ["a", "b"], asked=0, max_steals=2).ask) == 2
+
+
+def test_a_worker_never_asks_itself_nor_for_a_lease_already_asked_for_or_moved_recently() -> None:
+    owners = {**shards(6, "a"), "s06": "b"}
+    moves = plan("b", leases(owners, wanted={"s00": "c"}), ["a", "b"], moved_recently={"s01"})
+    assert [lease.shard_id for lease in moves.ask] == ["s02"]
+
+
+def test_a_free_lease_another_live_worker_asked_for_is_left_to_it_unless_the_request_is_stale() -> None:
+    owners = {**shards(2, None)}
+    mine = plan("a", leases(owners, wanted={"s00": "b"}), ["a", "b"], reserved_for_others={"s00"})
+    assert [lease.shard_id for lease in mine.claim] == ["s01"]
+    theirs = plan("b", leases(owners, wanted={"s00": "b"}), ["a", "b"], reserved_for_others=set())
+    assert [lease.shard_id for lease in theirs.claim] == ["s00"]
+
+
+def test_leases_of_dead_workers_are_free() -> None:
+    owners = {**shards(4, "dead")}
+    moves = plan("a", leases(owners), ["a", "b"])
+    assert len(moves.claim) == 2
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(3, 3), (0, 8)])
+def test_max_leases_per_worker_caps_claims(limit: int, expected: int) -> None:
+    assert len(plan("a", leases(shards(8)), ["a"], max_leases=limit).claim) == expected
+
+
+def cycles(owners: dict[str, str | None], live: list[str], rounds: int) -> int:
+    """Every worker plans in turn against the table as it is; claims, sheds and asks (honoured by
+    the owner at once) are applied. Returns how many leases changed owner."""
+    wanted: dict[str, str] = {}
+    moved = 0
+    for _ in range(rounds):
+        for worker in live:
+            moves = plan(worker, leases(owners, wanted), live, asked=sum(1 for w in wanted.values() if w == worker))
+            for lease in moves.claim:
+                owners[lease.shard_id] = worker
+                wanted.pop(lease.shard_id, None)
+                moved += 1
+            for sid in moves.shed:
+                owners[sid] = None
+            for lease in moves.ask:
+                owners[lease.shard_id] = None  # the owner hands it over, kept for the asker
+                wanted[lease.shard_id] = worker
+    return moved
+
+
+def test_balanced_holdings_for_any_count_of_shards_and_workers_and_then_no_moves() -> None:
+    for shard_count in range(0, 20):
+        for worker_count in range(1, 6):
+            owners = shards(shard_count)
+            live = [f"w{i}" for i in range(worker_count)]
+            cycles(owners, live, 4)
+            held = Counter(owner for owner in owners.values() if owner)
+            counts = [held[worker] for worker in live]
+            assert sum(counts) == shard_count
+            assert max(counts) - min(counts) <= 1, (shard_count, worker_count, counts)
+            assert cycles(owners, live, 3) == 0, "a balanced table must stay as it is"
+
+
+def test_a_worker_joining_and_one_leaving_rebalance_in_a_cycle_or_two() -> None:
+    owners = shards(8)
+    cycles(owners, ["a"], 1)
+    assert Counter(owners.values()) == {"a": 8}
+    cycles(owners, ["a", "b"], 2)
+    assert Counter(owners.values()) == {"a": 4, "b": 4}
+    cycles(owners, ["a", "b", "c"], 2)
+    assert sorted(Counter(owners.values()).values()) == [2, 3, 3]
+    for sid, owner in owners.items():  # c stops and releases its leases
+        if owner == "c":
+            owners[sid] = None
+    cycles(owners, ["a", "b"], 1)
+    assert Counter(owners.values()) == {"a": 4, "b": 4}
