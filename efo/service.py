@@ -133,6 +133,7 @@ class Service:
                 name=None if settings.consumer_arn else settings.consumer,
                 arn=settings.consumer_arn,
             )
+        table.consumer_arn = consumer_arn  # its heartbeat row says which consumer it reads through
         coordinator = Coordinator(
             settings=settings,
             stream=stream,

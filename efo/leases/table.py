@@ -16,6 +16,7 @@ Ownership changes and checkpoint writes are conditional on the owner and the lea
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 import uuid
 from collections.abc import Iterable
@@ -29,6 +30,11 @@ from efo.errors import LeaseLost, ResourceNotFound, error_code, translate
 from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.leases.table")
+
+try:
+    EFO_VERSION = importlib.metadata.version("efo")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    EFO_VERSION = "unknown"
 
 META_KEY = "meta"
 WORKER_PREFIX = "worker|"
@@ -53,6 +59,7 @@ class Lease:
     updated_at: datetime | None = None  # when the checkpoint was written (or the lease created)
     wanted_by: str | None = None  # a worker asked the owner to hand the lease over (a steal)
     reset: PendingReset | None = None
+    lag_ms: int | None = None  # MillisBehindLatest of the owner's last event, as of updated_at
 
     @property
     def finished(self) -> bool:
@@ -71,11 +78,27 @@ class Meta:
     complete: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One worker's heartbeat row: what it runs and reads through, and when it last wrote."""
+
+    worker_id: str
+    heartbeat: int
+    updated_at: datetime | None
+    version: str | None = None
+    started_at: datetime | None = None
+    consumer_arn: str | None = None
+
+
 @dataclass(slots=True)
 class TableState:
     meta: Meta | None = None
-    heartbeats: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, WorkerRow] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
+
+    @property
+    def heartbeats(self) -> dict[str, int]:
+        return {worker_id: row.heartbeat for worker_id, row in self.workers.items()}
 
 
 POSITION_ATTRIBUTES = ("position_kind", "sequence_number", "sub_sequence_number", "position_timestamp")
@@ -107,6 +130,10 @@ def _position_of(item: dict[str, Any], prefix: str = "") -> Position:
 
 def _now() -> dict[str, Any]:
     return {"S": datetime.now(UTC).isoformat()}
+
+
+def _datetime(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
 
 
 @dataclass
@@ -154,12 +181,16 @@ class _Update:
 
 
 class LeaseTable:
-    def __init__(self, dynamodb: Any, *, table: str, app: str, stream_arn: str, worker_id: str) -> None:
+    def __init__(
+        self, dynamodb: Any, *, table: str, app: str, stream_arn: str, worker_id: str, consumer_arn: str | None = None
+    ) -> None:
         self._ddb = dynamodb
         self.table = table
         self.partition = f"{app}|{stream_arn}"
         self.worker_id = worker_id
+        self.consumer_arn = consumer_arn
         self._heartbeat = 0
+        self._started_at = datetime.now(UTC).isoformat()
 
     def _key(self, sort_key: str) -> dict[str, Any]:
         return {"pk": {"S": self.partition}, "sk": {"S": sort_key}}
@@ -256,20 +287,29 @@ class LeaseTable:
                 complete=item.get("complete", {}).get("BOOL", True),
             )
         elif sort_key.startswith(WORKER_PREFIX):
-            state.heartbeats[sort_key.removeprefix(WORKER_PREFIX)] = int(item["heartbeat"]["N"])
+            worker_id = sort_key.removeprefix(WORKER_PREFIX)
+            state.workers[worker_id] = WorkerRow(
+                worker_id=worker_id,
+                heartbeat=int(item["heartbeat"]["N"]),
+                updated_at=_datetime(item.get("updated_at", {}).get("S")),
+                version=item.get("version", {}).get("S"),
+                started_at=_datetime(item.get("started_at", {}).get("S")),
+                consumer_arn=item.get("consumer_arn", {}).get("S"),
+            )
         elif sort_key.startswith(SHARD_PREFIX):
             shard_id = sort_key.removeprefix(SHARD_PREFIX)
-            updated = item.get("updated_at", {}).get("S")
             reset_id = item.get("reset_id", {}).get("S")
+            lag = item.get("lag_ms", {}).get("N")
             state.leases[shard_id] = Lease(
                 shard_id=shard_id,
                 parents=tuple(p["S"] for p in item.get("parents", {}).get("L", [])),
                 owner=item.get("lease_owner", {}).get("S"),
                 counter=int(item.get("lease_counter", {}).get("N", "0")),
                 checkpoint=_position_of(item),
-                updated_at=datetime.fromisoformat(updated) if updated else None,
+                updated_at=_datetime(item.get("updated_at", {}).get("S")),
                 wanted_by=item.get("wanted_by", {}).get("S"),
                 reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
+                lag_ms=int(lag) if lag is not None else None,
             )
 
     async def create_meta(self, stream_created_at: datetime, initial_position: str, started_at: datetime) -> bool:
@@ -353,13 +393,17 @@ class LeaseTable:
         await self._update(lease, update)
         return replace(lease, counter=lease.counter + 1, checkpoint=lease.reset.position, reset=None)
 
-    async def checkpoint(self, lease: Lease, position: Position) -> Lease:
-        """Store where the shard resumes (or SHARD_END). Fenced by owner and counter."""
+    async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
+        """Store where the shard resumes (or SHARD_END), and how far behind the owner's last event
+        was. Fenced by owner and counter."""
         update = _Update()
         update.fence(lease)
         update.set_position(position)
         update.sets.append("updated_at = :now")
         update.values[":now"] = _now()
+        if lag_ms is not None:
+            update.sets.append("lag_ms = :lag")
+            update.values[":lag"] = {"N": str(lag_ms)}
         await self._update(lease, update)
         return replace(lease, checkpoint=position)
 
@@ -430,7 +474,10 @@ class LeaseTable:
                 Item={
                     **self._key(WORKER_PREFIX + self.worker_id),
                     "heartbeat": {"N": str(self._heartbeat)},
-                    "updated_at": {"S": datetime.now(UTC).isoformat()},
+                    "updated_at": _now(),
+                    "started_at": {"S": self._started_at},
+                    "version": {"S": EFO_VERSION},
+                    **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
                 },
             )
         except Exception as exc:
