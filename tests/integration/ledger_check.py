@@ -23,11 +23,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,9 @@ def _misbehave() -> None:
         raise InjectedSinkFailure(f"{FAIL_EVERY_ENV}={fail_every}: call {call} fails")
     hang_after = os.environ.get(HANG_AFTER_ENV)
     if hang_after and next(_written) > int(hang_after):
+        # A log line of the process's own format, so that a test knows when the hang began.
+        event = {"event": "test_sink.hanging", "timestamp": datetime.now(UTC).isoformat()}
+        print(json.dumps(event), file=sys.stderr, flush=True)
         hang_released.wait()
     time.sleep(float(os.environ.get(DELAY_ENV) or 0))
 

@@ -1,0 +1,346 @@
+"""Chaos scenarios on the local stack, each checked by the invariant checker: nothing lost, per-key
+order kept, and every duplicate accounted for by a kill or an outage (tests/chaos/harness.py).
+
+``make test`` runs one iteration of the reduced size; ``make chaos`` runs three of the full size,
+including the scenarios marked ``chaos_full``, and writes the table to docs/chaos.md.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from efo.devstack.stack import StackEndpoints
+from efo.errors import EXIT_NOT_FOUND, EXIT_RUNTIME
+from tests.integration.workers import at
+
+from .harness import SIZE, Chaos
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+Stack = StackEndpoints
+
+
+@pytest.mark.parametrize(
+    ("sig", "workers"),
+    [
+        pytest.param(signal.SIGKILL, 2, id="SIGKILL-2"),
+        pytest.param(signal.SIGTERM, 3, id="SIGTERM-3"),
+        pytest.param(signal.SIGKILL, 3, id="SIGKILL-3", marks=pytest.mark.chaos_full),
+        pytest.param(signal.SIGTERM, 2, id="SIGTERM-2", marks=pytest.mark.chaos_full),
+    ],
+)
+def test_workers_killed_and_restarted_at_random_points(
+    local_stack: Stack,
+    kinesis_client: Any,
+    dynamodb_client: Any,
+    tmp_path: Path,
+    iteration: int,
+    sig: signal.Signals,
+    workers: int,
+) -> None:
+    """A random worker killed at a random moment while records flow, then restarted (under its own
+    worker id or a new one); SIGKILL may repeat what the victim had not checkpointed, SIGTERM nothing."""
+    scenario = f"{sig.name} and restart, {workers} workers"
+    with Chaos(scenario, iteration, local_stack, kinesis_client, dynamodb_client, tmp_path, shards=4) as chaos:
+        names = [f"w{i}" for i in range(1, workers + 1)]
+        chaos.start(*names)
+        chaos.wait_ready(*names)
+        with chaos.traffic():
+            chaos.wait_committing(*names)
+            for kill in range(SIZE.pick(1, 2)):
+                chaos.sleep(0, 2.5)
+                victim = chaos.rng.choice(chaos.live())
+                sent_at = chaos.kill(victim, sig)
+                time.sleep(chaos.rng.uniform(0, 2))  # a restart, as an orchestrator would (the same id or not)
+                same_id = chaos.rng.random() < 0.5
+                restarted = f"{victim.split('.')[0]}.{kill + 2}" if same_id else f"w{workers + kill + 1}"
+                chaos.start(restarted)
+                chaos.recovered(sent_at, f"{sig.name} {victim}")
+                chaos.wait_ready(restarted)
+        chaos.finish()
+
+
+@pytest.mark.parametrize(
+    "initial_position",
+    [
+        pytest.param("LATEST", id="LATEST"),
+        pytest.param("TRIM_HORIZON", id="TRIM_HORIZON", marks=pytest.mark.chaos_full),
+    ],
+)
+def test_reshards_while_two_workers_read(
+    local_stack: Stack,
+    kinesis_client: Any,
+    dynamodb_client: Any,
+    tmp_path: Path,
+    iteration: int,
+    initial_position: str,
+) -> None:
+    """Splits, merges and UpdateShardCount at random moments, of random shards, while records flow:
+    parents are read before children, nothing is lost or repeated."""
+    scenario = f"reshards, {initial_position}"
+    with Chaos(
+        scenario,
+        iteration,
+        local_stack,
+        kinesis_client,
+        dynamodb_client,
+        tmp_path,
+        shards=2,
+        initial_position=initial_position,
+    ) as chaos:
+        chaos.start("w1", "w2")
+        chaos.wait_ready("w1", "w2")
+        with chaos.traffic():
+            for _ in range(SIZE.pick(1, 3)):
+                chaos.sleep(0.5, 2.5)
+                what = chaos.reshard()
+                chaos.recovered(time.time(), what)
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+
+
+def test_faults_of_the_subscriptions_through_the_proxy(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """Connection resets in the middle of an event, stalls, ResourceInUse, throttling, 500 and an
+    InternalFailure event in the stream, each on a random shard after a random number of events;
+    none kills a worker, so nothing is read twice (resubscribe overlaps are dropped). One worker: a
+    rule is taken by the next subscription of its shard, and a handover could end that subscription
+    before the rule fired."""
+    with Chaos("proxy faults", iteration, local_stack, kinesis_client, dynamodb_client, tmp_path, shards=4) as chaos:
+        shards = [s["ShardId"] for s in kinesis_client.list_shards(StreamName=chaos.w.stream)["Shards"]]
+        faults: list[dict[str, Any]] = [
+            {"action": "reset"},
+            {"action": "error", "status": 400, "error_code": "ResourceInUseException"},
+            {"action": "error", "status": 400, "error_code": "LimitExceededException"},
+            {"action": "error", "status": 500, "error_code": "InternalFailure"},
+            {"action": "exception_frame", "error_code": "InternalFailureException"},
+        ] * SIZE.pick(1, 2)
+        chaos.rng.shuffle(faults)
+        # Stalls last and each on a shard of its own: the resubscribe right after a stall may be
+        # refused by kinesis-local (ResourceInUse, 3-4 s after a disconnect), and a refused
+        # subscription uses up the next rule of its shard without firing it.
+        stalls = [({"action": "stall"}, shard) for shard in chaos.rng.sample(shards, SIZE.pick(1, 2))]
+        ids = set()
+        for fault, shard in [(fault, chaos.rng.choice(shards)) for fault in faults] + stalls:
+            after = {"after_events": chaos.rng.randint(0, 3)} if fault["action"] != "error" else {}
+            ids.add(chaos.add_proxy_fault(operation="SubscribeToShard", shard_id=shard, **fault, **after))
+        chaos.start("w1")
+        with chaos.traffic():
+            fired_at = chaos.wait_for_proxy_faults(ids, 90)
+            chaos.recovered(fired_at, "the last fault")
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+        retried = {e["shard_id"] for e in chaos.events("subscription.retry")}
+        assert retried, "no subscription was retried: the faults did not reach the workers"
+
+
+DYNAMODB_FAULTS: list[dict[str, Any]] = [
+    {"operation": "UpdateItem"},  # heartbeats, checkpoints, claims: ProvisionedThroughputExceeded
+    {"operation": "Query"},  # the lease cycles
+    {"operation": "*"},
+    {"operation": "*", "status": 500, "error_code": "InternalServerError"},
+    {"operation": "UpdateItem", "status": 500, "error_code": "InternalServerError"},
+]
+
+
+def test_dynamodb_throttles_and_fails_requests(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """Bursts of throttled requests and 500s at random moments, of random operations: retried where
+    they happen; no worker loses a lease over them, so nothing is read twice."""
+    with Chaos(
+        "DynamoDB throttling and 500s", iteration, local_stack, kinesis_client, dynamodb_client, tmp_path, shards=3
+    ) as chaos:
+        chaos.start("w1", "w2")
+        chaos.wait_ready("w1", "w2")
+        with chaos.traffic():
+            chaos.wait_committing("w1", "w2")
+            for _ in range(SIZE.pick(3, 6)):
+                chaos.sleep(0, 1.5)
+                fault = chaos.rng.choice(DYNAMODB_FAULTS)
+                chaos.dynamodb_faults.add(action="error", count=chaos.rng.randint(1, 4), **fault)
+            fired_at = chaos.wait_for(lambda: not chaos.dynamodb_faults.pending(), 30, "every DynamoDB fault fired")
+            chaos.recovered(fired_at, "the last DynamoDB fault")
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+        assert not chaos.events("lease.in_doubt"), "a worker lost its leases over a burst of throttles"
+
+
+def test_dynamodb_paused_and_resumed(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """The DynamoDB server stopped (SIGSTOP) at a random moment for longer than a worker trusts its
+    leases, then resumed: every worker stops reading until its heartbeat lands again, claims again,
+    and what was committed but not checkpointed before the pause is the only thing read twice."""
+    pause_s = SIZE.pick(8.0, 30.0)
+    with Chaos(
+        f"DynamoDB paused {pause_s:g} s", iteration, local_stack, kinesis_client, dynamodb_client, tmp_path, shards=3
+    ) as chaos:
+        chaos.start("w1", "w2")
+        chaos.wait_ready("w1", "w2")
+        with chaos.traffic():
+            chaos.wait_committing("w1", "w2")
+            chaos.sleep(0, 2)
+            chaos.pause_dynamodb()
+            time.sleep(pause_s)
+            resumed_at = chaos.resume_dynamodb()
+            chaos.recovered(resumed_at, "DynamoDB resumed")
+        chaos.finish()
+        assert chaos.events("lease.in_doubt"), "no worker noticed that its heartbeats did not land"
+
+
+def test_a_sink_that_fails_now_and_then(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """Every n-th sink call of each worker fails (n random): the same batch is retried and
+    committed once; nothing moves past a batch that failed. Recovery: from a failed attempt to
+    the commit of its batch."""
+    with Chaos(
+        "sink fails intermittently",
+        iteration,
+        local_stack,
+        kinesis_client,
+        dynamodb_client,
+        tmp_path,
+        shards=3,
+        EFO_SINK_RETRY__RETRY_BACKOFF_S="0.2",
+    ) as chaos:
+        for name in ("w1", "w2"):
+            chaos.start(name, EFO_TEST_SINK_FAIL_EVERY=str(chaos.rng.randint(2, 4)))
+        chaos.wait_ready("w1", "w2")
+        with chaos.traffic():
+            chaos.sleep(*SIZE.pick((3, 5), (10, 20)))
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+        for name in ("w1", "w2"):
+            committed = {e["batch_id"]: at(e) for e in chaos.w.events(name, "batch.committed")}
+            for retry in chaos.w.events(name, "sink.retry"):
+                chaos.outcome.recoveries.append(
+                    (f"{name} {retry['batch_id']}", committed[retry["batch_id"]] - at(retry))
+                )
+        assert chaos.outcome.recoveries, "no sink call failed"
+
+
+def test_a_sink_that_hangs(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """One worker's sink never returns after a random number of batches: past
+    batch.stall_timeout_s the worker stops (exit 1) and releases its leases with what was
+    committed checkpointed; the other worker reads on from there."""
+    with Chaos(
+        "sink hangs",
+        iteration,
+        local_stack,
+        kinesis_client,
+        dynamodb_client,
+        tmp_path,
+        shards=3,
+        EFO_BATCH__STALL_TIMEOUT_S="3",
+        EFO_SHUTDOWN_TIMEOUT_S="2",
+    ) as chaos:
+        chaos.start("w1", EFO_TEST_SINK_HANG_AFTER=str(chaos.rng.randint(1, 4)))
+        chaos.start("w2")
+        chaos.w.stopped.add("w1")  # its exit is expected
+        chaos.wait_ready("w1", "w2")
+        with chaos.traffic():
+            code = chaos.w.runs["w1"].process.wait(60)  # type: ignore[union-attr]
+            assert code == EXIT_RUNTIME, chaos.w.runs["w1"].tail()
+            assert "batch.stall_timeout_s" in chaos.w.runs["w1"].tail(), chaos.w.runs["w1"].tail()
+            (hanging,) = chaos.w.events("w1", "test_sink.hanging")
+            chaos.recovered(at(hanging), "the sink hung")
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+
+
+def test_the_consumer_deregistered_while_running(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """The EFO consumer deregistered at a random moment: each worker exits 3 naming it, and no
+    checkpoint lies beyond what its sink committed; registered again (a worker started), everything
+    is read, nothing twice. kinesis-local keeps feeding open subscriptions of a deregistered
+    consumer (AWS ends them), so every subscription here is cut after a few events: the renewal
+    meets the deregistration. Recovery: from the deregistration to the last worker's exit."""
+    with Chaos(
+        "consumer deregistered", iteration, local_stack, kinesis_client, dynamodb_client, tmp_path, shards=3
+    ) as chaos:
+        chaos.add_proxy_fault(
+            operation="SubscribeToShard",
+            action="exception_frame",
+            error_code="InternalFailureException",
+            after_events=chaos.rng.randint(1, 3),
+            count=10_000,
+        )
+        chaos.start("w1", "w2")
+        with chaos.traffic():
+            chaos.wait_committing("w1", "w2")
+            chaos.sleep(0, 3)
+            chaos.w.stopped.update({"w1", "w2"})
+            arn = kinesis_client.describe_stream_summary(StreamName=chaos.w.stream)["StreamDescriptionSummary"][
+                "StreamARN"
+            ]
+            (consumer,) = kinesis_client.list_stream_consumers(StreamARN=arn)["Consumers"]
+            kinesis_client.deregister_stream_consumer(ConsumerARN=consumer["ConsumerARN"])
+            deregistered_at = time.time()
+            for name in ("w1", "w2"):
+                run = chaos.w.runs[name]
+                assert run.process is not None
+                assert run.process.wait(60) == EXIT_NOT_FOUND, run.tail()
+                (line,) = [line for line in run.log_path.read_text().splitlines() if line.startswith("efo: ")]
+                assert "consumer" in line and "no longer registered" in line, line
+            chaos.outcome.recoveries.append(("deregistration to exit 3", round(time.time() - deregistered_at, 2)))
+            assert_no_checkpoint_beyond_the_sink(chaos)
+            chaos.proxy_faults.clear()
+            chaos.start("w3")  # registers the consumer again
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+
+
+def assert_no_checkpoint_beyond_the_sink(chaos: Chaos) -> None:
+    """Every record at or before a shard's checkpoint was committed."""
+    committed = chaos.committed()
+    for shard_id, checkpoint in chaos.checkpoints().items():
+        passed = [
+            p
+            for p in chaos.w.producer.acknowledged
+            if p.shard_id == shard_id and not checkpoint.reads_again(p.sequence_number)
+        ]
+        missing = [p for p in passed if (p.shard_id, p.sequence_number) not in committed]
+        assert not missing, f"{shard_id}: checkpoint {checkpoint} passes {len(missing)} records never committed"
+
+
+def test_a_pool_far_smaller_than_the_traffic_and_a_slow_sink_under_latest(
+    local_stack: Stack, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path, iteration: int
+) -> None:
+    """A pool of 50 records for events of about a hundred, a sink of about 100 records/s under twice
+    that: subscriptions time out waiting for budget, close their streams and resubscribe from the
+    position they pinned (never LATEST again). Recovery: from the end of the traffic until the
+    backlog is committed."""
+    with Chaos(
+        "backpressure: small pool, slow sink, LATEST",
+        iteration,
+        local_stack,
+        kinesis_client,
+        dynamodb_client,
+        tmp_path,
+        shards=2,
+        initial_position="LATEST",
+        EFO_POOL__MAX_PENDING_RECORDS="50",
+        EFO_POOL__RESERVED_RECORDS_PER_SHARD="5",
+        EFO_POOL__BACKPRESSURE_TIMEOUT_S="1",
+        EFO_BATCH__MAX_RECORDS="25",
+        EFO_TEST_SINK_DELAY_S="0.25",
+    ) as chaos:
+        chaos.start("w1")
+        chaos.wait_ready("w1")
+        with chaos.traffic(records=48, every_s=0.2):
+            chaos.sleep(*SIZE.pick((3, 4), (8, 12)))
+        chaos.recovered(time.time(), "the end of the traffic")
+        verdict = chaos.finish()
+        assert verdict.duplicates == 0, verdict
+        assert chaos.events("subscription.backpressure"), "no subscription timed out waiting for budget"
