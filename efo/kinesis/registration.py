@@ -1,7 +1,7 @@
 """The stream and its Enhanced Fan-Out consumer: describe, find or register, wait until ACTIVE.
 
 Shared by the service and the operator CLI. Deregistration is deliberately an operator action
-only (``efo consumer deregister``): a data path that deregisters races other workers' registrations.
+only (``efo consumers deregister``): a data path that deregisters races other workers' registrations.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ async def ensure_consumer(
         description = await describe_consumer(kinesis, stream_arn=stream_arn, name=name, arn=arn)
         if description is None and arn:
             raise ResourceNotFound(
-                f"consumer {arn!r} is not registered; register one with 'efo consumer register' "
+                f"consumer {arn!r} is not registered; register one with 'efo consumers register' "
                 "or set EFO_CONSUMER_NAME instead of EFO_CONSUMER_ARN to have efo register it"
             )
         if description is None:
