@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import click
 
+from efo import __version__
 from efo.cli.checkpoints import checkpoints
 from efo.cli.checkpoints import show_command as checkpoints_show
 from efo.cli.common import Group, examples
@@ -25,7 +26,6 @@ from efo.cli.service import dev_command, run_command
 from efo.cli.shards import shards_command
 from efo.cli.workers import workers_command
 from efo.errors import EXIT_CONFIG, EXIT_RUNTIME, EfoError
-from efo.leases.table import EFO_VERSION
 
 
 @click.group(
@@ -41,7 +41,7 @@ from efo.leases.table import EFO_VERSION
     "which win over the file) and --json. Exit codes: 0 ok, 1 failed, 2 usage, 3 not found. "
     "Older names still work: 'efo consumer ...' and 'efo leases'.",
 )
-@click.version_option(EFO_VERSION, prog_name="efo")
+@click.version_option(__version__, prog_name="efo")
 def cli() -> None:
     """Kinesis Enhanced Fan-Out to PySpark DataFrames: run the service, and operate it."""
 
