@@ -123,7 +123,7 @@ def duration(seconds: float | None) -> str:
 def lease_record(lease: Lease | None, live_workers: set[str]) -> dict[str, Any]:
     """A shard's lease in ``--json`` (``efo shards`` and ``efo checkpoints show``): without a lease,
     ``lease_state`` is ``no-lease`` and the rest null. ``lag_ms`` is the MillisBehindLatest its owner
-    last wrote, as of ``checkpointed_at`` (null until an owner writes one)."""
+    last wrote, as of ``checkpointed_at`` (null until an owner writes one, and once it is finished)."""
     if lease is None:
         return {
             "owner": None,
@@ -138,7 +138,7 @@ def lease_record(lease: Lease | None, live_workers: set[str]) -> dict[str, Any]:
         "lease_state": lease_state(lease, live_workers),
         "checkpoint": str(lease.checkpoint),
         "checkpointed_at": None if lease.updated_at is None else lease.updated_at.isoformat(),
-        "lag_ms": lease.lag_ms,
+        "lag_ms": None if lease.finished else lease.lag_ms,  # nothing is left to read
         "reset_pending": None if lease.reset is None else str(lease.reset.position),
     }
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from efo.cli.status import duration, hash_share, lease_state, tree_order, worker_statuses
+from efo.cli.status import duration, hash_share, lease_record, lease_state, tree_order, worker_statuses
 from efo.kinesis.shards import Shard, ShardGraph
 from efo.leases.table import Lease, TableState, WorkerRow
 from efo.pipeline.records import SHARD_END, Position
@@ -85,3 +85,17 @@ def test_hash_share_in_percent_of_the_key_space() -> None:
 )
 def test_duration(seconds: float | None, text: str) -> None:
     assert duration(seconds) == text
+
+
+def test_lease_record_of_a_finished_shard_has_no_lag_left() -> None:
+    reading = Lease("a", (), "w1", 3, Position("AFTER_SEQUENCE_NUMBER", "42"), NOW, lag_ms=1200)
+    assert lease_record(reading, {"w1"}) == {
+        "owner": "w1",
+        "lease_state": "reading",
+        "checkpoint": "AFTER_SEQUENCE_NUMBER:42",
+        "checkpointed_at": NOW.isoformat(),
+        "lag_ms": 1200,
+        "reset_pending": None,
+    }
+    finished = Lease("a", (), None, 4, SHARD_END, NOW, lag_ms=1200)
+    assert lease_record(finished, {"w1"})["lag_ms"] is None
