@@ -11,10 +11,12 @@ from contextlib import nullcontext
 from pyspark.sql import SparkSession
 
 from efo.config import Settings, SinkSpec
+from efo.errors import ConfigError
 from efo.observability import METRICS, configure_logging
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, ValueDecoder
 from sparkbridge.driver import Driver
+from sparkbridge.filesystems import require_filesystems, sink_paths
 from sparkbridge.session import build_session
 from sparkbridge.sinks import Sink, make_sink, takes_arrow
 
@@ -27,6 +29,11 @@ def run(settings: Settings) -> int:
     if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
         return _drive(_driver(None, sink, settings, service), install_signals=True)
     spark = build_session(settings, app_name=f"efo-{settings.app}")
+    try:
+        require_filesystems(spark, sink_paths(settings))  # before any record is read
+    except ConfigError:
+        spark.stop()
+        raise
     return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
 
 
@@ -36,6 +43,7 @@ def run_with_session(
     """Run the service on the caller's SparkSession, which stays open. From the main thread,
     ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)
     until it returns; the caller's handlers are restored then."""
+    require_filesystems(spark, sink_paths(settings, main_sink=sink is None))
     service = Service(settings)
     service.preflight()
     sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
