@@ -9,14 +9,19 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
+from typing import TextIO, cast
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from efo.stderr_json import JsonLinesStream, wants_json
+
 
 def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
-    """Configure structlog once; route the standard library (botocore, py4j) through it too."""
-    json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    """Configure structlog once; route the standard library (botocore, py4j) and Python warnings
+    through it too. With JSON output, any other line written to ``sys.stderr`` becomes JSON as well."""
+    json_output = wants_json(fmt)
+    stream = getattr(sys.stderr, "wrapped", sys.stderr)  # the real stream, also when called again
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -32,7 +37,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
@@ -48,6 +53,8 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(level)
     for noisy in ("botocore", "aiobotocore", "py4j", "urllib3", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    logging.captureWarnings(True)
+    sys.stderr = cast(TextIO, JsonLinesStream(stream)) if json_output else stream
 
 
 @dataclass(frozen=True)
