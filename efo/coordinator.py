@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -62,7 +63,12 @@ FINAL_WRITES_TIMEOUT_S = 5.0
 FINAL_WRITES_CONCURRENCY = 16
 #: A lease that changed owner this many lease cycles ago or less is not moved again (no ping-pong).
 SETTLE_CYCLES = 10
+#: A worker short of its share asks for a lease only after this many cycles: time for the others to
+#: see its heartbeat and shed on their own (asking at once races that, and more moves than needed).
+ASK_AFTER_CYCLES = 3
 HANDOVER_POLL_S = 0.05
+#: /readyz fails while a shard has been trying to subscribe for longer than this.
+SUBSCRIBING_READY_S = 30.0
 
 
 class Coordinator:
@@ -98,6 +104,7 @@ class Coordinator:
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self._view = TableView(table.worker_id, settings.lease.failover_s, clock)
         self._asked: dict[str, float] = {}  # shards this worker asked for: when it asked
+        self._short_since: float | None = None  # below its share, nothing free: since when
         self._ready = False
         self._stopping = False
         self._group: asyncio.TaskGroup | None = None
@@ -105,6 +112,7 @@ class Coordinator:
         self._heartbeat_deadline: asyncio.TimerHandle | None = None
         self._heartbeat_ok_at: float | None = None  # when the last heartbeat that landed was sent
         self._batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
+        self._table_read_at: float | None = None  # the last lease cycle's successful read, for /readyz
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -252,6 +260,7 @@ class Coordinator:
             return 0
         owned.enter(ShardPhase.RELEASED)
         self._forget(owned)
+        METRICS.lease_changes.labels(reason="released").inc()
         return 1
 
     async def _release_untracked(self) -> int:
@@ -358,7 +367,9 @@ class Coordinator:
         while True:
             try:
                 if self._graph is not None and not self._leases_in_doubt:
-                    await self._cycle(await self.table.read(), self._graph)
+                    state = await self.table.read()
+                    self._table_read_at = self._clock()
+                    await self._cycle(state, self._graph)
             except EfoError as exc:
                 if not exc.retriable:
                     raise
@@ -368,6 +379,7 @@ class Coordinator:
     async def _cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
         self._view.update(state)
+        METRICS.workers_live.set(len(self._view.live))
         self._check_owned(state)
         await self._apply_requests(state, graph)
         if self._stopping or self._leases_in_doubt:
@@ -375,11 +387,15 @@ class Coordinator:
         handing_over = {sid for sid, owned in self.owned.items() if owned.phase is ShardPhase.RELEASING}
         readable = []
         for lease in state.leases.values():
-            if lease.shard_id in handing_over or not self._readable(lease, state, graph):
+            if not self._readable(lease, state, graph):
                 continue
-            if lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
+            if lease.shard_id in handing_over:
+                # On its way: the asker's already (so nothing else is shed for it), or free for others.
+                lease = replace(lease, owner=lease.wanted_by if lease.wanted_by in self._view.live else None)
+            elif lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
                 lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
             readable.append(lease)
+        METRICS.shards_unowned.set(sum(1 for lease in readable if self._view.owner_is_dead(lease.owner)))
         settled_s = SETTLE_CYCLES * self.settings.lease.sync_interval_s
         busy = {sid for sid, owned in self.owned.items() if not owned.phase.reading}  # draining: leave it be
         moves = plan(
@@ -387,18 +403,24 @@ class Coordinator:
             readable,
             self._view.live,
             moved_recently=self._view.moved_within(settled_s) | busy,
-            reserved_for_others=self._view.reserved_for_others(),
+            reserved_for_others=self._view.reserved_for_others() | handing_over,
             asked=len(self._asked),
+            may_ask=self._short_since is not None
+            and self._clock() - self._short_since >= ASK_AFTER_CYCLES * self.settings.lease.sync_interval_s,
             max_leases=self.settings.lease.max_leases_per_worker,
             max_steals=self.settings.lease.max_steals_per_cycle,
         )
+        if not moves.short:
+            self._short_since = None
+        elif self._short_since is None:
+            self._short_since = self._clock()
         for lease in moves.claim:
             await self._claim(state.leases[lease.shard_id], graph)  # fenced on the lease as it is in the table
         for shard_id in moves.shed:
             self._hand_over(self.owned[shard_id], f"above this worker's share of {moves.target}")
         for lease in moves.ask:
             await self._ask(lease)
-        await self._take_overdue(state, graph)
+        await self._take_overdue(state, graph, asked_now={lease.shard_id for lease in moves.ask})
         await self._finish_expired(state, graph)
         self._check_ready()
 
@@ -459,8 +481,13 @@ class Coordinator:
         self._asked.pop(lease.shard_id, None)
         if self._leases_in_doubt or self._stopping:
             return  # taken while this worker's leases went into doubt: claimed again once it is sure
+        # Asked of a live worker (handed over, or taken overdue), not free or left by a dead one.
+        stolen = lease.wanted_by == self.table.worker_id or (
+            lease.owner not in (None, self.table.worker_id) and not self._view.owner_is_dead(lease.owner)
+        )
         if lease.owner not in (None, self.table.worker_id):
             self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
+        METRICS.lease_changes.labels(reason="stolen" if stolen else "taken").inc()
         self._start(claimed)
 
     async def _ask(self, lease: Lease) -> None:
@@ -471,9 +498,12 @@ class Coordinator:
         self._asked[lease.shard_id] = self._clock()
         self._log.info("lease.asked", shard_id=lease.shard_id, owner=lease.owner)
 
-    async def _take_overdue(self, state: TableState, graph: ShardGraph) -> None:
-        """A lease asked for and not handed over within ``failover_s`` is taken (fenced by the counter)."""
+    async def _take_overdue(self, state: TableState, graph: ShardGraph, asked_now: AbstractSet[str]) -> None:
+        """A lease asked for and not handed over within ``failover_s`` is taken (fenced by the counter).
+        ``asked_now``: asked in this cycle, after ``state`` was read (its request is not in it)."""
         for shard_id, asked_at in list(self._asked.items()):
+            if shard_id in asked_now:
+                continue
             lease = state.leases.get(shard_id)
             if lease is None or lease.wanted_by != self.table.worker_id or lease.finished:
                 del self._asked[shard_id]  # taken, finished, or the request was cleared
@@ -522,7 +552,7 @@ class Coordinator:
         owned = OwnedShard.claim(lease, self.table.worker_id, self._on_change, start=start)
         self.owned[owned.shard_id] = owned
         self.pool.register(owned.shard_id)
-        METRICS.shards_owned.set(len(self.owned))
+        METRICS.leases_held.set(len(self.owned))
         return owned
 
     def _start(self, lease: Lease) -> None:
@@ -560,6 +590,9 @@ class Coordinator:
         if not owned.phase.reading or self._stopping:
             return
         owned.log.info("lease.handing_over", reason=reason)
+        owned.enter(ShardPhase.RELEASING)  # now, so that the rest of this cycle counts it as leaving
+        if owned.task is not None:
+            owned.task.cancel()
         assert self._group is not None
         self._group.create_task(self._complete_handover(owned), name=f"handover-{owned.shard_id}")
 
@@ -583,6 +616,7 @@ class Coordinator:
             return
         owned.enter(ShardPhase.RELEASED)
         self._forget(owned)
+        METRICS.lease_changes.labels(reason="handed_over").inc()
         owned.log.info(
             "lease.handed_over",
             waited_s=round(self._clock() - started, 3),
@@ -615,6 +649,7 @@ class Coordinator:
             lease_check=lambda: self.table.holds(owned.lease),
             on_phase=owned.enter,
             on_first_event=lambda first: self._pin(owned),
+            series=owned.series,
             logger=owned.log,
         )
         try:
@@ -682,6 +717,7 @@ class Coordinator:
         if owned.phase.terminal:
             return
         owned.enter(ShardPhase.LOST)
+        METRICS.lease_changes.labels(reason="lost").inc()
         owned.log.warning("lease.lost", reason=reason)
         if owned.task is not None and owned.task is not asyncio.current_task():
             owned.task.cancel()
@@ -690,8 +726,9 @@ class Coordinator:
     def _forget(self, owned: OwnedShard) -> None:
         if self.owned.get(owned.shard_id) is owned:
             del self.owned[owned.shard_id]
+            METRICS.forget_shard(owned.shard_id)
         self.pool.unregister(owned.shard_id)
-        METRICS.shards_owned.set(len(self.owned))
+        METRICS.leases_held.set(len(self.owned))
         self._apply_backlog_bound()
 
     def _on_change(self, owned: OwnedShard) -> None:
@@ -708,11 +745,11 @@ class Coordinator:
         for commit in commits:
             if commit.grant is not None:
                 self.pool.release(commit.grant)
-            METRICS.records_committed.inc(commit.records)
             owned = self.owned.get(commit.shard_id)
             if owned is None or not owned.committed(commit):
                 stale += 1  # an earlier claim's: its records are read again by the current owner
                 continue
+            owned.series.committed(commit.records, commit.bytes)
             if owned.ledger.urgent:
                 self._checkpoint_now.set()
         if stale:
@@ -760,26 +797,32 @@ class Coordinator:
         if not self._lease_valid():
             return  # no heartbeat landed for too long: another worker may hold the lease by now
         records = owned.ledger.uncheckpointed_records
+        started = self._clock()
         try:
             if due == SHARD_END:
                 owned.lease = await self.table.finish(owned.lease)
             else:
-                owned.lease = await self.table.checkpoint(owned.lease, due)
+                owned.lease = await self.table.checkpoint(owned.lease, due, lag_ms=owned.series.lag_ms)
         except LeaseLost as exc:
+            METRICS.checkpoint_writes.labels(outcome="conflict").inc()
             self._lose(owned, str(exc))
             return
         except EfoError as exc:
+            METRICS.checkpoint_writes.labels(outcome="error").inc()
             if not exc.retriable:
                 raise
             owned.log.warning("checkpoint.failed", error=str(exc), code=exc.code)
             return
-        METRICS.checkpoints_written.inc()
+        finally:
+            METRICS.checkpoint_write_seconds.observe(self._clock() - started)
+        METRICS.checkpoint_writes.labels(outcome="ok").inc()
         if owned.phase.terminal:  # lost while the write was under way (it still landed, fenced)
             return
         owned.ledger.wrote(due, records)
         self._apply_backlog_bound()
         if due == SHARD_END:
             owned.enter(ShardPhase.ENDED)
+            METRICS.lease_changes.labels(reason="finished").inc()
             owned.log.info("checkpoint.shard_end", children=list(owned.children))
             self._forget(owned)
             self._discover_now.set()  # its children may start now
@@ -787,6 +830,33 @@ class Coordinator:
             owned.log.debug("checkpoint.written", position=str(due))
 
     # ---- readiness ------------------------------------------------------------------------
+
+    def table_problem(self) -> str | None:
+        """/readyz: None while the lease table was read within ``failover_s`` (or 3 cycles)."""
+        bound_s = max(self.settings.lease.failover_s, 3 * self.settings.lease.sync_interval_s)
+        if self._table_read_at is None:
+            return "the lease table has not been read yet"
+        age_s = self._clock() - self._table_read_at
+        if age_s > bound_s:
+            return f"the lease table was last read {age_s:.0f} s ago (more than {bound_s:g} s)"
+        return None
+
+    def shards_problem(self) -> str | None:
+        """/readyz: None once every shard this worker reads has a subscription (none to own is fine)."""
+        if not self._ready:
+            waiting = sum(1 for owned in self.owned.values() if owned.phase.reading and not owned.first_event)
+            return f"waiting for the first lease cycle or the first event of {waiting} shard(s)"
+        now = time.monotonic()  # the clock of OwnedShard.phase_since
+        stuck = sorted(
+            owned.shard_id
+            for owned in self.owned.values()
+            if owned.phase is ShardPhase.SUBSCRIBING and now - owned.phase_since > SUBSCRIBING_READY_S
+        )
+        if stuck:
+            return f"{len(stuck)} shard(s) without a subscription for over {SUBSCRIBING_READY_S:g} s: " + ", ".join(
+                stuck[:5]
+            )
+        return None
 
     def _check_ready(self) -> None:
         """Ready: a lease cycle has run and every shard it claimed has delivered its first event

@@ -6,14 +6,33 @@ Log events are dotted names with fixed keys (``stream``, ``shard_id``, ``worker_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import platform
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TextIO, cast
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import HistogramMetricFamily
 
+from efo import __version__
 from efo.stderr_json import JsonLinesStream, wants_json
 
 
@@ -57,37 +76,183 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     sys.stderr = cast(TextIO, JsonLinesStream(stream)) if json_output else stream
 
 
+#: Seconds: pool waits and checkpoint writes are short; batches and end-to-end latency are longer.
+SHORT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+LONG_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)
+RECORD_BUCKETS = (1, 10, 100, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000)
+BYTE_BUCKETS = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
+
+#: How a subscription ended (``efo_subscriptions_ended_total{outcome}``).
+SUBSCRIPTION_OUTCOMES = ("renewal", "shard_end", "error", "backpressure", "stopped")
+#: Why a lease changed hands at this worker (``efo_lease_changes_total{reason}``).
+LEASE_CHANGES = ("taken", "stolen", "released", "handed_over", "lost", "finished")
+#: ``efo_checkpoint_writes_total{outcome}``: written, fenced out (the lease moved on), failed.
+CHECKPOINT_OUTCOMES = ("ok", "conflict", "error")
+
+
+class BulkHistogram:
+    """A histogram observed a whole column at a time: ``efo_end_to_end_latency_seconds`` takes
+    every record of a committed batch (hundreds of thousands a second), which a per-value
+    ``Histogram.observe`` in Python could not keep up with."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = tuple(float(bound) for bound in buckets)
+        self._counts = [0] * (len(self.bounds) + 1)  # per bucket (not cumulative), the last one +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: pa.Array) -> None:
+        """Count every value (seconds) of ``values`` into its bucket."""
+        if len(values) == 0:
+            return
+        at_or_below = [int(pc.sum(pc.less_equal(values, bound)).as_py() or 0) for bound in self.bounds]
+        total = float(pc.sum(values).as_py() or 0.0)
+        with self._lock:
+            previous = 0
+            for index, cumulative in enumerate(at_or_below):
+                self._counts[index] += cumulative - previous
+                previous = cumulative
+            self._counts[-1] += len(values) - previous
+            self._sum += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self.bounds, math.inf), counts, strict=True):
+            running += count
+            cumulative.append((_bucket_label(bound), running))
+        family = HistogramMetricFamily(self.name, self.documentation)
+        family.add_metric([], cumulative, total)
+        yield family
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation)
+
+
+def _bucket_label(bound: float) -> str:
+    """The ``le`` label as prometheus-client writes it: ``+Inf``, ``1.0``, ``0.25``."""
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+class ShardSeries:
+    """One claimed shard's series, bound once (an event updates them without a label lookup) and
+    removed when the claim ends, so a released shard leaves no stale lag behind."""
+
+    def __init__(self, metrics: Metrics, shard_id: str) -> None:
+        self.shard_id = shard_id
+        self._lag = metrics.shard_lag.labels(shard_id=shard_id)
+        self._last_event = metrics.shard_last_event.labels(shard_id=shard_id)
+        self._records_received = metrics.records_received.labels(shard_id=shard_id)
+        self._bytes_received = metrics.bytes_received.labels(shard_id=shard_id)
+        self._records_committed = metrics.records_committed.labels(shard_id=shard_id)
+        self._bytes_committed = metrics.bytes_committed.labels(shard_id=shard_id)
+        self.lag_ms: int | None = None  # MillisBehindLatest of the last event, for the lease row
+
+    def event(self, lag_ms: int | None, records: int, nbytes: int) -> None:
+        if lag_ms is not None:
+            self.lag_ms = lag_ms
+            self._lag.set(lag_ms / 1000)
+        self._last_event.set(time.time())
+        if records:
+            self._records_received.inc(records)
+            self._bytes_received.inc(nbytes)
+
+    def committed(self, records: int, nbytes: int) -> None:
+        self._records_committed.inc(records)
+        self._bytes_committed.inc(nbytes)
+
+
 @dataclass(frozen=True)
 class Metrics:
     registry: CollectorRegistry
+    build_info: Info
+    shard_lag: Gauge
+    shard_last_event: Gauge
     records_received: Counter
+    bytes_received: Counter
     records_committed: Counter
+    bytes_committed: Counter
     records_duplicate: Counter
     records_invalid_json: Counter
     corrupt_aggregates: Counter
-    checkpoints_written: Counter
     subscriptions_started: Counter
+    subscriptions_ended: Counter
     subscription_errors: Counter
     positions_expired: Counter
     positions_skipped: Counter
     shards_expired: Counter
-    batches_committed: Counter
-    batch_seconds: Histogram
-    shards_owned: Gauge
     pool_records: Gauge
     pool_bytes: Gauge
+    pool_capacity_records: Gauge
+    pool_capacity_bytes: Gauge
+    pool_wait: Histogram
+    backpressure_timeouts: Counter
+    handoff_chunks: Gauge
+    leases_held: Gauge
+    lease_changes: Counter
+    workers_live: Gauge
+    shards_unowned: Gauge
+    checkpoint_writes: Counter
+    checkpoint_write_seconds: Histogram
+    batches_committed: Counter
+    batch_records: Histogram
+    batch_bytes: Histogram
+    batch_seconds: Histogram
+    end_to_end_latency: BulkHistogram
+    sink_failures: Counter
+    sink_retries: Counter
+    ready: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
         registry = registry or CollectorRegistry()
-        return cls(
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        shard = ["shard_id"]
+        metrics = cls(
             registry=registry,
-            records_received=Counter("efo_records_received_total", "Records read from Kinesis.", registry=registry),
+            build_info=Info("efo_build", "The running build.", registry=registry),
+            shard_lag=Gauge(
+                "efo_shard_lag_seconds",
+                "How far the shard's last event was behind the tip (MillisBehindLatest).",
+                shard,
+                registry=registry,
+            ),
+            shard_last_event=Gauge(
+                "efo_shard_last_event_timestamp_seconds",
+                "When the shard's last event arrived (Unix time).",
+                shard,
+                registry=registry,
+            ),
+            records_received=Counter(
+                "efo_records_received_total",
+                "Records read from Kinesis (after deaggregation).",
+                shard,
+                registry=registry,
+            ),
+            bytes_received=Counter("efo_bytes_received_total", "Record payload bytes read.", shard, registry=registry),
             records_committed=Counter(
-                "efo_records_committed_total", "Records committed by the sink.", registry=registry
+                "efo_records_committed_total",
+                "Records committed by the sink.",
+                shard,
+                registry=registry,
+            ),
+            bytes_committed=Counter(
+                "efo_bytes_committed_total",
+                "Record payload bytes committed by the sink.",
+                shard,
+                registry=registry,
             ),
             records_duplicate=Counter(
-                "efo_records_duplicate_total", "Records dropped as already delivered.", registry=registry
+                "efo_records_duplicate_total",
+                "Records dropped as already delivered.",
+                registry=registry,
             ),
             records_invalid_json=Counter(
                 "efo_records_invalid_json_total",
@@ -95,14 +260,27 @@ class Metrics:
                 registry=registry,
             ),
             corrupt_aggregates=Counter(
-                "efo_corrupt_aggregates_total", "KPL aggregates that did not decode.", registry=registry
+                "efo_corrupt_aggregates_total",
+                "KPL aggregates that did not decode.",
+                registry=registry,
             ),
-            checkpoints_written=Counter("efo_checkpoints_written_total", "Checkpoint writes.", registry=registry),
             subscriptions_started=Counter(
-                "efo_subscriptions_started_total", "SubscribeToShard calls that opened a stream.", registry=registry
+                "efo_subscriptions_started_total",
+                "SubscribeToShard calls that opened a stream.",
+                registry=registry,
+            ),
+            subscriptions_ended=Counter(
+                "efo_subscriptions_ended_total",
+                "Subscriptions that ended, by outcome: renewal (the 5-minute limit or a server close), "
+                "shard_end, error, backpressure (paused for pool budget), stopped (released or lost).",
+                ["outcome"],
+                registry=registry,
             ),
             subscription_errors=Counter(
-                "efo_subscription_errors_total", "Failed subscriptions, by error code.", ["code"], registry=registry
+                "efo_subscription_errors_total",
+                "Failed subscriptions, by AWS error code.",
+                ["code"],
+                registry=registry,
             ),
             positions_expired=Counter(
                 "efo_positions_expired_total",
@@ -120,22 +298,136 @@ class Metrics:
                 "Shards gone from the stream (past retention) before they were finished; marked finished.",
                 registry=registry,
             ),
+            pool_records=Gauge("efo_pool_pending_records", "Records holding pool budget.", registry=registry),
+            pool_bytes=Gauge("efo_pool_pending_bytes", "Bytes holding pool budget.", registry=registry),
+            pool_capacity_records=Gauge("efo_pool_capacity_records", "The pool's bound in records.", registry=registry),
+            pool_capacity_bytes=Gauge("efo_pool_capacity_bytes", "The pool's bound in bytes.", registry=registry),
+            pool_wait=Histogram(
+                "efo_pool_wait_seconds",
+                "How long an event waited for pool budget.",
+                buckets=SHORT_BUCKETS_S,
+                registry=registry,
+            ),
+            backpressure_timeouts=Counter(
+                "efo_backpressure_timeouts_total",
+                "Waits for pool budget longer than pool.backpressure_timeout_s (the subscription paused).",
+                registry=registry,
+            ),
+            handoff_chunks=Gauge(
+                "efo_handoff_queue_chunks",
+                "Chunks waiting in the handoff queue for the driver.",
+                registry=registry,
+            ),
+            leases_held=Gauge("efo_leases_held", "Leases this worker holds.", registry=registry),
+            lease_changes=Counter(
+                "efo_lease_changes_total",
+                "Lease changes at this worker, by reason: taken (free or expired), stolen (asked of a live "
+                "worker), released (at a stop), handed_over (to a worker that asked), lost, finished (SHARD_END).",
+                ["reason"],
+                registry=registry,
+            ),
+            workers_live=Gauge(
+                "efo_workers_live",
+                "Workers with a live heartbeat in the lease table.",
+                registry=registry,
+            ),
+            shards_unowned=Gauge(
+                "efo_shards_unowned",
+                "Shards that can be read but have no live owner (this worker's last view).",
+                registry=registry,
+            ),
+            checkpoint_writes=Counter(
+                "efo_checkpoint_writes_total",
+                "Checkpoint writes by outcome: ok, conflict (the lease moved on), error (retried later).",
+                ["outcome"],
+                registry=registry,
+            ),
+            checkpoint_write_seconds=Histogram(
+                "efo_checkpoint_write_seconds",
+                "Latency of checkpoint writes.",
+                buckets=SHORT_BUCKETS_S,
+                registry=registry,
+            ),
             batches_committed=Counter(
-                "efo_batches_committed_total", "Batches committed by the sink.", registry=registry
+                "efo_batches_committed_total",
+                "Batches committed by the sink.",
+                registry=registry,
+            ),
+            batch_records=Histogram(
+                "efo_batch_records",
+                "Records per committed batch.",
+                buckets=RECORD_BUCKETS,
+                registry=registry,
+            ),
+            batch_bytes=Histogram(
+                "efo_batch_bytes",
+                "Record payload bytes per committed batch.",
+                buckets=BYTE_BUCKETS,
+                registry=registry,
             ),
             batch_seconds=Histogram(
                 "efo_batch_duration_seconds",
                 "From taking a batch to its commit (Arrow, DataFrame, sink).",
-                buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+                buckets=LONG_BUCKETS_S,
                 registry=registry,
             ),
-            shards_owned=Gauge("efo_shards_owned", "Shards this worker reads.", registry=registry),
-            pool_records=Gauge("efo_pool_pending_records", "Records holding pool budget.", registry=registry),
-            pool_bytes=Gauge("efo_pool_pending_bytes", "Bytes holding pool budget.", registry=registry),
+            end_to_end_latency=BulkHistogram(
+                "efo_end_to_end_latency_seconds",
+                "From a record's arrival in Kinesis (ApproximateArrivalTimestamp) to its commit by the sink.",
+                LONG_BUCKETS_S,
+                registry,
+            ),
+            sink_failures=Counter("efo_sink_failures_total", "Sink attempts that raised.", registry=registry),
+            sink_retries=Counter(
+                "efo_sink_retries_total",
+                "Sink attempts after the first for a batch.",
+                registry=registry,
+            ),
+            ready=Gauge("efo_ready", "1 while /readyz answers 200.", registry=registry),
         )
+        metrics.build_info.info({"version": __version__, "python_version": platform.python_version()})
+        for outcome in SUBSCRIPTION_OUTCOMES:
+            metrics.subscriptions_ended.labels(outcome=outcome)
+        for reason in LEASE_CHANGES:
+            metrics.lease_changes.labels(reason=reason)
+        for outcome in CHECKPOINT_OUTCOMES:
+            metrics.checkpoint_writes.labels(outcome=outcome)
+        return metrics
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def shard(self, shard_id: str) -> ShardSeries:
+        return ShardSeries(self, shard_id)
+
+    def forget_shard(self, shard_id: str) -> None:
+        """Remove a released shard's series (a later claim starts them again)."""
+        for family in (
+            self.shard_lag,
+            self.shard_last_event,
+            self.records_received,
+            self.bytes_received,
+            self.records_committed,
+            self.bytes_committed,
+        ):
+            try:
+                family.remove(shard_id)
+            except KeyError:
+                pass
 
 
 METRICS = Metrics.create()
+
+
+def metrics_table(metrics: Metrics = METRICS) -> str:
+    """The README's metrics table, from the metrics themselves (a test keeps the two equal)."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for field in dataclasses.fields(metrics):
+        metric = getattr(metrics, field.name)
+        if isinstance(metric, CollectorRegistry):
+            continue
+        for family in metric.describe():
+            suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+            labels = ", ".join(f"`{label}`" for label in getattr(metric, "_labelnames", ())) or "-"
+            labels = "`version`, `python_version`" if family.type == "info" else labels
+            kind = "gauge" if family.type == "info" else family.type
+            rows.append(f"| `{family.name}{suffix}` | {kind} | {labels} | {family.documentation} |")
+    rows.append("| `process_*`, `python_*` | | | the process's CPU, memory, file descriptors, GC (prometheus-client) |")
+    return "\n".join(rows)

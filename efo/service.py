@@ -17,6 +17,7 @@ from efo.aws import Clients, Endpoints
 from efo.config import Settings
 from efo.coordinator import Coordinator
 from efo.errors import EfoError, translate
+from efo.health import Health, loop_answers
 from efo.kinesis.registration import StreamInfo, describe_stream, ensure_consumer
 from efo.leases.lifecycle import Commit
 from efo.leases.table import LeaseTable
@@ -40,6 +41,11 @@ class Service:
         self._coordinator: Coordinator | None = None
         self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
         self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
+        self.health = Health()
+        self.health.live_check("event_loop", loop_answers(lambda: self._loop))
+        self.health.live_check("service", self._failure)
+        self.health.ready_check("consumer", self._consumer_problem)
+        METRICS.handoff_chunks.set_function(lambda: len(self.handoff))
 
     # ---- called from the driver thread ------------------------------------------------------
 
@@ -60,6 +66,17 @@ class Service:
 
     def driver_finished(self) -> None:
         self._call(lambda: self._driver_done.set() if self._driver_done else None)
+
+    def _failure(self) -> str | None:
+        """/healthz: the service ended before a stop was asked for (a task died)."""
+        if self.error is not None:
+            return f"the service failed: {self.error}"
+        if self.finished.is_set() and (self._stop is None or not self._stop.is_set()):
+            return "the service ended without a stop"
+        return None
+
+    def _consumer_problem(self) -> str | None:
+        return None if self._checked is not None else "the consumer is not known to be ACTIVE yet"
 
     def join(self, timeout_s: float | None = None) -> bool:
         self._thread.join(timeout_s)
@@ -162,5 +179,9 @@ class Service:
             pool = coordinator.pool
             METRICS.pool_records.set_function(lambda: pool.records)
             METRICS.pool_bytes.set_function(lambda: pool.bytes)
+            METRICS.pool_capacity_records.set(pool.max_records)
+            METRICS.pool_capacity_bytes.set(pool.max_bytes)
+            self.health.ready_check("table", coordinator.table_problem)
+            self.health.ready_check("shards", coordinator.shards_problem)
             self._coordinator = coordinator
             await coordinator.run(self._stop, self._driver_done)

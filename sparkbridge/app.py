@@ -5,14 +5,15 @@ Users who already have a SparkSession call :func:`run_with_session` with theirs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 from pyspark.sql import SparkSession
 
 from efo.config import Settings, SinkSpec
 from efo.errors import ConfigError
-from efo.observability import METRICS, configure_logging
+from efo.health import HealthServer
+from efo.observability import configure_logging
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, ValueDecoder
 from sparkbridge.driver import Driver
@@ -25,16 +26,19 @@ def run(settings: Settings) -> int:
     configure_logging(settings.log.level, settings.log.format)
     sink = make_sink(settings.sink_spec, settings.partition_columns)  # a bad sink fails before Spark starts
     service = Service(settings)
-    service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
-    if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
-        return _drive(_driver(None, sink, settings, service), install_signals=True)
-    spark = build_session(settings, app_name=f"efo-{settings.app}")
-    try:
-        require_filesystems(spark, sink_paths(settings))  # before any record is read
-    except ConfigError:
-        spark.stop()
-        raise
-    return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
+    with _serving(settings, service):  # /healthz answers while the consumer and Spark start
+        service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
+        if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+            service.health.ready_check("spark", lambda: None)
+            return _drive(_driver(None, sink, settings, service), install_signals=True)
+        spark = build_session(settings, app_name=f"efo-{settings.app}")
+        try:
+            require_filesystems(spark, sink_paths(settings))  # before any record is read
+        except ConfigError:
+            spark.stop()
+            raise
+        service.health.ready_check("spark", lambda: session_problem(spark))
+        return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
 
 
 def run_with_session(
@@ -45,14 +49,37 @@ def run_with_session(
     until it returns; the caller's handlers are restored then."""
     require_filesystems(spark, sink_paths(settings, main_sink=sink is None))
     service = Service(settings)
-    service.preflight()
-    sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
-    return _drive(_driver(spark, sink, settings, service), install_signals=install_signals)
+    with _serving(settings, service):
+        service.preflight()
+        sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
+        service.health.ready_check("spark", lambda: session_problem(spark))
+        return _drive(_driver(spark, sink, settings, service), install_signals=install_signals)
+
+
+@contextmanager
+def _serving(settings: Settings, service: Service) -> Iterator[None]:
+    """/metrics, /healthz and /readyz on ``metrics_port`` (0: none) while the service lives."""
+    if not settings.metrics_port:
+        yield
+        return
+    server = HealthServer(service.health, port=settings.metrics_port).start()
+    try:
+        yield
+    finally:
+        server.close()
+
+
+def session_problem(spark: SparkSession) -> str | None:
+    """/readyz: the session is up (read from Python state: no call into the JVM or the server)."""
+    context = getattr(spark, "_sc", None)  # classic Spark: None once stopped
+    if context is not None and getattr(context, "_jsc", None) is None:
+        return "the Spark session is stopped"
+    if getattr(spark, "is_stopped", False):  # Spark Connect
+        return "the Spark Connect session is stopped"
+    return None
 
 
 def _driver(spark: SparkSession | None, sink: Sink, settings: Settings, service: Service) -> Driver:
-    if settings.metrics_port:
-        METRICS.serve(settings.metrics_port)
     runner = BatchRunner(
         spark,
         sink,

@@ -282,10 +282,13 @@ class BatchRunner:
                     "its records will be read again"
                 )
             info = describe_batch(batch_id, chunks, attempt)
+            if attempt > 1:
+                METRICS.sink_retries.inc()
             try:
                 sink.write(df, info)
                 return info
             except Exception as exc:
+                METRICS.sink_failures.inc()
                 if attempt == self.max_attempts:
                     raise SinkFailed(
                         f"{name} failed on batch {batch_id} after {attempt} attempts: {type(exc).__name__}: {exc}"

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 
 from efo.config import Settings
@@ -31,6 +33,7 @@ from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.errors import EXIT_OK, EXIT_RUNTIME, EfoError
 from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
+from efo.pipeline.records import RecordChunk
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
 
@@ -40,6 +43,13 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: After the shutdown deadline: time for the service's last checkpoints and releases, then exit.
 EXIT_GRACE_S = FINAL_WRITES_TIMEOUT_S + 2.0
 WATCH_INTERVAL_S = 0.2
+
+
+def end_to_end_latencies_s(chunks: list[RecordChunk], committed_at_ms: float) -> pa.Array:
+    """Per record, seconds from its arrival in Kinesis to ``committed_at_ms`` (one Arrow column)."""
+    arrivals = pa.chunked_array([pa.array(chunk.arrival_ms, pa.int64()) for chunk in chunks], pa.int64())
+    elapsed_ms = pc.subtract(pa.scalar(committed_at_ms, pa.float64()), pc.cast(arrivals, pa.float64()))
+    return pc.divide(elapsed_ms, 1000.0).combine_chunks() if arrivals.num_chunks else pa.array([], pa.float64())
 
 
 @contextmanager
@@ -175,9 +185,13 @@ class Driver:
         self.service.batch_started()
         result = self.runner.commit(prepared)
         self._in_sink = None
+        committed_at_ms = time.time() * 1000
         self.service.commit(Commit.of(chunk) for chunk in result.chunks)
         METRICS.batches_committed.inc()
         METRICS.batch_seconds.observe(result.duration_s)
+        METRICS.batch_records.observe(result.info.records)
+        METRICS.batch_bytes.observe(result.info.bytes)
+        METRICS.end_to_end_latency.observe_many(end_to_end_latencies_s(result.chunks, committed_at_ms))
         log.info(
             "batch.committed",
             batch_id=result.info.batch_id,

@@ -29,7 +29,7 @@ from efo.errors import EfoError, LeaseLost, Retriable, translate
 from efo.kinesis.decoder import ShardEvent, iter_events
 from efo.kinesis.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
 from efo.leases.lifecycle import ShardPhase
-from efo.observability import METRICS
+from efo.observability import METRICS, ShardSeries
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
 from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
@@ -103,6 +103,7 @@ class ShardSubscription:
         lease_check: Callable[[], Awaitable[bool]] | None = None,
         on_phase: Callable[[ShardPhase], None] = lambda phase: None,
         on_first_event: Callable[[Position], Awaitable[None]] | None = None,
+        series: ShardSeries | None = None,
         logger: Any = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -124,6 +125,7 @@ class ShardSubscription:
         self._lease_check = lease_check
         self._on_phase = on_phase
         self._on_first_event = on_first_event
+        self._series = series if series is not None else METRICS.shard(shard_id)
         self._log = logger if logger is not None else log.bind(shard_id=shard_id)
         self._corrupt_logged = False
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
@@ -155,8 +157,12 @@ class ShardSubscription:
             try:
                 ended = await self._subscribe_once()
             except asyncio.CancelledError:
+                if self._streaming:
+                    METRICS.subscriptions_ended.labels(outcome="stopped").inc()
                 raise
             except Backpressure as waited:
+                METRICS.subscriptions_ended.labels(outcome="backpressure").inc()
+                METRICS.backpressure_timeouts.inc()
                 # Nothing of the waiting event was admitted. Close the stream rather than hold it
                 # open for ever, wait in line for the event's budget and keep it, so the same event
                 # read again after the resubscribe is admitted at once.
@@ -171,6 +177,8 @@ class ShardSubscription:
                 self._held = await self._pool.acquire(waited.records, waited.bytes, self.shard_id)
                 continue
             except Exception as exc:
+                if self._streaming:
+                    METRICS.subscriptions_ended.labels(outcome="error").inc()
                 error = translate(exc, resource=self._resource())
                 if isinstance(error, LeaseLost):
                     raise error from None
@@ -182,6 +190,7 @@ class ShardSubscription:
                     await self._confirm_lease()
                 await self._retry_after(error)
                 continue
+            METRICS.subscriptions_ended.labels(outcome="renewal" if ended is None else "shard_end").inc()
             if ended is not None:
                 return ended
             self._log.info("subscription.renewing", attempt=self.attempt, position=str(self.position))
@@ -323,7 +332,7 @@ class ShardSubscription:
                 )
         if rows.duplicates:
             METRICS.records_duplicate.inc(rows.duplicates)
-        METRICS.records_received.inc(len(chunk))
+        self._series.event(event.millis_behind_latest, len(chunk), chunk.data_bytes)
         continuation = event.continuation_sequence_number
         if not self._started:
             self._started = True
@@ -376,12 +385,16 @@ class ShardSubscription:
             self._pool.release(held)
         grant = self._pool.try_acquire(records, nbytes, self.shard_id)
         if grant is not None:
+            METRICS.pool_wait.observe(0.0)
             return grant
         self._on_phase(ShardPhase.BACKPRESSURED)
+        waiting_since = self._clock()
         try:
             grant = await self._pool.acquire(records, nbytes, self.shard_id, timeout_s=self._backpressure_timeout_s)
         except TimeoutError:
             raise Backpressure(records, nbytes) from None
+        finally:
+            METRICS.pool_wait.observe(self._clock() - waiting_since)
         self._on_phase(ShardPhase.READING)
         return grant
 

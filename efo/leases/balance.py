@@ -12,10 +12,11 @@ In one cycle a worker:
    holds less than ``floor(n / w)``, handing those leases over gracefully (in-flight records
    committed, checkpoint written, lease released) so that the worker short of its share claims
    them: this is how a worker that joins gets its share within a few cycles;
-3. **asks** for a lease (a steal is a request, not a grab) when it holds less than its share,
-   nothing is free, and the most loaded worker holds at least two more than it: at most
-   ``max_steals_per_cycle`` requests open, from the most loaded worker only. A worker that holds
-   more than its share sheds on its own, so this is the fallback for one that does not.
+3. **asks** for a lease (a steal is a request, not a grab) when it has held less than its share
+   for a while (the caller's ``may_ask``), nothing is free, and the most loaded worker holds at
+   least two more than it: at most ``max_steals_per_cycle`` requests open, from the most loaded
+   worker only. A worker that holds more than its share sheds on its own, so this is the fallback
+   for one that does not (asking at once would race that shedding and move more than needed).
 
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
@@ -37,6 +38,7 @@ class Plan:
     shed: list[str] = field(default_factory=list)
     ask: list[Lease] = field(default_factory=list)
     target: int = 0
+    short: bool = False  # below its share with nothing free to claim: others should shed to it
 
 
 def plan(
@@ -47,12 +49,14 @@ def plan(
     moved_recently: AbstractSet[str] = frozenset(),
     reserved_for_others: AbstractSet[str] = frozenset(),
     asked: int = 0,
+    may_ask: bool = True,
     max_leases: int = 0,
     max_steals: int = 1,
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
-    leases another live worker asked for, still fresh; ``asked``: this worker's requests still open."""
+    leases another live worker asked for, still fresh; ``asked``: this worker's requests still open;
+    ``may_ask``: this worker has been short for long enough that the others had their chance to shed."""
     leases = sorted(readable, key=lambda lease: lease.shard_id)
     workers = sorted(set(live) | {me})
     count, width = len(leases), len(workers)
@@ -85,7 +89,8 @@ def plan(
 
     ask: list[Lease] = []
     room = target - held
-    if not claim and not shed and room > 0 and asked < max_steals:
+    short = not claim and not shed and room > 0
+    if short and may_ask and asked < max_steals:
         others = [worker for worker in workers if worker != me]
         if others:
             donor = max(others, key=lambda worker: (load[worker], worker))
@@ -96,4 +101,4 @@ def plan(
                     if lease.owner == donor and lease.wanted_by is None and lease.shard_id not in moved_recently
                 ]
                 ask = candidates[: min(room, max_steals - asked)]
-    return Plan(claim=claim, shed=shed, ask=ask, target=target)
+    return Plan(claim=claim, shed=shed, ask=ask, target=target, short=short)

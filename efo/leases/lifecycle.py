@@ -30,6 +30,7 @@ import structlog
 
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.table import Lease
+from efo.observability import METRICS, ShardSeries
 from efo.pipeline.pool import Grant
 from efo.pipeline.records import Position, RecordChunk
 
@@ -83,10 +84,11 @@ class Commit:
     serial: int
     records: int
     grant: Grant | None = None
+    bytes: int = 0
 
     @classmethod
     def of(cls, chunk: RecordChunk) -> Commit:
-        return cls(chunk.shard_id, chunk.epoch, chunk.serial, len(chunk), chunk.grant)
+        return cls(chunk.shard_id, chunk.epoch, chunk.serial, len(chunk), chunk.grant, chunk.data_bytes)
 
 
 @dataclass(eq=False)
@@ -102,12 +104,15 @@ class OwnedShard:
     first_event: bool = False
     children: tuple[str, ...] = ()
     claimed_at: float = field(default_factory=time.monotonic)
+    phase_since: float = field(default_factory=time.monotonic)  # when it entered its phase
     log: Any = field(init=False)
+    series: ShardSeries = field(init=False)  # its metrics (lag, records, bytes)
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger("efo.shard").bind(
             shard_id=self.shard_id, epoch=self.epoch, worker_id=self.worker_id
         )
+        self.series = METRICS.shard(self.shard_id)
 
     @classmethod
     def claim(
@@ -138,6 +143,7 @@ class OwnedShard:
         if phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"shard {self.shard_id} epoch {self.epoch}: {self.phase.name} -> {phase.name}")
         previous, self.phase = self.phase, phase
+        self.phase_since = time.monotonic()
         self.log.debug("shard.phase", phase=phase.value, previous=previous.value)
         if phase is ShardPhase.READING and not self.first_event:
             self.first_event = True

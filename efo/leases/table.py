@@ -16,7 +16,6 @@ Ownership changes and checkpoint writes are conditional on the owner and the lea
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import time
 import uuid
 from collections.abc import Iterable
@@ -26,15 +25,11 @@ from typing import Any
 
 import structlog
 
+from efo import __version__
 from efo.errors import LeaseLost, ResourceNotFound, error_code, translate
 from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.leases.table")
-
-try:
-    EFO_VERSION = importlib.metadata.version("efo")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    EFO_VERSION = "unknown"
 
 META_KEY = "meta"
 WORKER_PREFIX = "worker|"
@@ -476,7 +471,7 @@ class LeaseTable:
                     "heartbeat": {"N": str(self._heartbeat)},
                     "updated_at": _now(),
                     "started_at": {"S": self._started_at},
-                    "version": {"S": EFO_VERSION},
+                    "version": {"S": __version__},
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
                 },
             )

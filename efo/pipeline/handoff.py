@@ -25,6 +25,10 @@ class Handoff:
         self._closed = False
         self._clock = clock
 
+    def __len__(self) -> int:
+        """Chunks waiting for the driver."""
+        return len(self._chunks)
+
     def put(self, chunk: RecordChunk) -> None:
         with self._cond:
             if self._closed:

@@ -399,9 +399,9 @@ def test_the_latest_pin_is_in_the_table_before_the_sink_gets_the_first_record(lo
         async with world(local_stack, kinesis, initial_position="LATEST") as w:
             real = w.table.checkpoint
 
-            async def slow_checkpoint(lease: Any, position: Any) -> Any:
+            async def slow_checkpoint(lease: Any, position: Any, **kwargs: Any) -> Any:
                 await asyncio.sleep(0.5)  # DynamoDB slow: a crash in this window must not lose anything
-                return await real(lease, position)
+                return await real(lease, position, **kwargs)
 
             w.table.checkpoint = slow_checkpoint  # type: ignore[method-assign]
             w.driver.hold = True

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from efo.coordinator import ASK_AFTER_CYCLES, SETTLE_CYCLES
 from efo.pipeline.records import Position, after
 
 from .memory_kinesis import MemoryKinesis
@@ -39,12 +40,18 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
             b = await a.worker("w2")
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
+                alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
                 async with running(b) as stop_b:
                     joined = asyncio.get_running_loop().time()
                     await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
                     settled_after_s = asyncio.get_running_loop().time() - joined
-                    assert settled_after_s < 10 * a.settings.lease.sync_interval_s, settled_after_s
+                    # w1's leases, claimed just now, are not moved for SETTLE_CYCLES (no ping-pong): w2 asks
+                    # for one at a time after ASK_AFTER_CYCLES, and w1 sheds the rest once they settled.
+                    cycles = settled_after_s / a.settings.lease.sync_interval_s
+                    assert cycles < SETTLE_CYCLES + ASK_AFTER_CYCLES + 2, settled_after_s
                     counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
+                    assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
                     more = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
                     await asyncio.sleep(20 * a.settings.lease.sync_interval_s)  # twenty cycles
                     after = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
@@ -54,6 +61,40 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
                 await stop_a()
             written = all_written(a, b)
             assert not [record for record, count in written.items() if count > 1], "a handover duplicated records"
+
+    run(scenario())
+
+
+def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_surplus(local_stack: Any) -> None:
+    """The lease handed over on request counts as the asker's when the same cycle decides what
+    else to shed: 8 shards, 2 workers, exactly 4 move (not 5, one of them then moving back)."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(8)
+        async with world(local_stack, kinesis, lease=PATIENT) as a:  # no lease is overdue here
+            b = await a.worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
+                alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
+                asked = asyncio.Event()
+                cycle = a.coordinator._cycle
+
+                async def after_the_ask(state: Any, graph: Any) -> None:
+                    await asked.wait()  # w1 decides only once w2's request is in the table
+                    await cycle(await a.table.read(), graph)
+
+                a.coordinator._cycle = after_the_ask  # type: ignore[method-assign]
+                async with running(b) as stop_b:
+                    await until(lambda: bool(b.coordinator._asked), what="w2 asks for a lease")
+                    asked.set()
+                    await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
+                    await asyncio.sleep(5 * a.settings.lease.sync_interval_s)
+                    counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
+                    assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
+                    await stop_b()
+                await stop_a()
 
     run(scenario())
 

@@ -155,3 +155,11 @@ def test_a_worker_joining_and_one_leaving_rebalance_in_a_cycle_or_two() -> None:
             owners[sid] = None
     cycles(owners, ["a", "b"], 1)
     assert Counter(owners.values()) == {"a": 4, "b": 4}
+
+
+def test_a_worker_short_of_its_share_asks_only_once_the_others_had_their_time_to_shed() -> None:
+    owners = {**shards(7, "a"), "s07": "b"}  # 7 / 1: a sheds on its own when it sees b
+    waiting = plan("b", leases(owners), ["a", "b"], may_ask=False)
+    assert waiting.short and not waiting.ask
+    assert plan("b", leases(owners), ["a", "b"], may_ask=True).ask
+    assert not plan("b", leases({**shards(4, "a"), "s04": "b", "s05": "b", "s06": "b"}), ["a", "b"]).short

@@ -31,7 +31,7 @@ class FlakyTable:
         self.down = True
         self.written: list[Position] = []
 
-    async def checkpoint(self, lease: Lease, position: Position) -> Lease:
+    async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
         if self.down:
             raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'app'")
         self.written.append(position)
@@ -97,7 +97,7 @@ def test_commits_arriving_during_a_checkpoint_write_stay_counted(coordinator: tu
     coord.on_committed([Commit("shard-a", 1, 1, 30)])
     original = table.checkpoint
 
-    async def slow_checkpoint(lease: Lease, position: Position) -> Lease:
+    async def slow_checkpoint(lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
         coord.on_committed([Commit("shard-a", 1, 2, 80)])  # lands while the write is in flight
         return await original(lease, position)
 
