@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's package, on 127.0.0.1) scrapes ``efo run`` on the local stack while
-records flow: the exposition passes ``promtool check metrics``, the chart's alert rules evaluate on
-the real series without error, every expression of the Grafana dashboard returns data, and the
-dashboard's panels are drawn to a PNG (the README's picture, with EFO_TEST_DASHBOARD_PNG=path)."""
+records flow: the image's HEALTHCHECK passes on its /healthz, the exposition passes ``promtool
+check metrics``, the chart's alert rules evaluate on the real series without error, every expression
+of the Grafana dashboard returns data, and the dashboard's panels are drawn to a PNG (the README's
+picture, with EFO_TEST_DASHBOARD_PNG=path)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import yaml
 
 from deploy import dashboard, dashboard_png
 from efo.devstack.stack import StackEndpoints, die_with_parent_process, free_port
+from tests.unit.test_dockerfile import healthcheck
 
 from .service import ServiceRun, arrow_env, create_stream, put_records, unique
 
@@ -128,6 +130,7 @@ def test_prometheus_scrapes_a_running_service_and_every_dashboard_query_returns_
     run = ServiceRun(env, tmp_path / "efo.log").start()
     try:
         run.wait_for_event("service.ready")
+        assert healthcheck(metrics_port) == 0  # the image's HEALTHCHECK, against the real /healthz
         # The labels the Prometheus Operator gives a pod's target, so that by (pod) reads as on a cluster.
         targets.write_text(
             json.dumps([{"targets": [f"127.0.0.1:{metrics_port}"], "labels": {"pod": "efo-0", "namespace": "demo"}}])
