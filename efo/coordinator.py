@@ -843,13 +843,14 @@ class Coordinator:
 
     def shards_problem(self) -> str | None:
         """/readyz: None once every shard this worker reads has a subscription (none to own is fine)."""
+        owned_now = tuple(self.owned.values())  # one copy: this runs on the HTTP server's thread
         if not self._ready:
-            waiting = sum(1 for owned in self.owned.values() if owned.phase.reading and not owned.first_event)
+            waiting = sum(1 for owned in owned_now if owned.phase.reading and not owned.first_event)
             return f"waiting for the first lease cycle or the first event of {waiting} shard(s)"
         now = time.monotonic()  # the clock of OwnedShard.phase_since
         stuck = sorted(
             owned.shard_id
-            for owned in self.owned.values()
+            for owned in owned_now
             if owned.phase is ShardPhase.SUBSCRIBING and now - owned.phase_since > SUBSCRIBING_READY_S
         )
         if stuck:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TextIO, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,11 +33,14 @@ from prometheus_client import (
 from prometheus_client.core import HistogramMetricFamily
 
 from efo import __version__
+from efo.stderr_json import JsonLinesStream, wants_json
 
 
 def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
-    """Configure structlog once; route the standard library (botocore, py4j) through it too."""
-    json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    """Configure structlog once; route the standard library (botocore, py4j) and Python warnings
+    through it too. With JSON output, any other line written to ``sys.stderr`` becomes JSON as well."""
+    json_output = wants_json(fmt)
+    stream = getattr(sys.stderr, "wrapped", sys.stderr)  # the real stream, also when called again
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -52,7 +56,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
@@ -68,6 +72,8 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(level)
     for noisy in ("botocore", "aiobotocore", "py4j", "urllib3", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    logging.captureWarnings(True)
+    sys.stderr = cast(TextIO, JsonLinesStream(stream)) if json_output else stream
 
 
 #: Seconds: pool waits and checkpoint writes are short; batches and end-to-end latency are longer.
