@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
 import click
+import structlog
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -26,7 +28,6 @@ from efo.config import Settings, load_settings, setting_sources
 from efo.errors import EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
 from efo.kinesis.registration import StreamInfo, describe_stream
 from efo.leases.table import LeaseTable, TableState
-from efo.observability import configure_logging
 
 T = TypeVar("T")
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -188,10 +189,9 @@ def live_workers(state: TableState, scope: Scope) -> set[str]:
 
 
 def with_stream(scope: Scope, body: Callable[[Connection], Awaitable[T]]) -> T:
-    """Run ``body`` with the AWS clients and the described stream. Logs go to standard error, warnings
-    only: what a command did, it says itself."""
+    """Run ``body`` with the AWS clients and the described stream."""
     settings = scope.settings
-    configure_logging("WARNING", settings.log.format)
+    operator_logging()
 
     async def main() -> T:
         endpoints = Endpoints(settings.region, settings.kinesis_endpoint, settings.dynamodb_endpoint)
@@ -201,6 +201,18 @@ def with_stream(scope: Scope, body: Callable[[Connection], Awaitable[T]]) -> T:
             return await body(Connection(scope, clients, kinesis, stream))
 
     return asyncio.run(main())
+
+
+def operator_logging() -> None:
+    """Only warnings of the libraries reach standard error, as plain lines: what a command did, it
+    says itself. (The service's configure_logging turns standard error into JSON lines for a log
+    pipeline; an operator's terminal or script gets plain lines, errors included.)"""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
 
 
 # ---- output --------------------------------------------------------------------------------------
