@@ -506,3 +506,38 @@ class LeaseTable:
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
         return len(state_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class TableWorker:
+    """A heartbeat row found by :func:`scan_workers`, with the application and stream it is of."""
+
+    app: str
+    stream_arn: str
+    row: WorkerRow
+
+
+async def scan_workers(dynamodb: Any, table: str, *, hint: str = "") -> list[TableWorker]:
+    """Every worker's heartbeat row in ``table``, of every application and stream: a filtered,
+    paginated Scan. It answers the operator's question of who reads through a consumer, when the
+    applications are not known; the service itself never scans."""
+    args: dict[str, Any] = {
+        "TableName": table,
+        "FilterExpression": "begins_with(sk, :worker)",
+        "ExpressionAttributeValues": {":worker": {"S": WORKER_PREFIX}},
+        "ConsistentRead": True,
+    }
+    found: list[TableWorker] = []
+    try:
+        while True:
+            page = await dynamodb.scan(**args)
+            for item in page.get("Items", []):
+                state = TableState()
+                LeaseTable._absorb(state, item)
+                app, _, stream_arn = item["pk"]["S"].rpartition("|")  # a stream ARN holds no "|"
+                found.extend(TableWorker(app, stream_arn, row) for row in state.workers.values())
+            if "LastEvaluatedKey" not in page:
+                return found
+            args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    except Exception as exc:
+        raise translate(exc, resource=f"DynamoDB table {table!r}", hint=hint) from None
