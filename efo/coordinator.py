@@ -124,6 +124,7 @@ class Coordinator:
         position and moment) is written first, conditionally, so one worker's wins and all use it;
         every lease is written conditionally; the meta row is marked complete last. A worker that
         dies half-way leaves it incomplete, and the next worker completes it the same way."""
+        await self.table.register_partition()  # for the operator CLI's Query of every application's workers
         state = await self.table.read()
         if state.meta is None:
             await self.table.create_meta(self.stream.created_at, str(self.settings.start), datetime.now(UTC))

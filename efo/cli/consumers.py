@@ -41,7 +41,7 @@ from efo.kinesis.registration import (
     list_consumers,
     register_consumer,
 )
-from efo.leases.table import scan_workers
+from efo.leases.table import table_workers
 
 DEFAULT_WAIT_S = 120.0
 TABLES_HINT = "check --table, --app and EFO_TABLE: each names a lease table that efo run has created"
@@ -114,7 +114,7 @@ async def live_readers(conn: Connection, tables: Sequence[str]) -> dict[str, lis
     failover_s = conn.scope.settings.lease.failover_s
     readers: dict[str, list[Reader]] = {}
     for table in tables:
-        for worker in await scan_workers(dynamodb, table, hint=TABLES_HINT):
+        for worker in await table_workers(dynamodb, table, hint=TABLES_HINT):
             row = worker.row
             if row.consumer_arn and is_live(row, moment, failover_s):
                 age = heartbeat_age_s(row, moment) or 0.0
