@@ -103,6 +103,9 @@ def values_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "required": ["config", "metrics", "terminationGracePeriodSeconds"],
         "properties": {
+            # Helm gives a subchart the parent's "global" values (and a condition's "enabled").
+            "global": {"type": "object"},
+            "enabled": {"type": "boolean"},
             "replicaCount": {"type": "integer", "minimum": 0},
             "image": {
                 "type": "object",

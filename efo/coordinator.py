@@ -396,7 +396,9 @@ class Coordinator:
             elif lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
                 lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
             readable.append(lease)
-        METRICS.shards_unowned.set(sum(1 for lease in readable if self._view.owner_is_dead(lease.owner)))
+        METRICS.shards_unowned.set(
+            sum(1 for lease in readable if lease.owner is None or self._view.owner_is_dead(lease.owner))
+        )
         settled_s = SETTLE_CYCLES * self.settings.lease.sync_interval_s
         busy = {sid for sid, owned in self.owned.items() if not owned.phase.reading}  # draining: leave it be
         moves = plan(

@@ -145,7 +145,8 @@ class ShardSeries:
 
     def __init__(self, metrics: Metrics, shard_id: str) -> None:
         self.shard_id = shard_id
-        self._lag = metrics.shard_lag.labels(shard_id=shard_id)
+        self._metrics = metrics
+        self._lag: Gauge | None = None  # from the first event on: no "0 s behind" for a shard never read
         self._last_event = metrics.shard_last_event.labels(shard_id=shard_id)
         self._records_received = metrics.records_received.labels(shard_id=shard_id)
         self._bytes_received = metrics.bytes_received.labels(shard_id=shard_id)
@@ -153,14 +154,19 @@ class ShardSeries:
         self._bytes_committed = metrics.bytes_committed.labels(shard_id=shard_id)
         self.lag_ms: int | None = None  # MillisBehindLatest of the last event, for the lease row
 
-    def event(self, lag_ms: int | None, records: int, nbytes: int) -> None:
+    def event(self, lag_ms: int | None) -> None:
+        """An event arrived (records or not), ``lag_ms`` behind the tip."""
         if lag_ms is not None:
             self.lag_ms = lag_ms
+            if self._lag is None:
+                self._lag = self._metrics.shard_lag.labels(shard_id=self.shard_id)
             self._lag.set(lag_ms / 1000)
         self._last_event.set(time.time())
-        if records:
-            self._records_received.inc(records)
-            self._bytes_received.inc(nbytes)
+
+    def received(self, records: int, nbytes: int) -> None:
+        """Records handed on (admitted to the pool)."""
+        self._records_received.inc(records)
+        self._bytes_received.inc(nbytes)
 
     def committed(self, records: int, nbytes: int) -> None:
         self._records_committed.inc(records)

@@ -26,17 +26,20 @@ def run(settings: Settings) -> int:
     configure_logging(settings.log.level, settings.log.format)
     sink = make_sink(settings.sink_spec, settings.partition_columns)  # a bad sink fails before Spark starts
     service = Service(settings)
-    with _serving(settings, service):  # /healthz answers while the consumer and Spark start
-        service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
-        if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+    service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
+    if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+        with _serving(settings, service):
             service.health.ready_check("spark", lambda: None)
             return _drive(_driver(None, sink, settings, service), install_signals=True)
-        spark = build_session(settings, app_name=f"efo-{settings.app}")
-        try:
-            require_filesystems(spark, sink_paths(settings))  # before any record is read
-        except ConfigError:
-            spark.stop()
-            raise
+    # The JVM starts before any thread of ours (pyspark forks it with a preexec_fn, unsafe with
+    # threads running): the HTTP server comes after it, and the startup probe covers the wait.
+    spark = build_session(settings, app_name=f"efo-{settings.app}")
+    try:
+        require_filesystems(spark, sink_paths(settings))  # before any record is read
+    except ConfigError:
+        spark.stop()
+        raise
+    with _serving(settings, service):
         service.health.ready_check("spark", lambda: session_problem(spark))
         return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
 

@@ -39,12 +39,26 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+#: The alerts the issue asks for, and EfoNotReady (a worker that reads nothing, e.g. DynamoDB down).
+ALERTS = (
+    "EfoShardLagHigh",
+    "EfoShardsUnowned",
+    "EfoNoRecordsWhileStreamHasTraffic",
+    "EfoSubscriptionErrors",
+    "EfoSinkFailures",
+    "EfoBackpressurePersistent",
+    "EfoCheckpointFailures",
+    "EfoNotReady",
+    "EfoWorkerRestarting",
+)
+
+
 @needs_promtool
 def test_the_rendered_rules_pass_promtool_check_and_their_unit_tests(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
     checked = promtool("check", "rules", str(tmp_path / "rules.yaml"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout
+    assert f"SUCCESS: {len(ALERTS)} rules found" in checked.stdout
     tests = tmp_path / "alerts.promtool.yaml"
     shutil.copy(Path(__file__).with_name("alerts.promtool.yaml"), tests)
     tested = promtool("test", "rules", str(tests))
@@ -53,7 +67,7 @@ def test_the_rendered_rules_pass_promtool_check_and_their_unit_tests(tmp_path: P
 
 def test_every_alert_has_a_unit_test_and_a_runbook_line_in_the_readme() -> None:
     alerts = [rule["alert"] for group in rule_groups()["groups"] for rule in group["rules"]]
-    assert len(alerts) == 8
+    assert alerts == list(ALERTS)
     tested = {
         case["alertname"]
         for test in yaml.safe_load(Path(__file__).with_name("alerts.promtool.yaml").read_text())["tests"]

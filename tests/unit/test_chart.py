@@ -34,6 +34,7 @@ config:
 """
 
 EVERY_OPTION = """
+global: {imageRegistry: registry.example}  # as a subchart: Helm passes the parent's globals
 replicaCount: 3
 image: {repository: registry.example/efo, tag: "1.2.3", pullPolicy: Always}
 imagePullSecrets: [{name: registry}]
