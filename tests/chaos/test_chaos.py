@@ -16,6 +16,7 @@ import pytest
 
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_NOT_FOUND, EXIT_RUNTIME
+from tests.integration.service import operator_lines
 from tests.integration.workers import at
 
 from .harness import SIZE, Chaos
@@ -272,7 +273,7 @@ def test_the_consumer_deregistered_while_running(
                 run = chaos.w.runs[name]
                 assert run.process is not None
                 assert run.process.wait(60) == EXIT_NOT_FOUND, run.tail()
-                (line,) = [line for line in run.log_path.read_text().splitlines() if line.startswith("efo: ")]
+                (line,) = operator_lines(run.log_path.read_text())
                 assert "consumer" in line and "no longer registered" in line, line
             chaos.outcome.recoveries.append(("deregistration to exit 3", round(time.time() - deregistered_at, 2)))
             assert_no_checkpoint_beyond_the_sink(chaos)
