@@ -40,8 +40,9 @@ TABLE_ENV = "EFO_CHAOS_TABLE"  # a file to write the table to (make chaos: docs/
 
 #: Leases fail over in 4 s (a heartbeat a second: a worker trusts its leases 3 s after its last
 #: heartbeat landed), checkpoints every 2 s (what a kill may repeat), a silent subscription renewed
-#: after 3 s.
+#: after 3 s, a batch closed half a second after its first record.
 CHAOS_SETTINGS = {
+    "EFO_BATCH__MAX_WAIT_S": "0.5",
     "EFO_LEASE__FAILOVER_S": "4",
     "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1",
     "EFO_LEASE__SYNC_INTERVAL_S": "1",
@@ -86,6 +87,7 @@ class Outcome:
 
     scenario: str
     iteration: int
+    about: str = ""  # the scenario's test docstring
     verdict: Verdict | None = None
     recoveries: list[tuple[str, float]] = field(default_factory=list)
     failed: str | None = None
@@ -118,6 +120,7 @@ class Chaos:
         *,
         shards: int,
         initial_position: str = "TRIM_HORIZON",
+        about: str | None = None,
         **env: str,
     ) -> None:
         self.scenario = scenario
@@ -139,7 +142,7 @@ class Chaos:
         self.proxy_faults = FaultClient(stack.kinesis_endpoint)
         self.dynamodb_faults = FaultClient(stack.dynamodb_endpoint)
         self.disruptions: list[Disruption] = []
-        self.outcome = Outcome(scenario, iteration)
+        self.outcome = Outcome(scenario, iteration, about or "")
         self._producing = threading.Lock()
         self._dynamodb_paused = False
         OUTCOMES.append(self.outcome)
@@ -419,6 +422,14 @@ def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def scenario_notes(outcomes: list[Outcome]) -> list[str]:
+    """One bullet per scenario: what its test does, from the docstring."""
+    notes: dict[str, str] = {}
+    for outcome in outcomes:
+        notes.setdefault(outcome.scenario, " ".join(outcome.about.split()))
+    return [f"- **{scenario}**: {about}" for scenario, about in notes.items()]
 
 
 HEADER = ["scenario", "iterations", "records", "lost", "out-of-order", "duplicates", "max recovery"]
