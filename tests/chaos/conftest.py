@@ -108,6 +108,12 @@ def report(table: str) -> str:
         *scenario_notes(OUTCOMES),
     ]
     if failed:
-        lines += ["", "## Failed iterations", ""]
+        lines += [
+            "",
+            "## Failed iterations",
+            "",
+            "Their counts are as of the failure: what was not committed yet counts as lost.",
+            "",
+        ]
         lines += [f"- {o.scenario}, iteration {o.iteration}: {o.failed}" for o in failed]
     return "\n".join(lines) + "\n"

@@ -3,12 +3,12 @@ a producer writing in the background, the disruptions (each with its exact dupli
 time each took to recover from, and the verdict of the invariant checker.
 
 Everything random comes from one ``random.Random`` seeded with ``<seed>/<scenario>/<iteration>``,
-so ``EFO_CHAOS_SEED=<seed>`` replays the same kill points, fault timings and reshards (the machine's
-own timing still varies). Every failure names the seed and how to replay it.
+so ``EFO_CHAOS_SEED=<seed>`` at the same size replays the same kill points, fault timings and
+reshards (the machine's own timing still varies). Every failure names the seed and the command.
 
-Recovery time, in every scenario: from the end of the disruption (a kill sent, a fault fired, a
-pause resumed, a reshard ACTIVE) until every record acknowledged by then, and one more written to
-every partition key at that moment (so to every shard), is committed by the sink.
+Recovery time, unless a scenario says otherwise: from the end of the disruption (a kill sent, a
+fault fired, a pause resumed, a reshard ACTIVE) until every record acknowledged by then, and one
+more written to every partition key at that moment (so to every shard), is committed by the sink.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ SIZE = Size.from_env()
 
 @dataclass
 class Outcome:
-    """What one iteration of a scenario measured: its verdict once every record was committed (none
-    if it failed before), the recoveries, and why it failed."""
+    """What one iteration of a scenario measured: its verdict once every record was committed (or as
+    of the failure: then what was not committed yet counts as lost), the recoveries, and why it failed."""
 
     scenario: str
     iteration: int
@@ -97,12 +97,15 @@ class Outcome:
 OUTCOMES: list[Outcome] = []
 
 
-def replay_hint(scenario: str, iteration: int) -> str:
-    return (
-        f"chaos seed {SIZE.seed} ({SIZE.name} size), scenario {scenario!r}, iteration {iteration}: replay with "
-        f"EFO_CHAOS_SEED={SIZE.seed} make chaos, or EFO_CHAOS_SEED={SIZE.seed} EFO_CHAOS_ITERATIONS={iteration + 1} "
-        f"EFO_CHAOS_SIZE={SIZE.name} .venv/bin/python -m pytest tests/chaos -k '{scenario}'"
+def replay_hint(scenario: str, iteration: int, test: str) -> str:
+    """How to run this iteration again with the same random choices (the size changes them)."""
+    again = (
+        f"EFO_CHAOS_SEED={SIZE.seed} EFO_CHAOS_SIZE={SIZE.name} EFO_CHAOS_ITERATIONS={iteration + 1} "
+        f".venv/bin/python -m pytest '{test}'"
     )
+    whole = f"EFO_CHAOS_SEED={SIZE.seed} make chaos (every scenario), or " if SIZE.full else ""
+    where = f"chaos seed {SIZE.seed}, {SIZE.name} size, scenario {scenario!r}, iteration {iteration}"
+    return f"{where}: replay with {whole}{again}"
 
 
 class Chaos:
@@ -121,10 +124,12 @@ class Chaos:
         shards: int,
         initial_position: str = "TRIM_HORIZON",
         about: str | None = None,
+        test: str = "tests/chaos",
         **env: str,
     ) -> None:
         self.scenario = scenario
         self.iteration = iteration
+        self.test = test
         self.rng = random.Random(f"{SIZE.seed}/{scenario}/{iteration}")
         self.stack = stack
         self.kinesis = kinesis
@@ -154,10 +159,13 @@ class Chaos:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._tidy_up()
-        if exc is None:
+        if not isinstance(exc, Exception):  # none, or an interrupt: as it is
             return
         self.outcome.failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise AssertionError(f"{exc}\n{replay_hint(self.scenario, self.iteration)}; logs in {self.tmp_path}") from exc
+        if self.outcome.verdict is None:  # as of the failure: what was not committed yet counts as lost
+            self.outcome.verdict = self.verdict()
+        hint = replay_hint(self.scenario, self.iteration, self.test)
+        raise AssertionError(f"{exc}\n{hint}; logs in {self.tmp_path}") from exc
 
     def _tidy_up(self) -> None:
         if self._dynamodb_paused:
@@ -176,6 +184,10 @@ class Chaos:
         for name in names:
             self.w.stopped.discard(name)
             self.w.start(name, EFO_WORKER_ID=name.split(".")[0], **env)
+
+    def expect_exit(self, *names: str) -> None:
+        """These workers are to exit on their own: waits on the others do not fail when they do."""
+        self.w.stopped.update(names)
 
     def live(self) -> list[str]:
         return [name for name, run in self.w.runs.items() if run.process is not None and run.process.poll() is None]
@@ -357,16 +369,20 @@ class Chaos:
         time.sleep(seconds)
         return seconds
 
-    def recovered(self, since: float, what: str, timeout_s: float = RECOVERY_BOUND_S) -> float:
+    def recovered(self, since: float, what: str) -> float:
         """Seconds from ``since`` (epoch s) until every record acknowledged so far and one written
         now to every key is committed (see the module's docstring); recorded for the table."""
         self.put(len(self.w.producer.keys))
-        with self._producing:
-            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
-        self.w.wait_until(lambda: wanted <= self.committed(), timeout_s, f"recovery from {what}")
+        self._wait_until_committed(f"recovery from {what}")
         seconds = round(time.time() - since, 2)
         self.outcome.recoveries.append((what, seconds))
         return seconds
+
+    def _wait_until_committed(self, what: str) -> None:
+        """Until every record acknowledged so far is committed, at most RECOVERY_BOUND_S."""
+        with self._producing:
+            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
+        self.w.wait_until(lambda: wanted <= self.committed(), RECOVERY_BOUND_S, what)
 
     # ---- the verdict -----------------------------------------------------------------------
 
@@ -375,16 +391,13 @@ class Chaos:
             produced = list(self.w.producer.acknowledged)
         return check(produced, self.w.sink, self.disruptions)
 
-    def finish(self, *, stop: bool = True, timeout_s: float = RECOVERY_BOUND_S) -> Verdict:
+    def finish(self) -> Verdict:
         """Wait until everything acknowledged is committed, stop the workers (SIGTERM, exit 0), and
         check: nothing lost, per-key order kept, every duplicate accounted for by a disruption."""
-        with self._producing:
-            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
         try:
-            self.w.wait_until(lambda: wanted <= self.committed(), timeout_s, "every record committed")
+            self._wait_until_committed("every record committed")
         finally:
-            if stop:
-                self.stop_all()
+            self.stop_all()
             verdict = self.outcome.verdict = self.verdict()
         assert not verdict.lost, f"{len(verdict.lost)} records lost, e.g. {verdict.lost[:5]}: {verdict}"
         assert not verdict.out_of_order, f"out of order: {verdict.out_of_order[:5]}: {verdict}"

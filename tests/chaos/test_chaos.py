@@ -168,7 +168,7 @@ def test_a_sink_that_fails_now_and_then_and_one_that_hangs(chaos: ChaosFactory) 
         hang_after = run.rng.randint(SIZE.pick(1, 4), SIZE.pick(3, 12))
         run.start("w1", EFO_TEST_SINK_FAIL_EVERY=str(run.rng.randint(2, 4)), EFO_TEST_SINK_HANG_AFTER=str(hang_after))
         run.start("w2", EFO_TEST_SINK_FAIL_EVERY=str(run.rng.randint(2, 4)))
-        run.w.stopped.add("w1")  # its exit is expected
+        run.expect_exit("w1")
         hung = run.w.runs["w1"]
         with run.traffic():
             assert hung.process is not None
@@ -208,7 +208,7 @@ def test_the_consumer_deregistered_while_running(chaos: ChaosFactory) -> None:
         with run.traffic():
             run.wait_committing("w1", "w2")
             run.sleep(0, 3)
-            run.w.stopped.update({"w1", "w2"})
+            run.expect_exit("w1", "w2")
             arn = run.kinesis.describe_stream_summary(StreamName=run.w.stream)["StreamDescriptionSummary"]["StreamARN"]
             (consumer,) = run.kinesis.list_stream_consumers(StreamARN=arn)["Consumers"]
             run.kinesis.deregister_stream_consumer(ConsumerARN=consumer["ConsumerARN"])
