@@ -438,11 +438,13 @@ def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
 
 
 def scenario_notes(outcomes: list[Outcome]) -> list[str]:
-    """One bullet per scenario: what its test does, from the docstring."""
-    notes: dict[str, str] = {}
+    """One bullet per test: the scenarios it ran, and what it does (its docstring)."""
+    scenarios: dict[str, list[str]] = {}
     for outcome in outcomes:
-        notes.setdefault(outcome.scenario, " ".join(outcome.about.split()))
-    return [f"- **{scenario}**: {about}" for scenario, about in notes.items()]
+        names = scenarios.setdefault(" ".join(outcome.about.split()), [])
+        if outcome.scenario not in names:
+            names.append(outcome.scenario)
+    return [f"- **{'; '.join(names)}**: {about}" for about, names in scenarios.items()]
 
 
 HEADER = ["scenario", "iterations", "records", "lost", "out-of-order", "duplicates", "max recovery"]
