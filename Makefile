@@ -8,8 +8,9 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 NODE_INSTALLED := devstack/node_modules/.installed
 PYTEST_ARGS ?=
+EFO_CHAOS_ITERATIONS ?= 3
 
-.PHONY: install demo test test-unit test-integration lint format clean
+.PHONY: install demo test test-unit test-integration chaos lint format clean
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
@@ -34,6 +35,13 @@ test-unit: install
 
 test-integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# Every chaos scenario at full size (tests/chaos; make test runs one iteration of a reduced set),
+# EFO_CHAOS_ITERATIONS times each; prints the table and writes it to docs/chaos.md.
+# EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run.
+chaos: install
+	EFO_CHAOS_SIZE=full EFO_CHAOS_ITERATIONS=$(EFO_CHAOS_ITERATIONS) EFO_CHAOS_TABLE=docs/chaos.md \
+		$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
