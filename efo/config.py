@@ -546,7 +546,7 @@ def setting_sources(
 
 
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|key", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|key|\bsas\b|signature", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?<=://)([^/@:]*):[^/@]*@")
 _URL_TOKEN = re.compile(r"(;\s*token=)[^;]*", re.IGNORECASE)
 

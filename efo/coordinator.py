@@ -387,6 +387,7 @@ class Coordinator:
             return
         handing_over = {sid for sid, owned in self.owned.items() if owned.phase is ShardPhase.RELEASING}
         readable = []
+        stranded = set()  # ours in the table, not running here (after leases were in doubt, a restart)
         for lease in state.leases.values():
             if not self._readable(lease, state, graph):
                 continue
@@ -395,6 +396,7 @@ class Coordinator:
                 lease = replace(lease, owner=lease.wanted_by if lease.wanted_by in self._view.live else None)
             elif lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
                 lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
+                stranded.add(lease.shard_id)
             readable.append(lease)
         METRICS.shards_unowned.set(
             sum(1 for lease in readable if lease.owner is None or self._view.owner_is_dead(lease.owner))
@@ -419,6 +421,10 @@ class Coordinator:
             self._short_since = self._clock()
         for lease in moves.claim:
             await self._claim(state.leases[lease.shard_id], graph)  # fenced on the lease as it is in the table
+        # Ours in the table but beyond this worker's share: others see them held by a live worker and
+        # would never take them (a spread of one asks for nothing), so give them up now.
+        for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
+            await self._release_stranded(state.leases[shard_id])
         for shard_id in moves.shed:
             self._hand_over(self.owned[shard_id], f"above this worker's share of {moves.target}")
         for lease in moves.ask:
@@ -492,6 +498,14 @@ class Coordinator:
             self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
         METRICS.lease_changes.labels(reason="stolen" if stolen else "taken").inc()
         self._start(claimed)
+
+    async def _release_stranded(self, lease: Lease) -> None:
+        try:
+            await self.table.release(lease)
+        except LeaseLost:
+            return
+        METRICS.lease_changes.labels(reason="released").inc()
+        self._log.info("lease.released_stranded", shard_id=lease.shard_id)
 
     async def _ask(self, lease: Lease) -> None:
         try:

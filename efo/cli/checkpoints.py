@@ -34,7 +34,7 @@ from efo.cli.common import (
 )
 from efo.cli.status import LEASE_STYLES, duration, lag_text, lease_record
 from efo.config import InitialPosition
-from efo.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, ResourceNotFound
+from efo.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
 from efo.leases.table import LeaseTable, TableState
 from efo.pipeline.records import Position, after
 
@@ -138,6 +138,7 @@ def reset_position(text: str) -> Position:
     "--to", "to", metavar="POSITION", help="LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601> or AFTER:<sequence>."
 )
 @click.option("--yes", is_flag=True, help="Do not ask (scripts); without a terminal it is required.")
+@click.option("--force", is_flag=True, help="--delete-all even though workers' heartbeat rows are there.")
 @click.option("--wait", is_flag=True, help="Wait until every owner has applied it.")
 @wait_s_option(DEFAULT_WAIT_S)
 @json_option
@@ -148,6 +149,7 @@ def reset_command(
     delete_all: bool,
     to: str | None,
     yes: bool,
+    force: bool,
     wait: bool,
     wait_s: float,
     as_json: bool,
@@ -159,7 +161,7 @@ def reset_command(
     if delete_all:
         if to or wait:
             raise ConfigError("--delete-all takes neither --to nor --wait: the next start applies EFO_INITIAL_POSITION")
-        return _delete_all(scope, yes=yes, as_json=as_json)
+        return _delete_all(scope, yes=yes, force=force, as_json=as_json)
     if not to:
         raise ConfigError(
             "checkpoints reset needs --to POSITION: LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601>, AFTER:<seq>"
@@ -217,11 +219,18 @@ async def _wait_applied(table: LeaseTable, reset_id: str, wait_s: float) -> bool
     return done
 
 
-def _delete_all(scope: Scope, *, yes: bool, as_json: bool) -> int:
+def _delete_all(scope: Scope, *, yes: bool, force: bool, as_json: bool) -> int:
     refuse_without_terminal("delete every lease and checkpoint", yes=yes)
 
     async def body(conn: Connection) -> dict[str, Any]:
         table = await conn.lease_table()
+        running = sorted((await table.read()).workers)  # heartbeat rows: removed by a clean stop
+        if running and not force:
+            raise EfoError(
+                f"worker(s) {', '.join(running)} of application {scope.app!r} have heartbeat rows in table "
+                f"{table.table!r}: stop them first (deleting under running workers makes them re-read the whole "
+                "stream), or pass --force if they are gone"
+            )
         confirm(
             f"Delete every lease and checkpoint of application {scope.app!r} on stream {conn.stream.name!r} "
             f"from table {table.table!r}? The next start applies EFO_INITIAL_POSITION.",

@@ -25,7 +25,7 @@ from rich.table import Table
 from efo.aws import Clients, Endpoints
 from efo.cli.status import worker_statuses
 from efo.config import Settings, load_settings, setting_sources
-from efo.errors import EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
+from efo.errors import EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound, translate
 from efo.kinesis.registration import StreamInfo, describe_stream
 from efo.leases.table import LeaseTable, TableState
 
@@ -195,10 +195,15 @@ def with_stream(scope: Scope, body: Callable[[Connection], Awaitable[T]]) -> T:
 
     async def main() -> T:
         endpoints = Endpoints(settings.region, settings.kinesis_endpoint, settings.dynamodb_endpoint)
-        async with Clients(endpoints) as clients:
-            kinesis = await clients.kinesis()
-            stream = await describe_stream(kinesis, settings.stream)
-            return await body(Connection(scope, clients, kinesis, stream))
+        try:
+            async with Clients(endpoints) as clients:
+                kinesis = await clients.kinesis()
+                stream = await describe_stream(kinesis, settings.stream)
+                return await body(Connection(scope, clients, kinesis, stream))
+        except EfoError:
+            raise
+        except Exception as exc:  # e.g. no region configured: one line and its exit code, no traceback
+            raise translate(exc, resource="the AWS clients") from None
 
     return asyncio.run(main())
 

@@ -107,16 +107,19 @@ class Reader:
         return f"{self.app}/{self.worker_id}"
 
 
-async def live_readers(conn: Connection, tables: Sequence[str]) -> dict[str, list[Reader]]:
-    """Live workers by the ARN of the consumer they read through, from every application in ``tables``."""
+async def live_readers(conn: Connection, tables: Sequence[str], *, any_age: bool = False) -> dict[str, list[Reader]]:
+    """Live workers by the ARN of the consumer they read through, from every application in ``tables``;
+    with ``any_age``, every worker whose heartbeat row names it, however old (a worker that stops
+    cleanly removes its row; an old one may be dead, or its clock behind, or its failover longer)."""
     dynamodb = await conn.clients.dynamodb()
     moment = now()
     failover_s = conn.scope.settings.lease.failover_s
+    known = ((conn.scope.app, conn.stream.arn),) if conn.scope.app else ()
     readers: dict[str, list[Reader]] = {}
     for table in tables:
-        for worker in await table_workers(dynamodb, table, hint=TABLES_HINT):
+        for worker in await table_workers(dynamodb, table, known=known, hint=TABLES_HINT):
             row = worker.row
-            if row.consumer_arn and is_live(row, moment, failover_s):
+            if row.consumer_arn and (any_age or is_live(row, moment, failover_s)):
                 age = heartbeat_age_s(row, moment) or 0.0
                 readers.setdefault(row.consumer_arn, []).append(Reader(table, worker.app, row.worker_id, age))
     return readers
@@ -379,15 +382,24 @@ def deregister_command(
         description = await _find(conn, name, arn)
         consumer_arn = str(description["ConsumerARN"])
         label = f"consumer {description['ConsumerName']!r}"
-        readers = (await live_readers(conn, searched)).get(consumer_arn, []) if searched else None
-        if readers and not force:
-            raise ConsumerInUse(
-                f"{label} is in use by {len(readers)} live worker(s): "
-                + ", ".join(f"{r} (heartbeat {duration(r.heartbeat_age_s)} ago)" for r in readers)
-                + "; stop them first, or pass --force (their subscriptions fail and they stop)"
-            )
-        warning = f" {len(readers)} live worker(s) read through it and will stop." if readers else ""
+
+        async def check_readers() -> list[Reader] | None:
+            # Every heartbeat row naming it, however old: liveness by age depends on the workers'
+            # clocks and failover settings; a worker that stops cleanly removes its row.
+            readers = (await live_readers(conn, searched, any_age=True)).get(consumer_arn, []) if searched else None
+            if readers and not force:
+                raise ConsumerInUse(
+                    f"{label} is named by the heartbeat of {len(readers)} worker(s): "
+                    + ", ".join(f"{r} (heartbeat {duration(r.heartbeat_age_s)} ago)" for r in readers)
+                    + "; stop them first (a clean stop removes the row), or pass --force if they are gone "
+                    "(running ones fail and stop)"
+                )
+            return readers
+
+        readers = await check_readers()
+        warning = f" {len(readers)} worker(s) read through it and will stop." if readers else ""
         confirm(f"Deregister {label} ({consumer_arn}) from stream {conn.stream.name!r}?{warning}", yes=yes)
+        readers = await check_readers()  # again: a worker may have started while the question was open
         await deregister_consumer(conn.kinesis, consumer_arn)
         status = "DELETING"
 
@@ -418,7 +430,7 @@ def deregister_command(
     elif readers:
         checked = f"{len(readers)} live worker(s) read through it (--force): " + ", ".join(map(str, readers))
     else:
-        checked = "no live worker read through it"
+        checked = f"no worker read through it (lease tables checked: {', '.join(searched_tables(scope, tables))})"
     say(
         f"deregistered consumer {record['name']!r} from stream {scope.settings.stream!r} in {waited_s:.1f} s; {checked}"
     )

@@ -144,5 +144,8 @@ def lease_record(lease: Lease | None, live_workers: set[str]) -> dict[str, Any]:
 
 
 def lag_text(record: dict[str, Any]) -> str:
-    """A :func:`lease_record`'s lag for people: ``4.2s``, ``-`` when none was written."""
-    return duration(None if record["lag_ms"] is None else record["lag_ms"] / 1000)
+    """A :func:`lease_record`'s lag for people: ``4.2s``; ``-`` when none was written, or when no
+    live worker reads the shard (the last lag written says nothing of the backlog growing since)."""
+    if record["lag_ms"] is None or record["lease_state"] != "reading":
+        return "-"
+    return duration(record["lag_ms"] / 1000)

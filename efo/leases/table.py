@@ -537,20 +537,23 @@ class TableWorker:
     row: WorkerRow
 
 
-async def table_workers(dynamodb: Any, table: str, *, hint: str = "") -> list[TableWorker]:
+async def table_workers(
+    dynamodb: Any, table: str, *, known: tuple[tuple[str, str], ...] = (), hint: str = ""
+) -> list[TableWorker]:
     """Every worker's heartbeat row in ``table``, of every application and stream: one Query of
     the registry partition (the partitions of the table), then one Query of each partition's worker
-    rows. Never a Scan."""
+    rows. Never a Scan. ``known``: (app, stream ARN) partitions to read even if not registered (a
+    worker of a release before the registry)."""
     found: list[TableWorker] = []
     try:
-        for entry in await _query(dynamodb, table, REGISTRY_PK):
-            partition = entry["sk"]["S"]
+        partitions = {
+            (entry["app"]["S"], entry["stream_arn"]["S"]) for entry in await _query(dynamodb, table, REGISTRY_PK)
+        }
+        for app, stream_arn in sorted(partitions | set(known)):
             state = TableState()
-            for item in await _query(dynamodb, table, partition, WORKER_PREFIX):
+            for item in await _query(dynamodb, table, f"{app}|{stream_arn}", WORKER_PREFIX):
                 LeaseTable._absorb(state, item)
-            found.extend(
-                TableWorker(entry["app"]["S"], entry["stream_arn"]["S"], row) for row in state.workers.values()
-            )
+            found.extend(TableWorker(app, stream_arn, row) for row in state.workers.values())
     except Exception as exc:
         raise translate(exc, resource=f"DynamoDB table {table!r}", hint=hint) from None
     return found

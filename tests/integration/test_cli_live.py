@@ -109,8 +109,8 @@ def test_consumers_deregister_is_refused_while_a_live_worker_reads_through_it(li
     assert result.code == EXIT_RUNTIME
     assert result.stdout == ""
     line = result.one_error_line()
-    assert line.startswith(f"efo: consumer {w.app!r} is in use by 1 live worker(s): {w.app}/w1 (heartbeat ")
-    assert line.endswith("; stop them first, or pass --force (their subscriptions fail and they stop)")
+    assert line.startswith(f"efo: consumer {w.app!r} is named by the heartbeat of 1 worker(s): {w.app}/w1 (heartbeat ")
+    assert line.endswith("or pass --force if they are gone (running ones fail and stop)")
     assert consumer_status(kinesis, stream_arn, w.app) == "ACTIVE"
 
 
@@ -129,7 +129,7 @@ def test_consumers_deregister_asks_on_a_terminal_and_does_nothing_on_no(live: tu
     confirmed = efo_on_terminal(w.env, "consumers", "deregister", "--name", spare, answer="y")
     assert confirmed.prompted and confirmed.code == EXIT_OK, confirmed.output
     assert f"deregistered consumer {spare!r} from stream {w.stream!r} in " in confirmed.output
-    assert "; no live worker read through it" in confirmed.output
+    assert "; no worker read through it (lease tables checked: " in confirmed.output
     assert consumer_status(kinesis, stream_arn, spare) is None
 
 

@@ -1,11 +1,10 @@
 """Found by the chaos run (tests/chaos, the DynamoDB pause): after a worker's leases were in doubt,
-a lease it still holds in the table but no longer runs can be left unread for as long as both
-workers live. The worker treats its own lease as free (``Coordinator._cycle``: "ours in the table,
-not running here: take it back") but claims free leases only up to its share; the other worker sees
-the lease held by a live worker, and a spread of one never asks for a steal. Reproduced here
-in-process, deterministically: w1 holds two of three shards, w0 one (w0's share is two, being
-first by name); w1's heartbeats fail until it drops its shards; it claims one back, and the third
-shard is read by nobody."""
+a lease it still held in the table but no longer ran was left unread for as long as both workers
+lived. The worker treated its own lease as free ("ours in the table, not running here: take it
+back") but claimed free leases only up to its share; the other worker saw the lease held by a live
+worker, and a spread of one asks for nothing. Fixed: such a lease beyond the worker's share is
+released in the same cycle. Reproduced in-process, deterministically: w1 holds two of three shards,
+w0 one (w0's share is two, being first by name); w1's heartbeats fail until it drops its shards."""
 
 from __future__ import annotations
 
@@ -22,11 +21,6 @@ from .test_coordinator import running, until, world
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug, reported to the lead: a lease a worker holds in the table but does not run after its "
-    "leases were in doubt is claimed by nobody while its share is met (see the module docstring)",
-)
 def test_every_shard_is_read_again_after_a_worker_whose_leases_were_in_doubt_recovers(local_stack: Any) -> None:
     async def scenario() -> None:
         kinesis = MemoryKinesis(3)
