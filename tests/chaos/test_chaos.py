@@ -168,8 +168,9 @@ def test_a_sink_that_fails_now_and_then_and_one_that_hangs(chaos: ChaosFactory) 
         EFO_BATCH__STALL_TIMEOUT_S="3",
         EFO_SHUTDOWN_TIMEOUT_S="2",
     ) as run:
-        hang_after = run.rng.randint(SIZE.pick(1, 4), SIZE.pick(3, 12))
-        run.start("w1", EFO_TEST_SINK_FAIL_EVERY=str(run.rng.randint(2, 4)), EFO_TEST_SINK_HANG_AFTER=str(hang_after))
+        fail_every = run.rng.randint(2, 4)
+        hang_after = fail_every + run.rng.randint(0, SIZE.pick(2, 8))  # after one failure at least
+        run.start("w1", EFO_TEST_SINK_FAIL_EVERY=str(fail_every), EFO_TEST_SINK_HANG_AFTER=str(hang_after))
         run.start("w2", EFO_TEST_SINK_FAIL_EVERY=str(run.rng.randint(2, 4)))
         run.expect_exit("w1")
         hung = run.w.runs["w1"]
