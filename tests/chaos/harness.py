@@ -38,12 +38,13 @@ SEED_ENV = "EFO_CHAOS_SEED"
 SIZE_ENV = "EFO_CHAOS_SIZE"  # "reduced" (default, inside make test) or "full" (make chaos)
 TABLE_ENV = "EFO_CHAOS_TABLE"  # a file to write the table to (make chaos: docs/chaos.md)
 
-#: Leases fail over in 4 s (a heartbeat a second: a worker trusts its leases 3 s after its last
-#: heartbeat landed), checkpoints every 2 s (what a kill may repeat), a silent subscription renewed
-#: after 3 s, a batch closed half a second after its first record.
+#: Leases fail over in 5 s (a heartbeat a second: a worker trusts its leases 4 s after its last
+#: heartbeat landed, time for a throttled heartbeat's retries), checkpoints every 2 s (what a kill
+#: may repeat), a silent subscription renewed after 3 s, a batch closed half a second after its
+#: first record.
 CHAOS_SETTINGS = {
     "EFO_BATCH__MAX_WAIT_S": "0.5",
-    "EFO_LEASE__FAILOVER_S": "4",
+    "EFO_LEASE__FAILOVER_S": "5",
     "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1",
     "EFO_LEASE__SYNC_INTERVAL_S": "1",
     "EFO_CHECKPOINT__INTERVAL_S": "2",

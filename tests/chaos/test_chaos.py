@@ -134,7 +134,7 @@ def test_dynamodb_throttled_then_paused(chaos: ChaosFactory) -> None:
     (SIGSTOP) for longer than a worker trusts its leases and resumed: every worker stops reading
     until its heartbeat lands again and claims again; only what was committed and not checkpointed
     before the pause is read twice."""
-    pause_s = SIZE.pick(4.0, 30.0)
+    pause_s = SIZE.pick(5.0, 30.0)  # longer than the 4 s a worker trusts its leases
     with chaos(f"DynamoDB throttled, 500s, paused {pause_s:g} s", shards=3) as run:
         run.start("w1", "w2")
         with run.traffic():
