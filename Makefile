@@ -8,6 +8,10 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 NODE_INSTALLED := devstack/node_modules/.installed
 PYTEST_ARGS ?=
+# make test runs the suite on this many processes (pytest-xdist), a file per process at a time;
+# each starts its own local stack and Spark. TEST_PROCESSES=0 runs it in this process.
+TEST_PROCESSES ?= 2
+XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 EFO_CHAOS_ITERATIONS ?= 3
 
 .PHONY: install demo test test-unit test-integration chaos lint format clean
@@ -28,7 +32,7 @@ demo: install
 	$(BIN)/python devstack/demo.py
 
 test: install lint
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

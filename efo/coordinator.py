@@ -861,6 +861,8 @@ class Coordinator:
     def shards_problem(self) -> str | None:
         """/readyz: None once every shard this worker reads has a subscription (none to own is fine)."""
         owned_now = tuple(self.owned.values())  # one copy: this runs on the HTTP server's thread
+        if self._leases_in_doubt:
+            return "no heartbeat landed for the lease validity: every lease was dropped until one does"
         if not self._ready:
             waiting = sum(1 for owned in owned_now if owned.phase.reading and not owned.first_event)
             return f"waiting for the first lease cycle or the first event of {waiting} shard(s)"
@@ -879,8 +881,8 @@ class Coordinator:
     def _check_ready(self) -> None:
         """Ready: a lease cycle has run and every shard it claimed has delivered its first event
         (from here LATEST holds); a worker with no share of the shards is ready with none."""
-        if self._ready or self._graph is None:
-            return
+        if self._ready or self._graph is None or self._leases_in_doubt:
+            return  # in doubt, it holds nothing because it may not: not "ready with none"
         reading = [owned for owned in self.owned.values() if owned.phase.reading]
         if all(owned.first_event for owned in reading):
             self._ready = True
