@@ -83,14 +83,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("measured")
         for nodeid, properties in measured:
             terminalreporter.write_line(f"{nodeid}: " + ", ".join(f"{name}={value}" for name, value in properties))
-    chaos = [
-        value
+    after = [
+        (name, value)
         for report in reports
         if getattr(report, "when", None) == "teardown"
         for name, value in getattr(report, "user_properties", ())
-        if name == "chaos_outcome"
     ]
-    if chaos:
-        from tests.chaos.harness import Outcome, summary
+    if after:
+        from tests.chaos.harness import REPORT_PROPERTY, Outcome, summary
 
-        summary(terminalreporter, [Outcome.from_json(value) for value in chaos])
+        outcomes = [Outcome.from_json(value) for name, value in after if name == REPORT_PROPERTY]
+        if outcomes:
+            summary(terminalreporter, outcomes)
