@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 NODE_INSTALLED := devstack/node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration lint format clean
+.PHONY: install demo test test-unit test-integration lint format clean bench bench-quick
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
@@ -25,6 +25,14 @@ $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
 
 demo: install
 	$(BIN)/python devstack/demo.py
+
+# Every benchmark in one run (about 15 minutes here), written to docs/benchmarks.md; the quick one
+# runs tiny sizes in about a minute (its figures mean nothing) to check that the chain works.
+bench: install
+	$(BIN)/python bench/run_all.py
+
+bench-quick: install
+	$(BIN)/python bench/run_all.py --quick --out .efo-bench/benchmarks-quick.md
 
 test: install lint
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
@@ -45,4 +53,4 @@ format: install
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) devstack/node_modules .efo-dev .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) devstack/node_modules .efo-dev .efo-bench .pytest_cache .mypy_cache .ruff_cache

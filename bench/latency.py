@@ -132,11 +132,13 @@ def measure_ceiling(args: argparse.Namespace, kinesis: str, dynamodb: str, workd
         for _ in range(args.windows):
             lines, _ = run.committed()
             time.sleep(args.seconds / args.windows)
-            batches = run.batches_since(lines)
-            if len(batches) >= 2:  # records of the batches after the first, over the time between
-                rates.append(sum(n for _, n in batches[1:]) / (batches[-1][0] - batches[0][0]))
-        if not rates:
-            raise RuntimeError("fewer than two batches per window: raise --seconds")
+            deadline = time.monotonic() + 60
+            while len(batches := run.batches_since(max(0, lines - 1))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)  # batches from the last one before the window: at least two
+            if len(batches) < 2:
+                raise RuntimeError("fewer than two batches in a minute")
+            # the records of every batch after the first, over the time between the first and the last
+            rates.append(sum(n for _, n in batches[1:]) / (batches[-1][0] - batches[0][0]))
         return rates
 
 
@@ -150,7 +152,9 @@ def measure_latency(
         time.sleep(args.warmup)
         lines, values = run.committed()
         time.sleep(args.seconds)
-        batches = run.batches_since(lines)
+        deadline = time.monotonic() + max_wait_s + 30
+        while len(batches := run.batches_since(lines)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # a window shorter than max_wait_s (quick runs): wait for two batches
         latencies = run.latencies_since(values)
     if not latencies:
         raise RuntimeError(f"nothing committed with batch.max_wait_s={max_wait_s}")

@@ -1,6 +1,6 @@
-"""Memory is bounded by configuration: RSS of ``efo run`` at 64 shards with a stalled sink.
+"""Memory is bounded by configuration: RSS of ``efo run`` at 64 and 256 shards with a stalled sink.
 
-Starts the local stack as ``efo dev up`` starts it, a 64-shard stream (``--shards``), and ``efo run``
+Starts the local stack as ``efo dev up`` starts it, a stream of each ``--shards`` count, and ``efo run``
 whose sink never returns (the first batch blocks forever), so nothing is ever committed and the
 pool fills. It writes several times the pool's budget into the stream and samples the service's
 resident memory (the Python process; the JVM is a separate process with its own heap setting)
@@ -16,7 +16,8 @@ The driver holds two Arrow copies at most: the batch in the sink and the next on
 Spark commits. Each shard holds one decoded event waiting for budget, aiohttp's read buffer (to
 its 128 KiB high-water mark) and what botocore's framing buffer keeps of the last socket read
 (up to another 128 KiB). Runs with several pool sizes to show that memory follows the
-configuration, not the amount of data written.
+configuration, not the amount of data written. The margin is the part of the budget above the
+baseline that the peak left unused: (bound - peak) / (bound - baseline).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -36,6 +36,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from common import command_line, write_json  # noqa: E402
 
 from efo.devstack.producer import kinesis_client, put_all, wait_active  # noqa: E402
 from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
@@ -69,10 +71,12 @@ def produce(kinesis: Any, stream: str, shards: list[dict[str, Any]], records: in
     return len(put_all(kinesis, stream, entries))
 
 
-def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int, workdir: Path) -> dict[str, Any]:
+def run_case(
+    endpoints: StackEndpoints, args: argparse.Namespace, shard_count: int, pool_mib: int, workdir: Path
+) -> dict[str, Any]:
     kinesis = kinesis_client(endpoints.kinesis_endpoint, endpoints.region)
-    stream = f"mem-{pool_mib}-{int(time.time())}"
-    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
+    stream = f"mem-{shard_count}-{pool_mib}-{int(time.time())}"
+    kinesis.create_stream(StreamName=stream, ShardCount=shard_count)
     wait_active(kinesis, stream, timeout_s=120)
     shards = kinesis.list_shards(StreamName=stream)["Shards"]
     pool_bytes = pool_mib * 2**20
@@ -82,13 +86,14 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
     (handlers / "stalled_sink.py").write_text(STALL_MODULE)
     env = {
         **os.environ,
-        "PYTHONPATH": str(handlers),
+        "PYTHONPATH": os.pathsep.join([str(handlers), str(ROOT / "bench")]),
         "AWS_ACCESS_KEY_ID": "bench",
         "AWS_SECRET_ACCESS_KEY": "bench",
         "EFO_STREAM": stream,
         "EFO_APP": stream,
         "EFO_INITIAL_POSITION": "TRIM_HORIZON",
-        "EFO_SINK": "handler:stalled_sink:write",
+        # handler: runs the Spark driver in this process (the JVM is another one); arrow: no Spark at all
+        "EFO_SINK": "handler:stalled_sink:write" if args.sink == "spark" else "arrow:sinks:stall",
         "EFO_REGION": endpoints.region,
         "EFO_KINESIS_ENDPOINT": endpoints.kinesis_endpoint,
         "EFO_DYNAMODB_ENDPOINT": endpoints.dynamodb_endpoint,
@@ -99,7 +104,7 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
         "EFO_LOG__FORMAT": "json",
         "EFO_SHUTDOWN_TIMEOUT_S": "2",
     }
-    log_path = workdir / f"efo-{pool_mib}.log"
+    log_path = workdir / f"efo-{shard_count}-{pool_mib}.log"
     with log_path.open("wb") as log:
         service = subprocess.Popen(
             [sys.executable, "-m", "efo.cli", "run"],
@@ -131,22 +136,31 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
             while time.monotonic() < end:
                 samples.append((round(time.monotonic() - started, 1), rss_bytes(service.pid)))
                 time.sleep(0.5)
-        event_bytes = min(produced // args.shards, 10_000) * args.record_bytes  # kinesis-local: <= 10,000 per event
+        event_bytes = min(produced // shard_count, 10_000) * args.record_bytes  # kinesis-local: <= 10,000 per event
         arrow_copies = 2 * min(BATCH_MAX_BYTES, pool_bytes)
         bound = (
             baseline
             + pool_bytes
             + pool_records * K_RECORD_BYTES
             + arrow_copies
-            + args.shards * (event_bytes + SHARD_BUFFER_BYTES)
+            + shard_count * (event_bytes + SHARD_BUFFER_BYTES)
         )
+        peak = max(rss for _, rss in samples)
         received = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
         return {
+            "shards": shard_count,
             "pool_mib": pool_mib,
             "produced_mib": produced * args.record_bytes / 2**20,
             "baseline": baseline,
-            "peak": max(rss for _, rss in samples),
+            "peak": peak,
             "bound": bound,
+            "margin": (bound - peak) / (bound - baseline),
+            "terms": {
+                "pool": pool_bytes,
+                "records": pool_records * K_RECORD_BYTES,
+                "arrow": arrow_copies,
+                "shards": shard_count * (event_bytes + SHARD_BUFFER_BYTES),
+            },
             "samples": samples,
             "events": len(received),
             "produce_s": produce_s,
@@ -159,38 +173,52 @@ def run_case(endpoints: StackEndpoints, args: argparse.Namespace, pool_mib: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=64)
+    parser.add_argument("--shards", default="64,256", help="comma-separated shard counts")
     parser.add_argument("--record-bytes", type=int, default=4096)
     parser.add_argument("--pools-mib", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--data-factor", type=int, default=3, help="data written, in multiples of the pool")
-    parser.add_argument("--seconds", type=float, default=20.0, help="RSS is sampled at least this long")
+    parser.add_argument("--seconds", type=float, default=60.0, help="RSS is sampled at least this long")
     parser.add_argument("--settle-s", type=float, default=10.0, help="and this long after producing ended")
+    parser.add_argument("--sink", choices=["spark", "arrow"], default="spark", help="a stalled Spark or arrow sink")
+    parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
-    if not 1 <= args.shards <= DEFAULT_SHARD_LIMIT:
+    shard_counts = [int(s) for s in args.shards.split(",") if s]
+    if not all(1 <= n <= DEFAULT_SHARD_LIMIT for n in shard_counts):
         parser.error(f"--shards must be in 1..{DEFAULT_SHARD_LIMIT} (the local stack's shard limit)")
-    command = "python bench/memory_bound.py " + shlex.join(sys.argv[1:])
     workdir = Path(tempfile.mkdtemp(prefix="efo-membench-"))
     results = []
     with LocalStack(log_dir=workdir / "stack") as endpoints:
-        for pool_mib in args.pools_mib:
-            results.append(run_case(endpoints, args, pool_mib, workdir))
+        for shard_count in shard_counts:
+            for pool_mib in args.pools_mib:
+                results.append(run_case(endpoints, args, shard_count, pool_mib, workdir))
     mib = 2**20
-    print(f"command: {command}")
-    print(f"{args.shards} shards, {args.record_bytes} B records, sink stalled (nothing ever committed)\n")
+    print(f"command: `{command_line()}`\n")
     print(
-        "| pool MiB | data written MiB | baseline RSS MiB | peak RSS MiB | bound MiB | peak - baseline MiB | within |"
+        f"{args.record_bytes} B records, {args.sink} sink stalled (nothing ever committed), "
+        f"{args.data_factor}x the pool written, "
+        f"RSS sampled every 0.5 s for at least {args.seconds:g} s and {args.settle_s:g} s after producing ended. "
+        "Bound terms above the baseline: pool bytes + per-record overhead + two Arrow copies + per shard (one "
+        "event + HTTP and framing buffers).\n"
     )
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| shards | pool MiB | data written MiB | baseline RSS MiB | peak RSS MiB | bound MiB | peak - baseline MiB "
+        "| bound terms MiB (pool + records + Arrow + shards) | margin | within |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
     for r in results:
+        terms = " + ".join(f"{v / mib:.1f}" for v in r["terms"].values())
         print(
-            f"| {r['pool_mib']} | {r['produced_mib']:.0f} | {r['baseline'] / mib:.0f} | {r['peak'] / mib:.0f} | "
-            f"{r['bound'] / mib:.0f} | {(r['peak'] - r['baseline']) / mib:.0f} | "
-            f"{'yes' if r['peak'] <= r['bound'] else 'NO'} |"
+            f"| {r['shards']} | {r['pool_mib']} | {r['produced_mib']:.0f} | {r['baseline'] / mib:.0f} | "
+            f"{r['peak'] / mib:.0f} | {r['bound'] / mib:.0f} | {(r['peak'] - r['baseline']) / mib:.0f} | {terms} | "
+            f"{r['margin']:.0%} | {'yes' if r['peak'] <= r['bound'] else 'NO'} |"
         )
-    print("\nRSS over time (MiB):")
+    print("\nRSS over time (MiB):\n")
     for r in results:
-        series = " ".join(f"{t:g}s:{rss / mib:.0f}" for t, rss in r["samples"][::4])
-        print(f"  pool {r['pool_mib']} MiB: {series}")
+        series = " ".join(f"{t:g}s:{rss / mib:.0f}" for t, rss in r["samples"][::8])
+        print(f"- {r['shards']} shards, pool {r['pool_mib']} MiB: {series}")
+    for r in results:
+        r["samples"] = r["samples"][::8]
+    write_json(args.json, {"cases": results})
 
 
 if __name__ == "__main__":

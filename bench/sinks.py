@@ -28,3 +28,9 @@ def latency(table: pa.Table, batch: Any) -> None:
         out.write(pc.cast(seconds, pa.float32()).combine_chunks().to_numpy(zero_copy_only=False).tobytes())
     with open(os.environ[BATCHES_FILE_ENV], "a") as out:
         out.write(f"{committed_at:.6f} {table.num_rows}\n")
+
+
+def stall(table: Any, batch: Any) -> None:
+    """Never returns: nothing is ever committed, so the pool fills and stays full."""
+    while True:
+        time.sleep(3600)
