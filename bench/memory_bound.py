@@ -74,7 +74,8 @@ def produce(kinesis: Any, stream: str, shards: list[dict[str, Any]], records: in
 def run_case(
     endpoints: StackEndpoints, args: argparse.Namespace, shard_count: int, pool_mib: int, workdir: Path
 ) -> dict[str, Any]:
-    kinesis = kinesis_client(endpoints.kinesis_endpoint, endpoints.region)
+    # kinesis-local answers slowly with hundreds of subscriptions open: more patience than the default
+    kinesis = kinesis_client(endpoints.kinesis_endpoint, endpoints.region, retries=10)
     stream = f"mem-{shard_count}-{pool_mib}-{int(time.time())}"
     kinesis.create_stream(StreamName=stream, ShardCount=shard_count)
     wait_active(kinesis, stream, timeout_s=120)

@@ -124,9 +124,10 @@ def run(benchmark: Benchmark, quick: bool, workdir: Path) -> dict[str, Any]:
         completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False)
     seconds = time.monotonic() - started
     print(f"bench: {benchmark.title}: exit {completed.returncode} after {seconds:.0f} s", file=sys.stderr, flush=True)
-    if completed.returncode != 0 or not json_path.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"bench: {benchmark.script} failed (exit {completed.returncode}):\n{tail}")
+    if completed.returncode != 0 or not json_path.exists():  # reported in the document; the others still run
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        print(f"bench: {benchmark.script} failed (exit {completed.returncode}):\n{tail}", file=sys.stderr)
+        return {"failed": f"exit {completed.returncode}", "tail": tail, "seconds": seconds}
     figures = json.loads(json_path.read_text())
     # The command as one would type it, without the --json of this run's temporary directory.
     figures["command"] = figures["command"].split(" --json ")[0]
@@ -276,7 +277,15 @@ def commit() -> str:
 def document(
     chosen: list[Benchmark], quick: bool, command: str, header: str, results: dict[str, Any], seconds: float
 ) -> str:
-    verdicts = [v for b in chosen for v in GOALS[b.key](results[b.key]["figures"])]
+    verdicts = [
+        v
+        for b in chosen
+        for v in (
+            [Verdict(b.title, f"the benchmark failed ({results[b.key]['failed']})", False)]
+            if "failed" in results[b.key]
+            else GOALS[b.key](results[b.key]["figures"])
+        )
+    ]
     lines = [
         "# Benchmarks",
         "",
@@ -298,7 +307,10 @@ def document(
     ]
     for b in chosen:
         result = results[b.key]
-        lines += [f"## {b.title}", "", b.about, "", result["markdown"].strip(), ""]
+        body = (
+            result.get("markdown", "").strip() or f"Failed ({result.get('failed')}):\n\n```\n{result.get('tail')}\n```"
+        )
+        lines += [f"## {b.title}", "", b.about, "", body, ""]
     return "\n".join(lines) + "\n"
 
 
@@ -325,7 +337,10 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    failed = [b.script for b in chosen if "failed" in results[b.key]]
     print(f"bench: wrote {out} ({len(chosen)} benchmarks, {(time.monotonic() - started) / 60:.1f} minutes)")
+    if failed:
+        raise SystemExit(f"bench: failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
