@@ -1,4 +1,5 @@
-"""Settings: environment variables with prefix ``EFO_`` and/or a YAML file; the environment wins.
+"""Settings: environment variables with prefix ``EFO_`` and/or a YAML file; the environment wins,
+and a command-line flag (``efo ... --stream``) wins over both.
 
 Nested settings use ``__`` in the environment: YAML ``pool.max_pending_bytes`` is
 ``EFO_POOL__MAX_PENDING_BYTES``. Sizes are in bytes, durations in seconds (``_s`` suffix).
@@ -11,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +21,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from efo.errors import ConfigError
 
@@ -198,6 +201,10 @@ class SparkSettings(_Section):
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (YAML map).")
 
 
+#: Command-line flags of the ``load_settings`` call being validated: they win over the environment.
+_FLAGS: ContextVar[Mapping[str, Any] | None] = ContextVar("efo_setting_flags", default=None)
+
+
 class Settings(BaseSettings):
     """Everything ``efo run`` needs. Field descriptions are the README's configuration table."""
 
@@ -277,8 +284,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file arrives as init arguments; the environment wins over it.
-        return (env_settings, init_settings)
+        # The YAML file arrives as init arguments; the environment wins over it; flags win over both.
+        return (InitSettingsSource(settings_cls, dict(_FLAGS.get() or {})), env_settings, init_settings)
 
     @field_validator("stream", "app")
     @classmethod
@@ -435,25 +442,35 @@ def unknown_environment(environ: Mapping[str, str]) -> list[str]:
     return sorted(unknown)
 
 
+def read_config_file(config_file: str | Path) -> dict[str, Any]:
+    """The settings of a YAML file, or a ConfigError naming the file and what is wrong with it."""
+    path = Path(config_file)
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the configuration file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the configuration file {path} is not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"the configuration file {path} must hold a mapping of settings")
+    return dict(loaded or {})
+
+
 def load_settings(
-    config_file: str | Path | None = None, *, defaults: dict[str, Any] | None = None, **overrides: Any
+    config_file: str | Path | None = None,
+    *,
+    defaults: dict[str, Any] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> Settings:
     """Read the YAML file (if any) and the environment; raise ConfigError naming every bad field.
 
     ``defaults`` apply only where neither the file nor the environment sets a value; ``overrides``
-    win over the file (the environment still wins over both)."""
+    win over the file (the environment still wins over both); ``flags`` (the command line's
+    ``--stream``, ``--app``) win over everything."""
     values: dict[str, Any] = dict(defaults or {})
     if config_file is not None:
-        path = Path(config_file)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read the configuration file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"the configuration file {path} is not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"the configuration file {path} must hold a mapping of settings")
-        values.update(loaded or {})
+        values.update(read_config_file(config_file))
     values.update(overrides)
     unknown = unknown_environment(os.environ)
     if unknown:
@@ -461,32 +478,107 @@ def load_settings(
             "invalid configuration: "
             + "; ".join(f"{name} is not a setting (see 'efo config table' for the names)" for name in unknown)
         )
+    token = _FLAGS.set({name: value for name, value in (flags or {}).items() if value is not None})
     try:
         return Settings(**values)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    finally:
+        _FLAGS.reset(token)
+
+
+def setting_locations(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every setting as its path of field names (``("pool", "max_pending_records")``), in order."""
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from setting_locations(annotation, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+def _field(location: tuple[str, ...]) -> FieldInfo:
+    model: Any = Settings
+    for name in location[:-1]:
+        model = model.model_fields[name].annotation
+    return model.model_fields[location[-1]]  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class SettingSource:
+    """Where a setting's effective value came from: ``kind`` is default, file, environment or flag;
+    ``origin`` names the file, the variable or the flag (empty for a default)."""
+
+    kind: Literal["default", "file", "environment", "flag"]
+    origin: str = ""
+
+
+_ABSENT = object()
+
+
+def setting_sources(
+    config_file: str | Path | None = None,
+    *,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, SettingSource]:
+    """Where each setting's value comes from, by dotted name, with the precedence of
+    :func:`load_settings`: a flag, else the environment, else the file, else the default. A
+    section given whole (``EFO_POOL='{...}'`` or a YAML mapping) is the source of its fields."""
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    upper_environ = {name.upper(): name for name in environ}
+    sources: dict[str, SettingSource] = {}
+    for location in setting_locations():
+        dotted = ".".join(location)
+        variables = [_env_name(location[:depth]) for depth in range(len(location), 0, -1)]
+        in_file: Any = file_values
+        for name in location:
+            in_file = in_file.get(name, _ABSENT) if isinstance(in_file, dict) else _ABSENT
+        if flags and len(location) == 1 and flags.get(location[0]) is not None:
+            sources[dotted] = SettingSource("flag", "--" + location[0].replace("_", "-"))
+        elif found := next((upper_environ[v] for v in variables if v in upper_environ), None):
+            sources[dotted] = SettingSource("environment", found)
+        elif in_file is not _ABSENT:
+            sources[dotted] = SettingSource("file", str(config_file))
+        else:
+            sources[dotted] = SettingSource("default")
+    return sources
+
+
+REDACTED = "<redacted>"
+_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|key|\bsas\b|signature", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?<=://)([^/@:]*):[^/@]*@")
+_URL_TOKEN = re.compile(r"(;\s*token=)[^;]*", re.IGNORECASE)
+
+
+def redacted(location: tuple[str, ...], value: Any) -> Any:
+    """A setting's value fit to print: secrets in URLs (a password, a Spark Connect ``token``), in
+    Spark settings (``spark.conf`` keys naming a key, token, secret, password or credential) and in
+    any setting so named are replaced by ``<redacted>``."""
+    if value is None:
+        return None
+    if _SECRET_NAME.search(location[-1]):
+        return REDACTED
+    if isinstance(value, dict):
+        return {key: REDACTED if _SECRET_NAME.search(key) else item for key, item in value.items()}
+    if isinstance(value, str):
+        return _URL_TOKEN.sub(r"\1" + REDACTED, _URL_PASSWORD.sub(r"\1:" + REDACTED + "@", value))
+    return value
 
 
 def settings_table() -> str:
     """The README's configuration table, generated from the field definitions above."""
     rows = ["| setting | environment | default | meaning |", "|---|---|---|---|"]
-
-    def walk(model: type[BaseModel], prefix: tuple[str, ...]) -> None:
-        for name, field in model.model_fields.items():
-            annotation = field.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                walk(annotation, (*prefix, name))
-                continue
-            location = (*prefix, name)
-            if field.is_required():
-                default = "required"
-            elif field.default_factory is not None:
-                default = "host-pid" if name == "worker_id" else f"`{field.default_factory()!r}`"  # type: ignore[call-arg]
-            elif field.default is None:
-                default = ""
-            else:
-                default = f"`{field.default}`"
-            rows.append(f"| `{'.'.join(location)}` | `{_env_name(location)}` | {default} | {field.description or ''} |")
-
-    walk(Settings, ())
+    for location in setting_locations():
+        field = _field(location)
+        name = location[-1]
+        if field.is_required():
+            default = "required"
+        elif field.default_factory is not None:
+            default = "host-pid" if name == "worker_id" else f"`{field.default_factory()!r}`"  # type: ignore[call-arg]
+        elif field.default is None:
+            default = ""
+        else:
+            default = f"`{field.default}`"
+        rows.append(f"| `{'.'.join(location)}` | `{_env_name(location)}` | {default} | {field.description or ''} |")
     return "\n".join(rows)

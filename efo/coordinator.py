@@ -124,6 +124,7 @@ class Coordinator:
         position and moment) is written first, conditionally, so one worker's wins and all use it;
         every lease is written conditionally; the meta row is marked complete last. A worker that
         dies half-way leaves it incomplete, and the next worker completes it the same way."""
+        await self.table.register_partition()  # for the operator CLI's Query of every application's workers
         state = await self.table.read()
         if state.meta is None:
             await self.table.create_meta(self.stream.created_at, str(self.settings.start), datetime.now(UTC))
@@ -395,7 +396,9 @@ class Coordinator:
             elif lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
                 lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
             readable.append(lease)
-        METRICS.shards_unowned.set(sum(1 for lease in readable if self._view.owner_is_dead(lease.owner)))
+        METRICS.shards_unowned.set(
+            sum(1 for lease in readable if lease.owner is None or self._view.owner_is_dead(lease.owner))
+        )
         settled_s = SETTLE_CYCLES * self.settings.lease.sync_interval_s
         busy = {sid for sid, owned in self.owned.items() if not owned.phase.reading}  # draining: leave it be
         moves = plan(
@@ -843,13 +846,14 @@ class Coordinator:
 
     def shards_problem(self) -> str | None:
         """/readyz: None once every shard this worker reads has a subscription (none to own is fine)."""
+        owned_now = tuple(self.owned.values())  # one copy: this runs on the HTTP server's thread
         if not self._ready:
-            waiting = sum(1 for owned in self.owned.values() if owned.phase.reading and not owned.first_event)
+            waiting = sum(1 for owned in owned_now if owned.phase.reading and not owned.first_event)
             return f"waiting for the first lease cycle or the first event of {waiting} shard(s)"
         now = time.monotonic()  # the clock of OwnedShard.phase_since
         stuck = sorted(
             owned.shard_id
-            for owned in self.owned.values()
+            for owned in owned_now
             if owned.phase is ShardPhase.SUBSCRIBING and now - owned.phase_since > SUBSCRIBING_READY_S
         )
         if stuck:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TextIO, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,11 +33,14 @@ from prometheus_client import (
 from prometheus_client.core import HistogramMetricFamily
 
 from efo import __version__
+from efo.stderr_json import JsonLinesStream, wants_json
 
 
 def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
-    """Configure structlog once; route the standard library (botocore, py4j) through it too."""
-    json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    """Configure structlog once; route the standard library (botocore, py4j) and Python warnings
+    through it too. With JSON output, any other line written to ``sys.stderr`` becomes JSON as well."""
+    json_output = wants_json(fmt)
+    stream = getattr(sys.stderr, "wrapped", sys.stderr)  # the real stream, also when called again
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -52,7 +56,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
@@ -68,6 +72,8 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(level)
     for noisy in ("botocore", "aiobotocore", "py4j", "urllib3", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    logging.captureWarnings(True)
+    sys.stderr = cast(TextIO, JsonLinesStream(stream)) if json_output else stream
 
 
 #: Seconds: pool waits and checkpoint writes are short; batches and end-to-end latency are longer.
@@ -139,7 +145,8 @@ class ShardSeries:
 
     def __init__(self, metrics: Metrics, shard_id: str) -> None:
         self.shard_id = shard_id
-        self._lag = metrics.shard_lag.labels(shard_id=shard_id)
+        self._metrics = metrics
+        self._lag: Gauge | None = None  # from the first event on: no "0 s behind" for a shard never read
         self._last_event = metrics.shard_last_event.labels(shard_id=shard_id)
         self._records_received = metrics.records_received.labels(shard_id=shard_id)
         self._bytes_received = metrics.bytes_received.labels(shard_id=shard_id)
@@ -147,14 +154,19 @@ class ShardSeries:
         self._bytes_committed = metrics.bytes_committed.labels(shard_id=shard_id)
         self.lag_ms: int | None = None  # MillisBehindLatest of the last event, for the lease row
 
-    def event(self, lag_ms: int | None, records: int, nbytes: int) -> None:
+    def event(self, lag_ms: int | None) -> None:
+        """An event arrived (records or not), ``lag_ms`` behind the tip."""
         if lag_ms is not None:
             self.lag_ms = lag_ms
+            if self._lag is None:
+                self._lag = self._metrics.shard_lag.labels(shard_id=self.shard_id)
             self._lag.set(lag_ms / 1000)
         self._last_event.set(time.time())
-        if records:
-            self._records_received.inc(records)
-            self._bytes_received.inc(nbytes)
+
+    def received(self, records: int, nbytes: int) -> None:
+        """Records handed on (admitted to the pool)."""
+        self._records_received.inc(records)
+        self._bytes_received.inc(nbytes)
 
     def committed(self, records: int, nbytes: int) -> None:
         self._records_committed.inc(records)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterable
 
 import structlog
@@ -27,6 +28,10 @@ from efo.pipeline.pool import PendingPool
 
 log = structlog.get_logger("efo.service")
 
+#: /healthz fails this long after ``shutdown_timeout_s`` past the service's end if the process is
+#: still alive (the driver exits by then: final writes take at most 5 s, its grace 7 s).
+EXIT_OVERDUE_S = 10.0
+
 
 class Service:
     def __init__(self, settings: Settings, handoff: Handoff | None = None) -> None:
@@ -42,8 +47,10 @@ class Service:
         self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
         self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
         self.health = Health()
-        self.health.live_check("event_loop", loop_answers(lambda: self._loop))
-        self.health.live_check("service", self._failure)
+        # A finished service has no loop to ask; the process exits on its own within the shutdown bound.
+        self.health.live_check("event_loop", loop_answers(lambda: None if self.finished.is_set() else self._loop))
+        self.health.live_check("service", self._exit_overdue)
+        self._finished_at: float | None = None
         self.health.ready_check("consumer", self._consumer_problem)
         METRICS.handoff_chunks.set_function(lambda: len(self.handoff))
 
@@ -67,13 +74,17 @@ class Service:
     def driver_finished(self) -> None:
         self._call(lambda: self._driver_done.set() if self._driver_done else None)
 
-    def _failure(self) -> str | None:
-        """/healthz: the service ended before a stop was asked for (a task died)."""
-        if self.error is not None:
-            return f"the service failed: {self.error}"
-        if self.finished.is_set() and (self._stop is None or not self._stop.is_set()):
-            return "the service ended without a stop"
-        return None
+    def _exit_overdue(self) -> str | None:
+        """/healthz: the service ended (a stop, or a task died) and the process, which exits on its
+        own within ``shutdown_timeout_s`` plus its final writes, is still here: restart it. Failing
+        sooner would have the kubelet's SIGTERM cut the driver's own exit short (and its last line)."""
+        if self._finished_at is None:
+            return None
+        ended_s = time.monotonic() - self._finished_at
+        if ended_s <= self.settings.shutdown_timeout_s + EXIT_OVERDUE_S:
+            return None
+        reason = f"it failed: {self.error}" if self.error is not None else "it stopped"
+        return f"the service ended {ended_s:.0f} s ago ({reason}) and the process has not exited"
 
     def _consumer_problem(self) -> str | None:
         return None if self._checked is not None else "the consumer is not known to be ACTIVE yet"
@@ -97,11 +108,13 @@ class Service:
             asyncio.run(self._main())
         except EfoError as exc:
             self.error = exc
+            log.error("service.failed", error=str(exc), code=exc.code, exit_code=exc.exit_code)
         except BaseException as exc:
             self.error = translate(exc, resource="the service")
             log.exception("service.crashed")
         finally:
             self.handoff.close()
+            self._finished_at = time.monotonic()
             self.finished.set()
 
     async def _main(self) -> None:

@@ -11,11 +11,13 @@ from contextlib import contextmanager, nullcontext
 from pyspark.sql import SparkSession
 
 from efo.config import Settings, SinkSpec
+from efo.errors import ConfigError
 from efo.health import HealthServer
 from efo.observability import configure_logging
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, ValueDecoder
 from sparkbridge.driver import Driver
+from sparkbridge.filesystems import require_filesystems, sink_paths
 from sparkbridge.session import build_session
 from sparkbridge.sinks import Sink, make_sink, takes_arrow
 
@@ -24,12 +26,20 @@ def run(settings: Settings) -> int:
     configure_logging(settings.log.level, settings.log.format)
     sink = make_sink(settings.sink_spec, settings.partition_columns)  # a bad sink fails before Spark starts
     service = Service(settings)
-    with _serving(settings, service):  # /healthz answers while the consumer and Spark start
-        service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
-        if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+    service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
+    if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+        with _serving(settings, service):
             service.health.ready_check("spark", lambda: None)
             return _drive(_driver(None, sink, settings, service), install_signals=True)
-        spark = build_session(settings, app_name=f"efo-{settings.app}")
+    # The JVM starts before any thread of ours (pyspark forks it with a preexec_fn, unsafe with
+    # threads running): the HTTP server comes after it, and the startup probe covers the wait.
+    spark = build_session(settings, app_name=f"efo-{settings.app}")
+    try:
+        require_filesystems(spark, sink_paths(settings))  # before any record is read
+    except ConfigError:
+        spark.stop()
+        raise
+    with _serving(settings, service):
         service.health.ready_check("spark", lambda: session_problem(spark))
         return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
 
@@ -40,6 +50,7 @@ def run_with_session(
     """Run the service on the caller's SparkSession, which stays open. From the main thread,
     ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)
     until it returns; the caller's handlers are restored then."""
+    require_filesystems(spark, sink_paths(settings, main_sink=sink is None))
     service = Service(settings)
     with _serving(settings, service):
         service.preflight()

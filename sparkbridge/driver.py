@@ -191,7 +191,8 @@ class Driver:
         METRICS.batch_seconds.observe(result.duration_s)
         METRICS.batch_records.observe(result.info.records)
         METRICS.batch_bytes.observe(result.info.bytes)
-        METRICS.end_to_end_latency.observe_many(end_to_end_latencies_s(result.chunks, committed_at_ms))
+        # What the sink got: rows dropped as already delivered carry an earlier arrival, not a latency.
+        METRICS.end_to_end_latency.observe_many(end_to_end_latencies_s(prepared.kept, committed_at_ms))
         log.info(
             "batch.committed",
             batch_id=result.info.batch_id,

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from efo.config import Settings
+from efo.stderr_json import child_stderr_as_json, wants_json
 
 # Measured on a 2-core machine: these keep a local session lean without changing results.
 LOCAL_DEFAULTS = {
@@ -22,6 +25,9 @@ LOCAL_DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
+
+#: log4j2 configuration of the JVM when efo logs JSON: the JVM's lines are JSON objects too.
+LOG4J2_JSON = Path(__file__).with_name("log4j2-json.properties")
 
 
 def build_session(settings: Settings, app_name: str = "efo") -> SparkSession:
@@ -34,8 +40,15 @@ def build_session(settings: Settings, app_name: str = "efo") -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
-    for key, value in {**LOCAL_DEFAULTS, **conf}.items():
+    json_logs = wants_json(settings.log.format)
+    conf = {**LOCAL_DEFAULTS, **conf}
+    java_options = conf["spark.driver.extraJavaOptions"]
+    if json_logs and "log4j2.configurationFile" not in java_options:  # a configuration of your own wins
+        conf["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile={LOG4J2_JSON}".strip()
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # The JVM's own lines (start-up warnings, a crash) bypass log4j2: they are wrapped into JSON.
+    with child_stderr_as_json("jvm") if json_logs else nullcontext():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

@@ -1,7 +1,7 @@
 """The stream and its Enhanced Fan-Out consumer: describe, find or register, wait until ACTIVE.
 
 Shared by the service and the operator CLI. Deregistration is deliberately an operator action
-only (``efo consumer deregister``): a data path that deregisters races other workers' registrations.
+only (``efo consumers deregister``): a data path that deregisters races other workers' registrations.
 """
 
 from __future__ import annotations
@@ -14,11 +14,16 @@ from typing import Any
 
 import structlog
 
-from efo.errors import ResourceNotFound, error_code, translate
+from efo.errors import ResourceNotFound, Retriable, error_code, translate
 
 log = structlog.get_logger("efo.kinesis.registration")
 
 CONSUMER_ACTIVE_TIMEOUT_S = 120.0
+CONSUMER_LIMITS = (
+    "Kinesis allows at most 20 consumers per stream, and 5 consumers CREATING at once per account: "
+    "see 'efo consumers list' for those no live worker uses and deregister them, "
+    "or register again once the others are ACTIVE"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +88,11 @@ async def ensure_consumer(
         description = await describe_consumer(kinesis, stream_arn=stream_arn, name=name, arn=arn)
         if description is None and arn:
             raise ResourceNotFound(
-                f"consumer {arn!r} is not registered; register one with 'efo consumer register' "
+                f"consumer {arn!r} is not registered; register one with 'efo consumers register' "
                 "or set EFO_CONSUMER_NAME instead of EFO_CONSUMER_ARN to have efo register it"
             )
         if description is None:
-            description = await _register(kinesis, stream_arn, str(name))
+            description = await register_consumer(kinesis, stream_arn, str(name))
         status = description.get("ConsumerStatus") if description else None
         if description is not None and status == "ACTIVE":
             return str(description["ConsumerARN"])
@@ -101,12 +106,45 @@ async def ensure_consumer(
         delay_s = min(delay_s * 1.5, 5.0)  # DescribeStreamConsumer allows 20 TPS per stream
 
 
-async def _register(kinesis: Any, stream_arn: str, name: str) -> dict[str, Any] | None:
+async def register_consumer(kinesis: Any, stream_arn: str, name: str) -> dict[str, Any] | None:
+    """Register ``name``; its description (CREATING), or None when it exists already (another worker
+    or operator registered it first: describe it). A service limit is explained, and retriable."""
     try:
         response = await kinesis.register_stream_consumer(StreamARN=stream_arn, ConsumerName=name)
     except Exception as exc:
-        if error_code(exc) == "ResourceInUseException":  # registered concurrently by another worker
+        code = error_code(exc)
+        if code == "ResourceInUseException":  # registered concurrently by another worker
             return None
+        if code == "LimitExceededException":
+            message = getattr(exc, "response", {}).get("Error", {}).get("Message", "")
+            raise Retriable(
+                f"cannot register consumer {name!r} on stream {stream_arn}: LimitExceededException ({message}); "
+                + CONSUMER_LIMITS,
+                code=code,
+            ) from None
         raise translate(exc, resource=f"consumer {name!r} of stream {stream_arn}") from None
     log.info("consumer.registered", consumer=name, stream=stream_arn)
     return dict(response["Consumer"])
+
+
+async def list_consumers(kinesis: Any, stream_arn: str) -> list[dict[str, Any]]:
+    """Every consumer registered on the stream, in any status (ListStreamConsumers, paginated)."""
+    consumers: list[dict[str, Any]] = []
+    args: dict[str, Any] = {"StreamARN": stream_arn}
+    try:
+        while True:
+            page = await kinesis.list_stream_consumers(**args)
+            consumers.extend(dict(item) for item in page.get("Consumers", []))
+            if not page.get("NextToken"):
+                return consumers
+            args["NextToken"] = page["NextToken"]
+    except Exception as exc:
+        raise translate(exc, resource=f"consumers of stream {stream_arn}") from None
+
+
+async def deregister_consumer(kinesis: Any, arn: str) -> None:
+    """Start deleting the consumer (DELETING, then gone): an operator's action only."""
+    try:
+        await kinesis.deregister_stream_consumer(ConsumerARN=arn)
+    except Exception as exc:
+        raise translate(exc, resource=f"consumer {arn!r}", hint="see 'efo consumers list'") from None

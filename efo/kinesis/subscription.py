@@ -332,7 +332,7 @@ class ShardSubscription:
                 )
         if rows.duplicates:
             METRICS.records_duplicate.inc(rows.duplicates)
-        self._series.event(event.millis_behind_latest, len(chunk), chunk.data_bytes)
+        self._series.event(event.millis_behind_latest)
         continuation = event.continuation_sequence_number
         if not self._started:
             self._started = True
@@ -352,6 +352,7 @@ class ShardSubscription:
             chunk.serial = self._progress.next_serial()
             self._progress.enqueued(chunk.serial, resume)
             self._handoff.put(chunk)
+            self._series.received(len(chunk), chunk.data_bytes)  # once admitted: a re-read is not counted twice
             self._delivered = (int(last), MAX_SUB_SEQUENCE)  # the whole event, dead letters included
             self.position = resume
         elif continuation is not None:

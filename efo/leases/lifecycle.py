@@ -142,8 +142,8 @@ class OwnedShard:
             return
         if phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"shard {self.shard_id} epoch {self.epoch}: {self.phase.name} -> {phase.name}")
+        self.phase_since = time.monotonic()  # first: the HTTP thread never sees the new phase with the old time
         previous, self.phase = self.phase, phase
-        self.phase_since = time.monotonic()
         self.log.debug("shard.phase", phase=phase.value, previous=previous.value)
         if phase is ShardPhase.READING and not self.first_event:
             self.first_event = True

@@ -33,6 +33,8 @@ log = structlog.get_logger("efo.leases.table")
 
 META_KEY = "meta"
 WORKER_PREFIX = "worker|"
+#: The registry partition: one row per application partition of the table (``sk = <app>|<stream ARN>``).
+REGISTRY_PK = "efo:partitions"
 SHARD_PREFIX = "shard|"
 
 
@@ -181,6 +183,8 @@ class LeaseTable:
     ) -> None:
         self._ddb = dynamodb
         self.table = table
+        self.app = app
+        self.stream_arn = stream_arn
         self.partition = f"{app}|{stream_arn}"
         self.worker_id = worker_id
         self.consumer_arn = consumer_arn
@@ -478,6 +482,22 @@ class LeaseTable:
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
 
+    async def register_partition(self) -> None:
+        """Name this application's partition in the table's registry partition, once per start (an
+        idempotent put), so that the operator CLI finds every application's workers with Queries."""
+        try:
+            await self._ddb.put_item(
+                TableName=self.table,
+                Item={
+                    "pk": {"S": REGISTRY_PK},
+                    "sk": {"S": self.partition},
+                    "app": {"S": self.app},
+                    "stream_arn": {"S": self.stream_arn},
+                },
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+
     async def remove_worker(self) -> None:
         try:
             await self._ddb.delete_item(TableName=self.table, Key=self._key(WORKER_PREFIX + self.worker_id))
@@ -506,3 +526,53 @@ class LeaseTable:
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
         return len(state_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class TableWorker:
+    """A heartbeat row found by :func:`table_workers`, with the application and stream it is of."""
+
+    app: str
+    stream_arn: str
+    row: WorkerRow
+
+
+async def table_workers(
+    dynamodb: Any, table: str, *, known: tuple[tuple[str, str], ...] = (), hint: str = ""
+) -> list[TableWorker]:
+    """Every worker's heartbeat row in ``table``, of every application and stream: one Query of
+    the registry partition (the partitions of the table), then one Query of each partition's worker
+    rows. Never a Scan. ``known``: (app, stream ARN) partitions to read even if not registered (a
+    worker of a release before the registry)."""
+    found: list[TableWorker] = []
+    try:
+        partitions = {
+            (entry["app"]["S"], entry["stream_arn"]["S"]) for entry in await _query(dynamodb, table, REGISTRY_PK)
+        }
+        for app, stream_arn in sorted(partitions | set(known)):
+            state = TableState()
+            for item in await _query(dynamodb, table, f"{app}|{stream_arn}", WORKER_PREFIX):
+                LeaseTable._absorb(state, item)
+            found.extend(TableWorker(app, stream_arn, row) for row in state.workers.values())
+    except Exception as exc:
+        raise translate(exc, resource=f"DynamoDB table {table!r}", hint=hint) from None
+    return found
+
+
+async def _query(dynamodb: Any, table: str, partition: str, prefix: str | None = None) -> list[dict[str, Any]]:
+    """Every item of ``partition`` (whose sort key starts with ``prefix``), strongly consistent, all pages."""
+    condition = "pk = :pk" + (" AND begins_with(sk, :prefix)" if prefix else "")
+    values = {":pk": {"S": partition}, **({":prefix": {"S": prefix}} if prefix else {})}
+    args: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": condition,
+        "ExpressionAttributeValues": values,
+        "ConsistentRead": True,
+    }
+    items: list[dict[str, Any]] = []
+    while True:
+        page = await dynamodb.query(**args)
+        items.extend(page.get("Items", []))
+        if "LastEvaluatedKey" not in page:
+            return items
+        args["ExclusiveStartKey"] = page["LastEvaluatedKey"]

@@ -114,6 +114,20 @@ class ServiceRun:
             raise AssertionError(f"efo run did not stop within {timeout_s} s:\n{self.tail()}") from None
 
 
+def operator_lines(stderr: str) -> list[str]:
+    """The ``efo: ...`` lines an operator reads: plain, or with JSON logs the event of a JSON line."""
+    lines = []
+    for line in stderr.splitlines():
+        if line.startswith("{"):
+            try:
+                line = str(json.loads(line).get("event", ""))
+            except ValueError:
+                pass
+        if line.startswith("efo: "):
+            lines.append(line)
+    return lines
+
+
 #: What Spark writes when it starts: a command that fails in its pre-flight must not show them.
 SPARK_MARKERS = ("SparkContext", "log4j", "SparkSession")
 
@@ -127,7 +141,7 @@ class Result:
 
     @property
     def error_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("efo: ")]
+        return operator_lines(self.stderr)
 
     def one_error_line(self) -> str:
         """The operator's one line; no traceback, no Spark start-up on the way to it."""

@@ -74,7 +74,7 @@ def test_consumer_arn_of_an_unregistered_consumer_exits_3_and_registers_nothing(
     assert result.code == EXIT_NOT_FOUND, result.stderr
     line = result.one_error_line()
     assert repr(consumer_arn) in line and "not registered" in line
-    assert "efo consumer register" in line
+    assert "efo consumers register" in line
     assert result.seconds < PREFLIGHT_BUDGET_S
     assert kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"] == []
 

@@ -20,6 +20,7 @@ from .service import (
     arrow_env,
     assert_exactly,
     create_stream,
+    operator_lines,
     put_records,
     read_output,
     unique,
@@ -116,6 +117,6 @@ def test_a_consumer_deregistered_under_a_running_service_stops_it_with_exit_3_na
     code = run.process.wait(120)
     assert code == EXIT_NOT_FOUND, run.tail()
     assert any(e["event"] == "service.ready" for e in run.events())
-    lines = [line for line in run.log_path.read_text().splitlines() if line.startswith("efo: ")]
+    lines = operator_lines(run.log_path.read_text())
     assert len(lines) == 1 and "consumer" in lines[0] and "not found" in lines[0], lines
     assert "Traceback" not in run.log_path.read_text()

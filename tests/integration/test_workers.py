@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from efo.coordinator import ASK_AFTER_CYCLES, SETTLE_CYCLES
+from efo.observability import METRICS
 from efo.pipeline.records import Position, after
 
 from .memory_kinesis import MemoryKinesis
@@ -264,5 +265,18 @@ def test_a_latest_lease_handed_over_before_its_first_event_loses_nothing_written
             async with running(a) as stop:
                 await until(lambda: a.written("shard-000") == written, what="what was written since the start")
                 await stop()
+
+    run(scenario())
+
+
+def test_shards_nobody_may_take_are_reported_unowned(local_stack: Any) -> None:
+    """One worker capped at 1 lease, 3 shards: 2 readable shards have no owner (free, not dead)."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(3)
+        async with world(local_stack, kinesis, lease={"max_leases_per_worker": 1}) as a, running(a) as stop:
+            await until(lambda: holdings(a) == {"w1": 1}, what="w1 at its cap")
+            await until(lambda: METRICS.registry.get_sample_value("efo_shards_unowned") == 2, what="2 unowned")
+            await stop()
 
     run(scenario())

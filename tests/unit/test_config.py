@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from efo.config import InitialPosition, load_settings, settings_table
+from efo.config import InitialPosition, SettingSource, load_settings, redacted, setting_sources, settings_table
 from efo.errors import EXIT_CONFIG, ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -284,3 +284,53 @@ def test_tooling_variables_with_the_efo_prefix_are_not_settings_errors(monkeypat
     monkeypatch.setenv("EFO_DEVSTACK_DIR", "/tmp/devstack")
     monkeypatch.setenv("EFO_TEST_SUBSCRIPTION_LIFETIME_S", "3")
     assert load_settings(stream="s", app="a", sink="console").app == "a"
+
+
+# ---- flags, where each setting comes from, and what is never printed --------------------------------
+
+
+def test_flags_win_over_the_environment_which_wins_over_the_file(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "efo.yaml"
+    path.write_text("stream: from-file\napp: from-file\ntable: from-file\n")
+    _env(clean_env, **REQUIRED)
+    settings = load_settings(path, flags={"stream": "from-flag", "app": None})
+    assert (settings.stream, settings.app, settings.table) == ("from-flag", "orders-app", "from-file")
+    assert load_settings(path).stream == "orders"  # a flag applies to its own call only
+
+
+def test_setting_sources_follow_the_precedence_and_name_the_variable_file_or_flag(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "efo.yaml"
+    path.write_text("app: from-file\npool:\n  max_pending_bytes: 4096\nlog:\n  level: DEBUG\n")
+    _env(clean_env, EFO_STREAM="s", efo_log__level="ERROR", EFO_BATCH='{"max_records": 5}')
+    sources = setting_sources(path, flags={"stream": "from-flag", "app": None})
+    assert sources["stream"] == SettingSource("flag", "--stream")
+    assert sources["app"] == SettingSource("file", str(path))
+    assert sources["pool.max_pending_bytes"] == SettingSource("file", str(path))
+    assert sources["log.level"] == SettingSource("environment", "efo_log__level")  # as spelled, in any case
+    assert sources["batch.max_records"] == SettingSource("environment", "EFO_BATCH")  # a whole section as JSON
+    assert sources["pool.max_pending_records"] == SettingSource("default")
+    assert len(sources) == settings_table().count("\n| `")
+
+
+@pytest.mark.parametrize(
+    ("location", "value", "shown"),
+    [
+        (("spark_remote",), "sc://host:15002/;token=abc;user_id=me", "sc://host:15002/;token=<redacted>;user_id=me"),
+        (("kinesis_endpoint",), "https://user:pa55@vpce.example:443/", "https://user:<redacted>@vpce.example:443/"),
+        (("kinesis_endpoint",), "http://127.0.0.1:4567", "http://127.0.0.1:4567"),
+        (
+            ("spark", "conf"),
+            {"spark.hadoop.fs.s3a.access.key": "AKIA", "spark.ssl.keyPassword": "p", "spark.sql.x": "1"},
+            {"spark.hadoop.fs.s3a.access.key": "<redacted>", "spark.ssl.keyPassword": "<redacted>", "spark.sql.x": "1"},
+        ),
+        (("api_token",), "t0k3n", "<redacted>"),
+        (("pool", "max_pending_records"), 7, 7),
+        (("table",), None, None),
+    ],
+)
+def test_redacted_hides_passwords_tokens_and_keys_and_nothing_else(
+    location: tuple[str, ...], value: object, shown: object
+) -> None:
+    assert redacted(location, value) == shown

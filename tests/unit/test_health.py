@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from efo.config import load_settings
 from efo.health import Health, HealthServer, loop_answers
 from efo.observability import LONG_BUCKETS_S, BulkHistogram, Metrics, metrics_table
+from efo.service import Service
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -132,7 +134,9 @@ def test_the_bulk_histogram_counts_as_prometheus_client_would_one_value_at_a_tim
 def test_a_released_shard_leaves_no_series_behind() -> None:
     metrics = Metrics.create()
     series = metrics.shard("shardId-000000000001")
-    series.event(1500, records=3, nbytes=30)
+    assert "efo_shard_lag_seconds{" not in generate_latest(metrics.registry).decode(), "a lag before any event"
+    series.event(1500)
+    series.received(3, 30)
     series.committed(3, 30)
     assert series.lag_ms == 1500
     assert "shardId-000000000001" in generate_latest(metrics.registry).decode()
@@ -165,3 +169,20 @@ def test_the_readme_metrics_table_is_the_generated_one_verbatim() -> None:
     match = re.search(r"<!-- metrics-table:start -->\n(.*?)\n<!-- metrics-table:end -->", readme, re.S)
     assert match is not None, "README.md lacks the metrics-table markers"
     assert match.group(1) == metrics_table()
+
+
+def test_healthz_lets_a_finished_service_exit_on_its_own_before_it_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "EFO_STREAM": "s",
+        "EFO_APP": "a",
+        "EFO_SINK": "console",
+        "EFO_SHUTDOWN_TIMEOUT_S": "30",
+    }.items():
+        monkeypatch.setenv(name, value)
+    service = Service(load_settings())
+    assert service.health.liveness() == {"event_loop": None, "service": None}  # not started yet
+    service.finished.set()  # ended (a stop or a failure): the driver exits within 30 s + final writes
+    service._finished_at = time.monotonic() - 35
+    assert service.health.liveness() == {"event_loop": None, "service": None}
+    service._finished_at = time.monotonic() - 45
+    assert "the process has not exited" in str(service.health.liveness()["service"])

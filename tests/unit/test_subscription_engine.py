@@ -18,6 +18,7 @@ from efo.errors import (
 from efo.kinesis.kpl import CorruptAggregate
 from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, ShardEnded
 from efo.leases.ledger import CheckpointLedger
+from efo.observability import METRICS, Metrics
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END, Position, after
@@ -181,6 +182,42 @@ def test_latest_is_never_sent_twice_after_a_backpressure_timeout_on_the_first_ev
         {"Type": "AT_SEQUENCE_NUMBER", "SequenceNumber": "1"},
     ]
     assert h.delivered() == ["1", "2"]
+
+
+def test_an_event_read_again_after_a_backpressure_timeout_is_counted_received_once() -> None:
+    metrics = Metrics.create()
+    first = FakeStream([event("1", "2", continuation="2")], hang=True)
+    pool = PendingPool(2, 1 << 30)
+    h = harness(
+        [first, [event("1", "2", continuation="2"), shard_end()]],
+        pool=pool,
+        backpressure_timeout_s=0.01,
+        series=metrics.shard(SHARD),
+    )
+
+    async def scenario() -> None:
+        held = await pool.acquire(2, 2)
+        task = asyncio.ensure_future(h.subscription.run())
+        while not first.closed:
+            await asyncio.sleep(0.005)
+        pool.release(held)
+        await asyncio.wait_for(task, 5)
+
+    def ended() -> dict[str, float | None]:
+        return {
+            outcome: METRICS.registry.get_sample_value("efo_subscriptions_ended_total", {"outcome": outcome})
+            for outcome in ("backpressure", "shard_end")
+        }
+
+    before = ended()
+    run(scenario())
+    assert h.delivered() == ["1", "2"]
+    assert metrics.registry.get_sample_value("efo_records_received_total", {"shard_id": SHARD}) == 2
+    after = ended()
+    assert {outcome: (after[outcome] or 0) - (before[outcome] or 0) for outcome in after} == {
+        "backpressure": 1,
+        "shard_end": 1,
+    }
 
 
 @pytest.mark.parametrize("start", ["LATEST", "TRIM_HORIZON"])

@@ -29,3 +29,82 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A settings value as an environment variable's text, whatever its YAML type: integers as written
+(Helm reads numbers as float64, which would print 2.68435456e+08), 0 and false kept, a map as JSON
+with its scalars as strings (pydantic reads EFO_SPARK__CONF='{"k": "v"}'), a list as JSON.
+*/}}
+{{- define "efo.envValue" -}}
+{{- if kindIs "map" . -}}
+{{- include "efo.stringLeaves" . -}}
+{{- else if kindIs "slice" . -}}
+{{- toJson . -}}
+{{- else if and (kindIs "float64" .) (eq (floor .) .) -}}
+{{- printf "%.0f" . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "efo.stringLeaves" -}}
+{{- $out := dict -}}
+{{- range $key, $value := . -}}
+{{- if kindIs "map" $value -}}
+{{- $_ := set $out $key (include "efo.stringLeaves" $value | fromJson) -}}
+{{- else if not (kindIs "invalid" $value) -}}
+{{- $_ := set $out $key (include "efo.envValue" $value) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* A config value that sets something: not null and not the empty string. */}}
+{{- define "efo.isSet" -}}
+{{- if not (or (kindIs "invalid" .) (and (kindIs "string" .) (eq . ""))) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The IRSA role of the pod: the service account's eks.amazonaws.com/role-arn annotation. */}}
+{{- define "efo.roleArn" -}}
+{{- index (.Values.serviceAccount.annotations | default dict) "eks.amazonaws.com/role-arn" | default "" -}}
+{{- end -}}
+
+{{/*
+What values.schema.json cannot say, checked at render so that `helm install` fails with a message
+instead of a pod that exits 2: the required settings, the chart's own variables, and a grace period
+that outlasts the drain.
+*/}}
+{{- define "efo.checks" -}}
+{{- $settings := .Values.settings | default dict -}}
+{{- $missing := list -}}
+{{- range $name, $meaning := dict "stream" "the Kinesis stream name or ARN" "app" "the application name, also that of the table and the consumer" "sink" "where batches go, e.g. parquet:s3a://lake/orders" -}}
+{{- $env := printf "EFO_%s" (upper $name) -}}
+{{- if not (or (include "efo.isSet" (index $.Values.config $env)) (include "efo.isSet" (index $settings $name))) -}}
+{{- $missing = append $missing (printf "config.%s (%s)" $env $meaning) -}}
+{{- end -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "efo needs %s: set with --set or a values file (the README's \"Deploying with Helm\")" (join ", " $missing)) -}}
+{{- end -}}
+{{- $owned := dict "EFO_METRICS_PORT" "metrics.port" "EFO_WORKER_ID" "the pod's name" -}}
+{{- range $env, $instead := $owned -}}
+{{- $setting := lower (trimPrefix "EFO_" $env) -}}
+{{- $inExtraEnv := false -}}
+{{- range $.Values.extraEnv -}}
+{{- if eq .name $env -}}{{- $inExtraEnv = true -}}{{- end -}}
+{{- end -}}
+{{- if or (hasKey $.Values.config $env) (hasKey $settings $setting) $inExtraEnv -}}
+{{- fail (printf "%s is set by the chart from %s: remove it from config, settings and extraEnv" $env $instead) -}}
+{{- end -}}
+{{- end -}}
+{{- $shutdown := 30.0 -}}
+{{- if include "efo.isSet" (index $settings "shutdown_timeout_s") -}}
+{{- $shutdown = float64 (index $settings "shutdown_timeout_s") -}}
+{{- end -}}
+{{- if include "efo.isSet" (index .Values.config "EFO_SHUTDOWN_TIMEOUT_S") -}}
+{{- $shutdown = float64 (index .Values.config "EFO_SHUTDOWN_TIMEOUT_S") -}}
+{{- end -}}
+{{- if lt (float64 .Values.terminationGracePeriodSeconds) (addf $shutdown 10) -}}
+{{- fail (printf "terminationGracePeriodSeconds = %v must be at least shutdown_timeout_s + 10 = %v: the drain may last shutdown_timeout_s + 7 s, and the kubelet's SIGKILL must not cut it" .Values.terminationGracePeriodSeconds (addf $shutdown 10)) -}}
+{{- end -}}
+{{- end -}}

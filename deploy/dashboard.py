@@ -1,0 +1,195 @@
+"""The Grafana dashboard of efo, as code (Grafana's grafana-foundation-sdk), written to
+helm/efo/dashboards/efo.json, which the chart ships in a ConfigMap for Grafana's sidecar.
+
+Every panel reads the metrics of efo/observability.py; ``$job`` selects the release (the job label a
+ServiceMonitor gives it) and ``$datasource`` the Prometheus. Run after changing a panel; a test
+checks that the committed JSON is what this writes, and that every expression returns data from a
+real Prometheus scraping a running service.
+
+    .venv/bin/python deploy/dashboard.py
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef, VariableRefresh
+
+DASHBOARD_PATH = Path(__file__).resolve().parents[1] / "helm" / "efo" / "dashboards" / "efo.json"
+UID = "efo-overview"
+JOB = 'job=~"$job"'
+RATE = "[$__rate_interval]"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    title: str
+    unit: str
+    description: str
+    queries: tuple[Query, ...]
+
+
+def _quantiles(histogram: str, *quantiles: float) -> tuple[Query, ...]:
+    return tuple(
+        Query(
+            f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket{{{JOB}}}{RATE})))",
+            f"p{round(q * 100)}",
+        )
+        for q in quantiles
+    )
+
+
+#: The panels, in reading order (two a row). Labelled counters that may have no series yet end in
+#: "or vector(0)", so that a quiet service shows 0 rather than "No data".
+PANELS = (
+    PanelSpec(
+        "Lag per shard",
+        "s",
+        "MillisBehindLatest of each shard's last event: how far behind the stream's tip it reads.",
+        (Query(f"max by (shard_id) (efo_shard_lag_seconds{{{JOB}}})", "{{shard_id}}"),),
+    ),
+    PanelSpec(
+        "Throughput (records/s)",
+        "rps",
+        "Records read from Kinesis (after deaggregation) and committed by the sink.",
+        (
+            Query(f"sum(rate(efo_records_received_total{{{JOB}}}{RATE}))", "in: received"),
+            Query(f"sum(rate(efo_records_committed_total{{{JOB}}}{RATE}))", "out: committed"),
+        ),
+    ),
+    PanelSpec(
+        "End-to-end latency",
+        "s",
+        "From Kinesis' ApproximateArrivalTimestamp to the sink's commit, per record.",
+        _quantiles("efo_end_to_end_latency_seconds", 0.5, 0.9, 0.99),
+    ),
+    PanelSpec(
+        "Throughput (bytes/s)",
+        "Bps",
+        "Payload bytes read and committed.",
+        (
+            Query(f"sum(rate(efo_bytes_received_total{{{JOB}}}{RATE}))", "in: received"),
+            Query(f"sum(rate(efo_bytes_committed_total{{{JOB}}}{RATE}))", "out: committed"),
+        ),
+    ),
+    PanelSpec(
+        "Pool fill",
+        "percentunit",
+        "Budget held in the pending pool of each worker; near 100 % the subscriptions wait (backpressure).",
+        (
+            Query(
+                f"max by (pod) (efo_pool_pending_bytes{{{JOB}}} / efo_pool_capacity_bytes{{{JOB}}})",
+                "bytes {{pod}}",
+            ),
+            Query(
+                f"max by (pod) (efo_pool_pending_records{{{JOB}}} / efo_pool_capacity_records{{{JOB}}})",
+                "records {{pod}}",
+            ),
+        ),
+    ),
+    PanelSpec(
+        "Batch duration",
+        "s",
+        "From taking a batch to its commit (Arrow, DataFrame, sink).",
+        _quantiles("efo_batch_duration_seconds", 0.5, 0.99),
+    ),
+    PanelSpec(
+        "Leases per worker",
+        "short",
+        "Shards each worker holds; live workers and shards nobody owns, as the workers see the table.",
+        (
+            Query(f"sum by (pod) (efo_leases_held{{{JOB}}})", "{{pod}}"),
+            Query(f"max(efo_workers_live{{{JOB}}})", "live workers"),
+            Query(f"max(efo_shards_unowned{{{JOB}}})", "unowned shards"),
+        ),
+    ),
+    PanelSpec(
+        "Errors",
+        "short",
+        "Per second: failed subscriptions by AWS code, sink failures, checkpoint writes that did not "
+        "succeed, backpressure timeouts.",
+        (
+            Query(
+                f"sum by (code) (rate(efo_subscription_errors_total{{{JOB}}}{RATE})) or vector(0)",
+                "subscription {{code}}",
+            ),
+            Query(f"sum(rate(efo_sink_failures_total{{{JOB}}}{RATE}))", "sink failures"),
+            Query(
+                f'sum by (outcome) (rate(efo_checkpoint_writes_total{{{JOB},outcome!="ok"}}{RATE})) or vector(0)',
+                "checkpoint {{outcome}}",
+            ),
+            Query(f"sum(rate(efo_backpressure_timeouts_total{{{JOB}}}{RATE}))", "backpressure timeouts"),
+        ),
+    ),
+)
+
+
+def _panel(spec: PanelSpec) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(spec.title)
+        .description(spec.description)
+        .unit(spec.unit)
+        .min(0)
+        .height(8)
+        .span(12)
+        .datasource(DATASOURCE)
+    )
+    for ref_id, query in zip("ABCDEFGH", spec.queries, strict=False):
+        panel = panel.with_target(
+            prometheus.Dataquery().expr(query.expr).legend_format(query.legend).ref_id(ref_id).datasource(DATASOURCE)
+        )
+    return panel
+
+
+def build() -> dashboard.Dashboard:
+    board = (
+        dashboard.Dashboard("efo: Kinesis Enhanced Fan-Out to Spark")
+        .uid(UID)
+        .tags(["efo", "kinesis", "spark"])
+        .description("Lag, throughput, latency, backpressure, leases and errors of efo workers.")
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("utc")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+        .with_variable(
+            dashboard.QueryVariable("job")
+            .label("Release (job)")
+            .datasource(DATASOURCE)
+            .query("label_values(efo_build_info, job)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .multi(True)
+            .include_all(True)
+        )
+    )
+    for spec in PANELS:
+        board = board.with_panel(_panel(spec))
+    return board
+
+
+def render() -> str:
+    return JSONEncoder(sort_keys=True, indent=2).encode(build().build()) + "\n"
+
+
+def expressions() -> list[str]:
+    """Every PromQL expression of the committed dashboard, in panel order."""
+    board = json.loads(DASHBOARD_PATH.read_text())
+    return [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+
+
+if __name__ == "__main__":
+    DASHBOARD_PATH.parent.mkdir(parents=True, exist_ok=True)
+    DASHBOARD_PATH.write_text(render())
+    print(f"wrote {DASHBOARD_PATH}")

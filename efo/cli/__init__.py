@@ -1,0 +1,72 @@
+"""The ``efo`` command: run the service, check its configuration, and operate it: consumers, shards,
+workers and checkpoints. One module per command group; this one assembles them.
+
+Exit codes of every command:
+
+- 0: success
+- 1: a runtime failure (an AWS error, a wait that timed out, a refusal because a live worker uses the
+  consumer, a confirmation answered no)
+- 2: usage or configuration (a bad flag or setting, or ``--yes`` missing without a terminal to ask on)
+- 3: a named resource not found (stream, consumer, lease table, application, shard)
+
+Every error is one line on standard error, ``efo: <what>; <what to do>``, naming the resource.
+"""
+
+from __future__ import annotations
+
+import click
+
+from efo import __version__
+from efo.cli.checkpoints import checkpoints
+from efo.cli.checkpoints import show_command as checkpoints_show
+from efo.cli.common import Group, examples
+from efo.cli.configuration import config
+from efo.cli.consumers import consumers
+from efo.cli.service import dev_command, run_command
+from efo.cli.shards import shards_command
+from efo.cli.workers import workers_command
+from efo.errors import EXIT_CONFIG, EXIT_RUNTIME, EfoError
+
+
+@click.group(
+    cls=Group,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=examples(
+        "efo consumers list --stream orders --app billing",
+        "efo shards --stream orders --app billing",
+        "efo workers --stream orders --app billing",
+        "efo checkpoints reset --stream orders --app billing --all --to LATEST --wait",
+    )
+    + "\n\nEvery operator command takes --stream, --app and --config (flags win over EFO_* variables, "
+    "which win over the file) and --json. Exit codes: 0 ok, 1 failed, 2 usage, 3 not found. "
+    "Older names still work: 'efo consumer ...' and 'efo leases'.",
+)
+@click.version_option(__version__, prog_name="efo")
+def cli() -> None:
+    """Kinesis Enhanced Fan-Out to PySpark DataFrames: run the service, and operate it."""
+
+
+for command in (run_command, consumers, shards_command, workers_command, checkpoints, config, dev_command):
+    cli.add_command(command)
+cli.aliases["consumer"] = consumers
+cli.aliases["leases"] = checkpoints_show
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; every error ends as one line on standard error and its exit code."""
+    try:
+        result = cli.main(args=argv, prog_name="efo", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.format_message(), err=True)
+        return EXIT_CONFIG
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "efo"
+        click.echo(f"efo: {exc.format_message().rstrip('.')}; see '{where} --help'", err=True)
+        return EXIT_CONFIG
+    except EfoError as exc:
+        click.echo(f"efo: {exc}", err=True)
+        return exc.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("efo: interrupted", err=True)
+        return EXIT_RUNTIME
+    return int(result or 0)

@@ -1,0 +1,5 @@
+import sys
+
+from efo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,335 @@
+"""What every ``efo`` command shares: the settings options, the stream and the lease table, output
+for people (rich tables, colour only on a terminal) and for scripts (``--json``), confirmation,
+and waiting with progress."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, TypeVar
+
+import click
+import structlog
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from efo.aws import Clients, Endpoints
+from efo.cli.status import worker_statuses
+from efo.config import Settings, load_settings, setting_sources
+from efo.errors import EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound, translate
+from efo.kinesis.registration import StreamInfo, describe_stream
+from efo.leases.table import LeaseTable, TableState
+
+T = TypeVar("T")
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+NO_APP = "no application given: pass --app NAME or set EFO_APP (it names the lease table's rows)"
+NO_TABLE = "name the lease table with --app (or EFO_TABLE), or start 'efo run' once to create it"
+
+#: Stands in for the application in the settings of a command that can do without one (Settings
+#: requires one); :attr:`Scope.app` is None then, and nothing reads the stand-in.
+_APP_STAND_IN = "-"
+
+
+class Group(click.Group):
+    """A command group with aliases (older names) that resolve but are not listed in ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases: dict[str, click.Command] = {}
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name) or self.aliases.get(cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order they were added, which is the order of use
+
+
+def examples(*lines: str) -> str:
+    """A command's ``--help`` epilog: its examples, kept as written."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+# ---- settings: --config, --stream, --app ---------------------------------------------------------
+
+
+def settings_options(command: Command) -> Command:
+    """``--config``, ``--stream`` and ``--app``: the flags win over EFO_* variables, which win over the file."""
+    for option in reversed(
+        (
+            click.option("--config", metavar="FILE", help="YAML settings file; EFO_* variables win over it."),
+            click.option("--stream", metavar="NAME", help="Stream name or ARN (else EFO_STREAM)."),
+            click.option("--app", metavar="NAME", help="Application: the lease table's rows (else EFO_APP)."),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def json_option(command: Command) -> Command:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shapes in the README).")(
+        command
+    )
+
+
+def wait_s_option(default_s: float) -> Callable[[Command], Command]:
+    return click.option(
+        "--wait-s",
+        type=click.FloatRange(min=0),
+        default=default_s,
+        show_default=True,
+        metavar="SECONDS",
+        help="How long to wait before giving up (exit 1).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What an operator command works on: the settings, the stream, and the application if given."""
+
+    settings: Settings
+    app: str | None
+
+    @property
+    def table(self) -> str | None:
+        """The lease table: EFO_TABLE, else the application's name; None without either."""
+        return self.settings.table or self.app
+
+    @property
+    def consumer_name(self) -> str | None:
+        return self.settings.consumer_name or self.app
+
+    def require_app(self) -> str:
+        if self.app is None:
+            raise ConfigError(NO_APP)
+        return self.app
+
+
+def load_scope(config: str | None, stream: str | None, app: str | None, *, need_app: bool) -> Scope:
+    """The settings of an operator command (the sink is not needed: console), with the stream
+    required and the application required only when ``need_app``."""
+    flags = {"stream": stream, "app": app}
+    sources = setting_sources(config, flags=flags)
+    if sources["stream"].kind == "default":
+        raise ConfigError("no stream given: pass --stream NAME or set EFO_STREAM")
+    has_app = sources["app"].kind != "default"
+    if need_app and not has_app:
+        raise ConfigError(NO_APP)
+    defaults = {"sink": "console"} | ({} if has_app else {"app": _APP_STAND_IN})
+    settings = load_settings(config, defaults=defaults, flags=flags)
+    return Scope(settings, settings.app if has_app else None)
+
+
+def scoped(*, need_app: bool) -> Callable[[Command], Command]:
+    """Add the settings options to a command and hand it a :class:`Scope` as ``scope``."""
+
+    def decorate(command: Command) -> Command:
+        @functools.wraps(command)
+        def with_scope(*args: Any, config: str | None, stream: str | None, app: str | None, **kwargs: Any) -> Any:
+            return command(*args, scope=load_scope(config, stream, app, need_app=need_app), **kwargs)
+
+        return settings_options(with_scope)  # type: ignore[return-value]
+
+    return decorate
+
+
+# ---- AWS: the stream, the lease table ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """The clients of one command, with its stream described (so a missing stream fails first)."""
+
+    scope: Scope
+    clients: Clients
+    kinesis: Any
+    stream: StreamInfo
+
+    async def lease_table(self) -> LeaseTable:
+        """The application's rows in the lease table, which must exist."""
+        app = self.scope.require_app()
+        table = LeaseTable(
+            await self.clients.dynamodb(),
+            table=str(self.scope.table),
+            app=app,
+            stream_arn=self.stream.arn,
+            worker_id="efo-cli",
+        )
+        try:
+            await table.ensure_table(create=False)
+        except ResourceNotFound as exc:
+            raise ResourceNotFound(f"{exc}; {NO_TABLE}") from None
+        return table
+
+    async def table_state(self) -> TableState:
+        """Every row of the application on this stream; ResourceNotFound when it has none."""
+        table = await self.lease_table()
+        state = await table.read()
+        if state.meta is None and not state.leases and not state.workers:
+            raise ResourceNotFound(
+                f"application {self.scope.app!r} has no rows for stream {self.stream.name!r} in DynamoDB table "
+                f"{table.table!r}; check --app (or EFO_APP, EFO_TABLE), or start 'efo run' once"
+            )
+        return state
+
+
+def live_workers(state: TableState, scope: Scope) -> set[str]:
+    """The workers whose heartbeat is younger than ``lease.failover_s``, now."""
+    statuses = worker_statuses(state, now(), scope.settings.lease.failover_s)
+    return {worker_id for worker_id, status in statuses.items() if status.live}
+
+
+def with_stream(scope: Scope, body: Callable[[Connection], Awaitable[T]]) -> T:
+    """Run ``body`` with the AWS clients and the described stream."""
+    settings = scope.settings
+    operator_logging()
+
+    async def main() -> T:
+        endpoints = Endpoints(settings.region, settings.kinesis_endpoint, settings.dynamodb_endpoint)
+        try:
+            async with Clients(endpoints) as clients:
+                kinesis = await clients.kinesis()
+                stream = await describe_stream(kinesis, settings.stream)
+                return await body(Connection(scope, clients, kinesis, stream))
+        except EfoError:
+            raise
+        except Exception as exc:  # e.g. no region configured: one line and its exit code, no traceback
+            raise translate(exc, resource="the AWS clients") from None
+
+    return asyncio.run(main())
+
+
+def operator_logging() -> None:
+    """Only warnings of the libraries reach standard error, as plain lines: what a command did, it
+    says itself. (The service's configure_logging turns standard error into JSON lines for a log
+    pipeline; an operator's terminal or script gets plain lines, errors included.)"""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+# ---- output --------------------------------------------------------------------------------------
+
+
+def stdout_console() -> Console:
+    """Tables on standard output: as wide as the terminal on one, never wrapped in a pipe."""
+    terminal = sys.stdout.isatty()
+    return Console(highlight=False, soft_wrap=not terminal, width=None if terminal else 100_000)
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+class Column(NamedTuple):
+    header: str
+    text: Callable[[dict[str, Any]], str]
+    style: Callable[[dict[str, Any]], str] | None = None  # a rich style, seen on a terminal only
+
+
+def print_table(records: Sequence[dict[str, Any]], columns: Sequence[Column], *, empty: str) -> None:
+    """One row per record; ``empty`` (a sentence on standard error) when there is none. Empty cells
+    print as ``-`` so that every row splits into the same number of words."""
+    if not records:
+        print(empty, file=sys.stderr)
+        return
+    table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for column in columns:
+        table.add_column(column.header.upper(), overflow="fold")
+    for record in records:
+        cells = []
+        for column in columns:
+            text = column.text(record) or "-"
+            style = column.style(record) if column.style else ""
+            cells.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
+        table.add_row(*cells)
+    console = stdout_console()
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
+def say(message: str) -> None:
+    """A sentence for people on standard output (what a command did)."""
+    print(message)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """A time for ``--json``: ISO-8601 in UTC."""
+    return None if moment is None else moment.astimezone(UTC).isoformat()
+
+
+def shown(moment: datetime | str | None) -> str:
+    """A time (or its ISO-8601 text) for people: ``2026-11-23 14:46:08Z``."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    return "" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# ---- confirmation and waiting --------------------------------------------------------------------
+
+
+class NotConfirmed(EfoError):
+    exit_code = EXIT_RUNTIME
+
+
+def refuse_without_terminal(action: str, *, yes: bool) -> None:
+    """Before anything is read: without ``--yes`` a command asks on a terminal, and refuses (exit 2)
+    when there is none to ask on."""
+    if not yes and not sys.stdin.isatty():
+        raise ConfigError(f"refusing to {action} without --yes (there is no terminal to ask on)")
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Ask ``question`` on the terminal unless ``--yes``; a no (or no answer) does nothing, exit 1."""
+    if yes:
+        return
+    if not click.confirm(question, default=False, err=True):
+        raise NotConfirmed("nothing done: not confirmed")
+
+
+@contextmanager
+def progress(message: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on standard error while waiting, updated with the yielded function; without a
+    terminal, ``message`` once (scripts see what they are waiting for, and no animation)."""
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        print(message, file=sys.stderr)
+        yield lambda _text: None
+        return
+    with console.status(message) as status:
+        yield lambda text: status.update(text)
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[tuple[bool, str]]], *, message: str, timeout_s: float, interval_s: float = 0.5
+) -> tuple[bool, float]:
+    """Poll ``check`` (done, what to show) until done or ``timeout_s``: (done, seconds waited)."""
+    started = time.monotonic()
+    with progress(message) as update:
+        while True:
+            done, text = await check()
+            waited_s = time.monotonic() - started
+            if done or waited_s >= timeout_s:
+                return done, waited_s
+            update(f"{text} ({waited_s:.0f} s)")
+            await asyncio.sleep(interval_s)

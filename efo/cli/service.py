@@ -1,0 +1,39 @@
+"""``efo run`` (the service) and ``efo dev`` (the local AWS stack)."""
+
+from __future__ import annotations
+
+import click
+
+from efo.cli.common import examples, settings_options
+from efo.config import load_settings
+
+
+@click.command(
+    "run",
+    short_help="Consume the stream into the sink.",
+    epilog=examples(
+        "efo run --config efo.yaml", "EFO_SINK=parquet:s3://bucket/orders efo run --stream orders --app billing"
+    ),
+)
+@settings_options
+def run_command(config: str | None, stream: str | None, app: str | None) -> int:
+    """Consume the stream into the sink until SIGTERM (then finish and checkpoint the running batch)."""
+    settings = load_settings(config, flags={"stream": stream, "app": app})
+    from sparkbridge.app import run  # lazily: efo itself never imports pyspark
+
+    return run(settings)
+
+
+@click.command(
+    "dev",
+    short_help="The local AWS stack: up, status, down.",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+    epilog=examples("efo dev up", "efo dev status --json", "efo dev down"),
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def dev_command(args: tuple[str, ...]) -> int:
+    """The local AWS stack in the background: efo dev up|status|down (efo dev --help)."""
+    from efo.devstack.cli import main as dev_main  # its own parser: a tool of this repository, not of operators
+
+    return dev_main(["dev", *args])

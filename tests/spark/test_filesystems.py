@@ -1,0 +1,69 @@
+"""The sink file-system pre-flight on a real SparkSession: pyspark's own jars have no hadoop-aws."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from efo.config import Settings, load_settings
+from efo.errors import EXIT_CONFIG, ConfigError
+from sparkbridge.filesystems import require_filesystems, sink_paths
+
+pytestmark = pytest.mark.spark
+
+S3A_CLASS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+
+
+def settings(sink: str, **extra: str) -> Settings:
+    return load_settings(stream="orders", app="lake", sink=sink, **extra)
+
+
+def test_an_s3a_sink_without_hadoop_aws_is_refused_with_one_line_naming_the_jars(spark: SparkSession) -> None:
+    hadoop = spark._jvm.org.apache.hadoop.util.VersionInfo.getVersion()
+    with pytest.raises(ConfigError) as refused:
+        require_filesystems(spark, sink_paths(settings("parquet:s3a://lake/orders")))
+    message = str(refused.value)
+    assert refused.value.exit_code == EXIT_CONFIG
+    assert "\n" not in message
+    assert message.startswith("sink (EFO_SINK) = 'parquet:s3a://lake/orders': ")
+    assert f"Class {S3A_CLASS} not found" in message
+    assert f"hadoop-aws-{hadoop}.jar" in message and "AWS SDK bundle" in message
+    assert f"spark.jars.packages=org.apache.hadoop:hadoop-aws:{hadoop}" in message
+
+
+def test_the_dead_letter_sink_is_checked_too_and_a_caller_sink_replaces_only_the_main_one(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    both = settings(
+        f"parquet:{tmp_path}/out",
+        on_corrupt_aggregate="dead_letter",
+        dead_letter_sink="parquet:s3a://lake/dead",
+    )
+    with pytest.raises(ConfigError, match=r"^dead_letter_sink \(EFO_DEAD_LETTER_SINK\) = 'parquet:s3a://lake/dead'"):
+        require_filesystems(spark, sink_paths(both))
+    own_sink = settings("parquet:s3a://lake/orders")
+    assert sink_paths(own_sink, main_sink=False) == []
+    require_filesystems(spark, sink_paths(own_sink, main_sink=False))
+
+
+def test_local_paths_handlers_and_console_sinks_pass(spark: SparkSession, tmp_path: Path) -> None:
+    for sink in (f"parquet:{tmp_path}/out", f"parquet:file://{tmp_path}/out", "console", "handler:json:dumps"):
+        require_filesystems(spark, sink_paths(settings(sink)))
+
+
+@pytest.fixture
+def s3a_mapped_to_a_loadable_class(spark: SparkSession) -> Iterator[None]:
+    conf = spark._jsc.hadoopConfiguration()
+    conf.set("fs.s3a.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
+    try:
+        yield
+    finally:
+        conf.unset("fs.s3a.impl")
+
+
+@pytest.mark.usefixtures("s3a_mapped_to_a_loadable_class")
+def test_an_s3a_sink_passes_when_hadoop_can_load_its_file_system_class(spark: SparkSession) -> None:
+    require_filesystems(spark, sink_paths(settings("parquet:s3a://lake/orders")))

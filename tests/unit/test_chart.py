@@ -1,0 +1,283 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk embeds it) as ``helm install`` would:
+values from YAML through Helm's parser, values.schema.json, the templates, ``helm lint --strict``,
+and every manifest validated against Kubernetes' schemas (kubernetes-validate). What the pod would
+receive (its environment, its settings file) is loaded by efo's own settings loader."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from deploy.values_schema import SCHEMA_PATH
+from deploy.values_schema import render as render_schema
+from efo.config import Settings, load_settings
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "efo"
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+#: Custom resources: their bodies are checked by the monitoring tests (promtool), not here.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+
+MINIMAL = """
+config:
+  EFO_STREAM: orders
+  EFO_APP: orders-to-lake
+  EFO_SINK: parquet:s3a://lake/orders
+"""
+
+EVERY_OPTION = """
+global: {imageRegistry: registry.example}  # as a subchart: Helm passes the parent's globals
+replicaCount: 3
+image: {repository: registry.example/efo, tag: "1.2.3", pullPolicy: Always}
+imagePullSecrets: [{name: registry}]
+config:
+  EFO_STREAM: arn:aws:kinesis:eu-west-1:123456789012:stream/orders
+  EFO_APP: orders-to-lake
+  EFO_SINK: parquet:s3a://lake/orders
+  EFO_REGION: eu-west-1
+  EFO_INITIAL_POSITION: TRIM_HORIZON
+  EFO_POOL__MAX_PENDING_BYTES: 268435456
+  EFO_POOL__RESERVED_RECORDS_PER_SHARD: 0
+  EFO_BATCH__MAX_WAIT_S: 2.5
+  EFO_LEASE__MAX_LEASES_PER_WORKER: 0
+  EFO_SHUTDOWN_TIMEOUT_S: 45
+  EFO_LOG__FORMAT: json
+  EFO_SPARK__CONF: {spark.sql.shuffle.partitions: 4, spark.driver.memory: 3g, spark.sql.adaptive.enabled: false}
+  EFO_DYNAMODB_ENDPOINT: ""
+settings:
+  checkpoint: {interval_s: 10}
+  batch: {max_records: 100000}
+  spark: {conf: {spark.executor.cores: 2}}
+extraEnv: [{name: AWS_MAX_ATTEMPTS, value: "10"}]
+serviceAccount:
+  create: false
+  name: data-platform
+  annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::123456789012:role/efo"}
+metrics:
+  port: 9500
+  serviceMonitor: {enabled: true, interval: 15s, labels: {release: kube-prometheus}}
+prometheusRule: {enabled: true, labels: {release: kube-prometheus}, lagThresholdSeconds: 120}
+grafanaDashboard: {enabled: true, annotations: {grafana_folder: Streaming}}
+terminationGracePeriodSeconds: 90
+resources: {requests: {cpu: "2", memory: 4Gi}, limits: {memory: 6Gi}}
+readinessProbe: {enabled: false}
+podDisruptionBudget: {maxUnavailable: 1}
+nodeSelector: {kubernetes.io/arch: arm64}
+tolerations: [{key: dedicated, operator: Equal, value: streaming, effect: NoSchedule}]
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app.kubernetes.io/name: efo}}
+podAnnotations: {team: data}
+"""
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def values(text: str) -> dict[str, Any]:
+    """A values file as Helm reads it (numbers become float64 there, as with -f)."""
+    return helm.values_from_yaml(text)
+
+
+@functools.cache
+def _rendered(text: str) -> tuple[dict[str, Any], ...]:
+    with helm.Chart.load(CHART) as loaded:
+        manifests = loaded.render(values(text), name="efo", namespace="streaming", is_install=True)
+    return tuple(doc for body in manifests.values() for doc in yaml.safe_load_all(body) if doc)
+
+
+def rendered(text: str) -> list[dict[str, Any]]:
+    return list(_rendered(text))
+
+
+def one(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    [found] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [efo] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return efo
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(docs)["env"] if "value" in e}
+
+
+def minimal_with(extra: str) -> str:
+    """MINIMAL with the top-level keys of ``extra`` merged in (one level deep)."""
+    merged = yaml.safe_load(MINIMAL)
+    for key, value in yaml.safe_load(extra).items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and key in merged else value
+    return yaml.safe_dump(merged)
+
+
+def render_error(chart: helm.Chart, text: str) -> str:
+    with pytest.raises(helm.HelmError) as failed:
+        chart.render(values(text), name="efo", namespace="streaming", is_install=True)
+    return str(failed.value)
+
+
+def test_the_committed_schema_is_what_the_generator_writes_from_efos_settings() -> None:
+    assert SCHEMA_PATH.read_text() == render_schema(), "run: .venv/bin/python deploy/values_schema.py"
+
+
+def test_default_values_fail_at_render_naming_the_required_settings(chart: helm.Chart) -> None:
+    message = render_error(chart, "{}")
+    for name in ("config.EFO_STREAM", "config.EFO_APP", "config.EFO_SINK"):
+        assert name in message, message
+    assert "Deploying with Helm" in message
+
+
+@pytest.mark.parametrize("text", [MINIMAL, EVERY_OPTION], ids=["minimal", "every-option"])
+def test_lint_strict_passes_and_every_manifest_is_valid_kubernetes(text: str) -> None:
+    report = helm.lint(CHART, values(text), strict=True, namespace="streaming")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    docs = rendered(text)
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+            continue
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                pytest.fail(f"{doc['kind']} {doc['metadata']['name']} on Kubernetes {version}: {error.message}")
+
+
+def test_minimal_values_give_probes_for_a_spark_start_and_the_chart_owned_variables() -> None:
+    docs = rendered(MINIMAL)
+    efo = container(docs)
+    assert efo["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert efo["startupProbe"]["periodSeconds"] * efo["startupProbe"]["failureThreshold"] >= 60
+    assert efo["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert efo["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    names = [e["name"] for e in efo["env"]]
+    assert len(names) == len(set(names)), names
+    assert env_of(docs)["EFO_METRICS_PORT"] == "9400"
+    assert efo["args"] == ["run"]
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "ServiceAccount"}
+
+
+def test_values_of_every_yaml_type_reach_efo_as_it_reads_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = rendered(EVERY_OPTION)
+    env = env_of(docs)
+    assert env["EFO_POOL__MAX_PENDING_BYTES"] == "268435456"  # not 2.68435456e+08
+    assert env["EFO_POOL__RESERVED_RECORDS_PER_SHARD"] == "0" and env["EFO_LEASE__MAX_LEASES_PER_WORKER"] == "0"
+    assert env["EFO_BATCH__MAX_WAIT_S"] == "2.5"
+    assert json.loads(env["EFO_SPARK__CONF"])["spark.sql.shuffle.partitions"] == "4"
+    assert "EFO_DYNAMODB_ENDPOINT" not in env  # "" means not set
+    assert container(docs)["args"] == ["run", "--config", "/etc/efo/settings.yaml"]
+    settings_file = tmp_path / "settings.yaml"
+    settings_file.write_text(one(docs, "ConfigMap", "-settings")["data"]["settings.yaml"])
+    for name in [n for n in os.environ if n.startswith("EFO_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("EFO_WORKER_ID", "efo-7d9f-abcde")  # the pod name, from the downward API
+    settings: Settings = load_settings(settings_file)
+    assert settings.pool.max_pending_bytes == 268_435_456 and settings.pool.reserved_records_per_shard == 0
+    assert settings.lease.max_leases_per_worker == 0 and settings.batch.max_wait_s == 2.5
+    assert settings.spark.conf == {
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "3g",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.executor.cores": "2",  # from the file, where the chart quoted the YAML integer
+    }
+    assert settings.checkpoint.interval_s == 10 and settings.batch.max_records == 100_000  # from the file
+    assert settings.metrics_port == 9500 and settings.shutdown_timeout_s == 45
+
+
+def test_irsa_with_an_existing_service_account_projects_the_web_identity_token() -> None:
+    docs = rendered(EVERY_OPTION)
+    assert not [d for d in docs if d["kind"] == "ServiceAccount"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "data-platform"
+    env = env_of(docs)
+    assert env["AWS_ROLE_ARN"] == "arn:aws:iam::123456789012:role/efo"
+    token_file = env["AWS_WEB_IDENTITY_TOKEN_FILE"]
+    [mount] = [m for m in container(docs)["volumeMounts"] if token_file.startswith(m["mountPath"] + "/")]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    [source] = volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "sts.amazonaws.com"
+    assert token_file.endswith("/" + source["serviceAccountToken"]["path"])
+
+
+def test_irsa_with_a_created_service_account_annotates_it_and_leaves_the_pod_to_eks() -> None:
+    docs = rendered(
+        minimal_with('serviceAccount: {annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::1:role/x"}}')
+    )
+    account = one(docs, "ServiceAccount")
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert "AWS_ROLE_ARN" not in env_of(docs)
+
+
+def test_monitoring_objects_select_this_release_and_embed_the_generated_dashboard() -> None:
+    docs = rendered(EVERY_OPTION)
+    rule = one(docs, "PrometheusRule")
+    expressions = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert expressions and all('job="efo"' in e for e in expressions)
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    dashboard = one(docs, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["efo.json"]) == json.loads((CHART / "dashboards" / "efo.json").read_text())
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "interval": "15s"}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("terminationGracePeriodSeconds: 35", "terminationGracePeriodSeconds = 35 must be at least"),
+        ("config: {EFO_SHUTDOWN_TIMEOUT_S: 120}", "shutdown_timeout_s + 10 = 130"),
+        ("settings: {shutdown_timeout_s: 55}", "shutdown_timeout_s + 10 = 65"),
+        ("extraEnv: [{name: EFO_METRICS_PORT, value: '1'}]", "EFO_METRICS_PORT is set by the chart from metrics.port"),
+    ],
+)
+def test_render_refuses_what_the_schema_cannot_see(chart: helm.Chart, extra: str, expected: str) -> None:
+    assert expected in render_error(chart, minimal_with(extra))
+
+
+def test_a_long_enough_grace_period_for_a_longer_shutdown_renders() -> None:
+    docs = rendered(minimal_with("{terminationGracePeriodSeconds: 130, settings: {shutdown_timeout_s: 120}}"))
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 130
+
+
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        ("replicaCount: two", "/replicaCount"),
+        ("image: {repository: efo, pullPolicy: Sometimes}", "/image/pullPolicy"),
+        ("metrics: {port: 70000}", "/metrics/port"),
+        ("confg: {EFO_STREAM: orders}", "'confg' not allowed"),
+        ("config: {EFO_STREEM: orders}", "'EFO_STREEM' not allowed"),
+        ("config: {EFO_METRICS_PORT: 9400}", "'EFO_METRICS_PORT' not allowed"),
+        ("config: {EFO_LOG__LEVEL: verbose}", "/config/EFO_LOG__LEVEL"),
+        ("config: {EFO_POOL__MAX_PENDING_RECORDS: -5}", "/config/EFO_POOL__MAX_PENDING_RECORDS"),
+        ("config: {EFO_POOL__MAX_PENDING_RECORDS: 'many'}", "/config/EFO_POOL__MAX_PENDING_RECORDS"),
+        ("settings: {pool: {max_pending_records: 0}}", "/settings/pool/max_pending_records"),
+        ("settings: {worker_id: me}", "'worker_id' not allowed"),
+        ("settings: {log: {format: xml}}", "/settings/log/format"),
+        ("prometheusRule: {poolFillRatio: 1.5}", "/prometheusRule/poolFillRatio"),
+        ("startupProbe: {enabled: 'yes'}", "/startupProbe/enabled"),
+    ],
+)
+def test_the_schema_refuses_bad_values_naming_where(chart: helm.Chart, extra: str, path: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.validate_schema(values(minimal_with(extra)))
+    assert path in str(refused.value)

@@ -1,0 +1,102 @@
+"""The command tree of ``efo`` without AWS: help with examples everywhere, aliases, and ``--to``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from efo.cli import cli
+from efo.cli.checkpoints import reset_position
+from efo.errors import ConfigError
+from efo.pipeline.records import Position
+
+
+def every_command(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = []
+    for name, command in group.commands.items():
+        paths.append((*path, name))
+        if isinstance(command, click.Group):
+            paths += every_command(command, (*path, name))
+    return paths
+
+
+OPERATOR_COMMANDS = [
+    ("consumers", "list"),
+    ("consumers", "describe"),
+    ("consumers", "register"),
+    ("consumers", "deregister"),
+    ("shards",),
+    ("workers",),
+    ("checkpoints", "show"),
+    ("checkpoints", "reset"),
+]
+
+
+@pytest.mark.parametrize("path", [p for p in every_command(cli) if p != ("dev",)], ids=" ".join)
+def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Examples:\n  efo " in result.output or "Examples:\n    efo " in result.output
+
+
+@pytest.mark.parametrize("path", OPERATOR_COMMANDS, ids=" ".join)
+def test_every_operator_command_takes_stream_app_config_and_json(path: tuple[str, ...]) -> None:
+    command: click.Command = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    options = {option for param in command.params for option in param.opts}
+    assert {"--stream", "--app", "--config", "--json"} <= options
+
+
+def test_the_older_names_resolve_to_the_new_commands_and_are_not_listed() -> None:
+    context = click.Context(cli)
+    consumers = cli.get_command(context, "consumer")
+    assert consumers is cli.commands["consumers"]
+    assert isinstance(consumers, click.Group)
+    assert consumers.get_command(context, "show") is consumers.commands["describe"]
+    checkpoints = cli.commands["checkpoints"]
+    assert isinstance(checkpoints, click.Group)
+    assert cli.get_command(context, "leases") is checkpoints.commands["show"]
+    assert "consumer" not in cli.list_commands(context) and "leases" not in cli.list_commands(context)
+
+
+@pytest.mark.parametrize(
+    ("text", "position"),
+    [
+        ("TRIM_HORIZON", Position("TRIM_HORIZON")),
+        ("after:4960", Position("AFTER_SEQUENCE_NUMBER", "4960")),
+        (
+            "AT_TIMESTAMP:2026-01-31T12:00:00Z",
+            Position("AT_TIMESTAMP", timestamp=datetime(2026, 1, 31, 12, tzinfo=UTC)),
+        ),
+    ],
+)
+def test_reset_position(text: str, position: Position) -> None:
+    assert reset_position(text) == position
+
+
+def test_reset_to_latest_means_the_moment_of_the_request() -> None:
+    before = datetime.now(UTC)
+    position = reset_position("LATEST")
+    assert position.kind == "AT_TIMESTAMP" and position.timestamp is not None
+    assert before <= position.timestamp <= datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("AFTER:12x", "--to 'AFTER:12x': AFTER needs a sequence number (digits), e.g. AFTER:4959..."),
+        (
+            "YESTERDAY",
+            "--to 'YESTERDAY': allowed: LATEST, TRIM_HORIZON, AT_TIMESTAMP:<ISO-8601>, AFTER:<sequence number>",
+        ),
+    ],
+)
+def test_reset_position_names_what_is_allowed(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        reset_position(text)
+    assert str(info.value) == message
