@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,11 +58,13 @@ def pin_cpus(no_pin: bool) -> tuple[int | None, int | None]:
     return cpus[0], cpus[1]
 
 
-def start_synthetic_server(cpu: int | None) -> tuple[subprocess.Popen[bytes], str]:
+def start_synthetic_server(cpu: int | None, *, hold: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     """bench/synthetic_server.py on a free loopback port; it exits when this process does."""
     command = [sys.executable, str(BENCH / "synthetic_server.py"), "--port", "0"]
     if cpu is not None:
         command += ["--cpu", str(cpu)]
+    if hold:
+        command += ["--hold"]
     server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert server.stdout is not None
     line = server.stdout.readline().decode().strip()
@@ -69,6 +72,35 @@ def start_synthetic_server(cpu: int | None) -> tuple[subprocess.Popen[bytes], st
         server.kill()
         raise RuntimeError(f"the synthetic server did not start: {line!r}")
     return server, f"http://127.0.0.1:{line.split()[1]}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_dynamodb(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The local DynamoDB of the stack (efo.devstack.dynamodb) alone, on a free loopback port."""
+    from efo.devstack.stack import die_with_parent_process
+
+    port = free_port()
+    log = (workdir / "dynamodb.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "efo.devstack.dynamodb", "--port", str(port)],
+        stdout=log,
+        stderr=log,
+        preexec_fn=die_with_parent_process,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"the local DynamoDB did not start; see {workdir / 'dynamodb.log'}") from None
+            time.sleep(0.1)
 
 
 def rss_bytes(pid: int) -> int:

@@ -19,9 +19,7 @@ Kinesis adds its propagation (about 70 ms for Enhanced Fan-Out).
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ from common import (
     hermetic_aws_environment,
     percentile,
     pin_cpus,
+    start_dynamodb,
     start_synthetic_server,
     write_json,
 )
@@ -44,36 +43,9 @@ from sinks import BATCHES_FILE_ENV, LATENCY_FILE_ENV
 from synthetic_server import consumer_arn, stream_name
 
 from efo.config import BatchSettings
-from efo.devstack.stack import die_with_parent_process
 
 DEFAULT_MAX_WAIT_S = BatchSettings().max_wait_s  # type: ignore[call-arg]
 LOW_LATENCY_MAX_WAIT_S = 0.5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_dynamodb(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    log = (workdir / "dynamodb.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "efo.devstack.dynamodb", "--port", str(port)],
-        stdout=log,
-        stderr=log,
-        preexec_fn=die_with_parent_process,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"the local DynamoDB did not start; see {workdir / 'dynamodb.log'}") from None
-            time.sleep(0.1)
 
 
 class Run:

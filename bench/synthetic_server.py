@@ -17,7 +17,10 @@ For ``efo run`` it also answers the few control-plane calls the service makes, f
 named ``bench-<shards>``: DescribeStreamSummary, ListShards, DescribeStreamConsumer (any ARN is
 ACTIVE) and RegisterStreamConsumer. Leases and checkpoints stay in a real (local) DynamoDB.
 
-Run: ``python bench/synthetic_server.py [--port 0]``; it prints ``PORT <n>`` once listening and
+With ``--hold``, every subscription sends only empty events (one a second) until ``POST /_bench/release``:
+a consumer becomes ready before any record arrives (bench/memory_bound.py measures its baseline then).
+
+Run: ``python bench/synthetic_server.py [--port 0] [--hold]``; it prints ``PORT <n>`` once listening and
 exits when its standard input closes (so it never outlives the benchmark that started it).
 """
 
@@ -92,7 +95,7 @@ class EventFactory:
         self._continuation = self.template.rindex(b'"ContinuationSequenceNumber":"') + len(
             b'"ContinuationSequenceNumber":"'
         )
-        assert len(self._offsets) == records_per_event
+        assert len(self._offsets) == records_per_event  # 0: an empty event (a heartbeat)
         self._arrivals: list[int] = []
         at = self.template.find(b'"ApproximateArrivalTimestamp":')
         while at >= 0:
@@ -129,9 +132,16 @@ def _error(code: str, message: str) -> web.Response:
 
 
 class Server:
-    def __init__(self, max_subscription_s: float) -> None:
+    def __init__(self, max_subscription_s: float, hold: bool = False) -> None:
         self._factories: dict[tuple[int, int], EventFactory] = {}
         self._max_subscription_s = max_subscription_s
+        self.released = asyncio.Event()
+        if not hold:
+            self.released.set()
+
+    async def release(self, request: web.Request) -> web.Response:
+        self.released.set()
+        return web.Response(text="released")
 
     def _factory(self, record_bytes: int, records_per_event: int) -> EventFactory:
         key = (record_bytes, records_per_event)
@@ -162,6 +172,16 @@ class Server:
         try:
             await response.prepare(request)
             await response.write(INITIAL_RESPONSE)
+            if not self.released.is_set():
+                empty = self._factory(record_bytes, 0)
+                empty_frame = empty.buffer()
+                while not self.released.is_set() and time.monotonic() < deadline:
+                    await response.write(empty.next_event(empty_frame, sequence))
+                    try:
+                        await asyncio.wait_for(self.released.wait(), 1.0)
+                    except TimeoutError:
+                        pass
+                started = time.monotonic()
             while (events == 0 or sent < events) and time.monotonic() < deadline:
                 if per_second is None:
                     await response.write(factory.next_event(frame, sequence))
@@ -242,6 +262,7 @@ def main() -> None:
     parser.add_argument("--max-subscription-s", type=float, default=300.0)
     parser.add_argument("--max-lifetime-s", type=float, default=1800.0, help="exit after this long whatever happens")
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one CPU")
+    parser.add_argument("--hold", action="store_true", help="empty events only until POST /_bench/release")
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
@@ -250,9 +271,10 @@ def main() -> None:
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # clients that go away mid-answer
 
     async def serve() -> None:
-        server = Server(args.max_subscription_s)
+        server = Server(args.max_subscription_s, args.hold)
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post("/", server.handle)
+        app.router.add_post("/_bench/release", server.release)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
