@@ -103,9 +103,10 @@ def start_dynamodb(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.1)
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process (``RssAnon``: its anonymous part, no code or mapped files)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
 
