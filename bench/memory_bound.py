@@ -229,6 +229,10 @@ def run_case(source: Any, args: argparse.Namespace, shard_count: int, pool_mib: 
         source.close()
 
 
+def written_mib(mib: float) -> str:
+    return "unbounded" if mib == float("inf") else f"{mib:.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="64,256", help="comma-separated shard counts")
@@ -289,7 +293,7 @@ def main() -> None:
     for r in results:
         terms = " + ".join(f"{v / mib:.1f}" for v in r["terms"].values())
         print(
-            f"| {r['shards']} | {r['pool_mib']} | {r['produced_mib']:.0f} | {r['event_kib']:.0f} | "
+            f"| {r['shards']} | {r['pool_mib']} | {written_mib(r['produced_mib'])} | {r['event_kib']:.0f} | "
             f"{r['baseline'] / mib:.0f} | {r['peak'] / mib:.0f} | {r['bound'] / mib:.0f} | "
             f"{(r['peak'] - r['baseline']) / mib:.0f} ({r['anon_growth'] / mib:.0f}) | {terms} | "
             f"{r['margin']:.0%} | {'yes' if r['peak'] <= r['bound'] else 'NO'} |"

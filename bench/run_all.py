@@ -91,8 +91,8 @@ BENCHMARKS = [
             "--sink",
             "arrow",
         ],
-        "RSS of `efo run` (the Python process) on the local stack with a sink that never returns, against the "
-        "README's bound, with the margin left.",
+        "RSS of `efo run` (the Python process, leases in the local DynamoDB) with a sink that never returns, "
+        "against the README's bound, with the margin left.",
     ),
     Benchmark(
         "workers",
