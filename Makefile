@@ -8,8 +8,13 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 NODE_INSTALLED := devstack/node_modules/.installed
 PYTEST_ARGS ?=
+# make test runs the suite on this many processes (pytest-xdist), a file per process at a time;
+# each starts its own local stack and Spark. TEST_PROCESSES=0 runs it in this process.
+TEST_PROCESSES ?= 2
+XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
+EFO_CHAOS_ITERATIONS ?= 3
 
-.PHONY: install demo test test-unit test-integration lint format clean bench bench-quick
+.PHONY: install demo test test-unit test-integration chaos lint format clean bench bench-quick
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
@@ -35,13 +40,20 @@ bench-quick: install
 	$(BIN)/python bench/run_all.py --quick --out .efo-bench/benchmarks-quick.md
 
 test: install lint
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# Every chaos scenario at full size (tests/chaos; make test runs one iteration of a reduced set),
+# EFO_CHAOS_ITERATIONS times each; prints the table and writes it to docs/chaos.md.
+# EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run.
+chaos: install
+	EFO_CHAOS_SIZE=full EFO_CHAOS_ITERATIONS=$(EFO_CHAOS_ITERATIONS) EFO_CHAOS_TABLE=docs/chaos.md \
+		$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

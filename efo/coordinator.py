@@ -387,6 +387,7 @@ class Coordinator:
             return
         handing_over = {sid for sid, owned in self.owned.items() if owned.phase is ShardPhase.RELEASING}
         readable = []
+        stranded = set()  # ours in the table, not running here (after leases were in doubt, a restart)
         for lease in state.leases.values():
             if not self._readable(lease, state, graph):
                 continue
@@ -395,6 +396,7 @@ class Coordinator:
                 lease = replace(lease, owner=lease.wanted_by if lease.wanted_by in self._view.live else None)
             elif lease.owner == self.table.worker_id and lease.shard_id not in self.owned:
                 lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
+                stranded.add(lease.shard_id)
             readable.append(lease)
         METRICS.shards_unowned.set(
             sum(1 for lease in readable if lease.owner is None or self._view.owner_is_dead(lease.owner))
@@ -419,6 +421,10 @@ class Coordinator:
             self._short_since = self._clock()
         for lease in moves.claim:
             await self._claim(state.leases[lease.shard_id], graph)  # fenced on the lease as it is in the table
+        # Ours in the table but beyond this worker's share: others see them held by a live worker and
+        # would never take them (a spread of one asks for nothing), so give them up now.
+        for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
+            await self._release_stranded(state.leases[shard_id])
         for shard_id in moves.shed:
             self._hand_over(self.owned[shard_id], f"above this worker's share of {moves.target}")
         for lease in moves.ask:
@@ -492,6 +498,14 @@ class Coordinator:
             self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
         METRICS.lease_changes.labels(reason="stolen" if stolen else "taken").inc()
         self._start(claimed)
+
+    async def _release_stranded(self, lease: Lease) -> None:
+        try:
+            await self.table.release(lease)
+        except LeaseLost:
+            return
+        METRICS.lease_changes.labels(reason="released").inc()
+        self._log.info("lease.released_stranded", shard_id=lease.shard_id)
 
     async def _ask(self, lease: Lease) -> None:
         try:
@@ -847,6 +861,8 @@ class Coordinator:
     def shards_problem(self) -> str | None:
         """/readyz: None once every shard this worker reads has a subscription (none to own is fine)."""
         owned_now = tuple(self.owned.values())  # one copy: this runs on the HTTP server's thread
+        if self._leases_in_doubt:
+            return "no heartbeat landed for the lease validity: every lease was dropped until one does"
         if not self._ready:
             waiting = sum(1 for owned in owned_now if owned.phase.reading and not owned.first_event)
             return f"waiting for the first lease cycle or the first event of {waiting} shard(s)"
@@ -865,8 +881,8 @@ class Coordinator:
     def _check_ready(self) -> None:
         """Ready: a lease cycle has run and every shard it claimed has delivered its first event
         (from here LATEST holds); a worker with no share of the shards is ready with none."""
-        if self._ready or self._graph is None:
-            return
+        if self._ready or self._graph is None or self._leases_in_doubt:
+            return  # in doubt, it holds nothing because it may not: not "ready with none"
         reading = [owned for owned in self.owned.values() if owned.phase.reading]
         if all(owned.first_event for owned in reading):
             self._ready = True

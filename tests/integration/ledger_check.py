@@ -9,29 +9,68 @@ The checker compares what Kinesis acknowledged with what the sinks committed:
   with a higher counter was (must be 0: per-key order holds within a shard's lineage, parents
   before children);
 - **duplicates**: committed more than once (allowed only where a process was killed or frozen:
-  the records it had not checkpointed).
+  the records it had not checkpointed). ``undue_duplicates`` makes that bound exact: each
+  :class:`Disruption` names its victims and their checkpoints as the lease table had them at that
+  moment; a duplicate is due only if a victim committed it past its shard's checkpoint.
+
+The sink misbehaves on request, per process (the chaos tests): ``EFO_TEST_SINK_FAIL_EVERY=n`` raises
+on every n-th call, before writing; ``EFO_TEST_SINK_DELAY_S=s`` takes s seconds per batch;
+``EFO_TEST_SINK_HANG_AFTER=n`` never returns from the call after n written batches.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import sys
+import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 OUTPUT_ENV = "EFO_TEST_SINK_DIR"
+FAIL_EVERY_ENV = "EFO_TEST_SINK_FAIL_EVERY"
+DELAY_ENV = "EFO_TEST_SINK_DELAY_S"
+HANG_AFTER_ENV = "EFO_TEST_SINK_HANG_AFTER"
+
+_calls = itertools.count(1)
+_written = itertools.count(1)
+#: What a hanging call waits for: never set in a service process (a unit test sets it).
+hang_released = threading.Event()
+
+
+class InjectedSinkFailure(RuntimeError):
+    pass
+
+
+def _misbehave() -> None:
+    """What the environment asks of this call: fail, take its time, or never return."""
+    call = next(_calls)
+    fail_every = int(os.environ.get(FAIL_EVERY_ENV) or 0)
+    if fail_every and call % fail_every == 0:
+        raise InjectedSinkFailure(f"{FAIL_EVERY_ENV}={fail_every}: call {call} fails")
+    hang_after = os.environ.get(HANG_AFTER_ENV)
+    if hang_after and next(_written) > int(hang_after):
+        # A log line of the process's own format, so that a test knows when the hang began.
+        event = {"event": "test_sink.hanging", "timestamp": datetime.now(UTC).isoformat()}
+        print(json.dumps(event), file=sys.stderr, flush=True)
+        hang_released.wait()
+    time.sleep(float(os.environ.get(DELAY_ENV) or 0))
 
 
 def write(table: Any, batch: Any) -> None:
     """The sink: one JSON-lines file per committed batch, moved into place whole (a batch is
     either there or not), named so that files sort in commit order on this machine."""
+    _misbehave()
     directory = Path(os.environ[OUTPUT_ENV])
     rows = table.select(["shard_id", "sequence_number", "partition_key", "data"]).to_pylist()
-    name = f"{time.time_ns():020d}-{batch.batch_id}"
+    committed_ns = time.time_ns()
+    name = f"{committed_ns:020d}-{batch.batch_id}"
     temporary = directory / f".{name}.tmp"
     with temporary.open("w") as out:
         for row in rows:
@@ -43,7 +82,9 @@ def write(table: Any, batch: Any) -> None:
                         "key": row["partition_key"],
                         "data": row["data"].decode(),
                         "worker": os.environ.get("EFO_WORKER_ID", ""),
+                        "pid": os.getpid(),
                         "batch": name,
+                        "committed_ns": committed_ns,
                     }
                 )
                 + "\n"
@@ -86,6 +127,51 @@ class Producer:
         return produced
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A lease row's checkpoint, as far as the records of its shard a next owner reads again."""
+
+    kind: str
+    sequence_number: int | None = None
+
+    @classmethod
+    def of(cls, lease: Mapping[str, Any]) -> Checkpoint:
+        """From a lease row as DynamoDB returns it (efo/leases/table.py)."""
+        sequence_number = lease.get("sequence_number", {}).get("S")
+        return cls(lease["position_kind"]["S"], None if sequence_number is None else int(sequence_number))
+
+    def reads_again(self, sequence_number: str) -> bool:
+        if self.kind == "SHARD_END":
+            return False
+        if self.sequence_number is None:  # TRIM_HORIZON, or a moment (LATEST's first start, AT_TIMESTAMP)
+            return True
+        if self.kind == "AFTER_SEQUENCE_NUMBER":
+            return int(sequence_number) > self.sequence_number
+        return int(sequence_number) >= self.sequence_number
+
+
+@dataclass(frozen=True)
+class Disruption:
+    """A kill, a freeze or an outage: what its victims had committed past ``checkpoints`` (their
+    shards' checkpoints as the lease table had them then) may be committed again by whoever reads
+    those shards next. ``victims`` are (worker id, pid) pairs, None for every process;
+    ``until_ns`` bounds the commits that count (None: the victims are gone)."""
+
+    what: str
+    checkpoints: Mapping[str, Checkpoint]
+    victims: frozenset[tuple[str, int]] | None = None
+    until_ns: int | None = None
+
+    def accounts_for(self, row: Mapping[str, Any]) -> bool:
+        """``row`` (a committed record) is one this disruption may have left uncheckpointed."""
+        if self.victims is not None and (row["worker"], row["pid"]) not in self.victims:
+            return False
+        if self.until_ns is not None and row["committed_ns"] > self.until_ns:
+            return False
+        checkpoint = self.checkpoints.get(row["shard"])
+        return checkpoint is not None and checkpoint.reads_again(row["seq"])
+
+
 @dataclass
 class Verdict:
     produced: int
@@ -94,11 +180,16 @@ class Verdict:
     out_of_order: list[str]
     duplicates: int
     by_worker: dict[str, int]
+    #: Records the disruptions allow to be committed twice (the bound), and those committed twice
+    #: that none of them accounts for (must be none).
+    allowed: int = 0
+    undue: list[tuple[str, str]] = field(default_factory=list)
 
     def __str__(self) -> str:
         return (
             f"produced={self.produced} committed={self.committed} lost={len(self.lost)} "
-            f"out_of_order={len(self.out_of_order)} duplicates={self.duplicates} by_worker={self.by_worker}"
+            f"out_of_order={len(self.out_of_order)} duplicates={self.duplicates} (allowed {self.allowed}, "
+            f"undue {len(self.undue)}) by_worker={self.by_worker}"
         )
 
 
@@ -109,9 +200,11 @@ def committed_rows(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def check(produced: Iterable[Produced], directory: Path) -> Verdict:
+def check(produced: Iterable[Produced], directory: Path, disruptions: Iterable[Disruption] = ()) -> Verdict:
     produced = list(produced)
     rows = committed_rows(directory)
+    disruptions = list(disruptions)
+    allowed = {(row["shard"], row["seq"]) for row in rows if any(d.accounts_for(row) for d in disruptions)}
     seen: Counter[tuple[str, str]] = Counter((row["shard"], row["seq"]) for row in rows)
     lost = sorted({(p.shard_id, p.sequence_number) for p in produced} - set(seen))
     out_of_order = []
@@ -133,6 +226,8 @@ def check(produced: Iterable[Produced], directory: Path) -> Verdict:
         out_of_order=out_of_order,
         duplicates=sum(count - 1 for count in seen.values()),
         by_worker=dict(Counter(row["worker"] for row in rows)),
+        allowed=len(allowed),
+        undue=sorted(record for record, count in seen.items() if count > 1 and record not in allowed),
     )
 
 

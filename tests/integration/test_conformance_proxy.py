@@ -514,7 +514,9 @@ def test_upstream_stream_gone_silent_ends_with_internal_failure_exception_within
                     with pytest.raises(ClientError) as failed:
                         await anext(events)
                 assert failed.value.response["Error"]["Code"] == "InternalFailureException"
-                assert SHORT_BOUND_S <= time.monotonic() - started < SHORT_BOUND_S + 3
+                # The proxy's idle timer starts when it forwards the first event, a little before this
+                # client has read it (more so on a loaded machine): allow that much on the lower bound.
+                assert SHORT_BOUND_S - 0.25 <= time.monotonic() - started < SHORT_BOUND_S + 3
         finally:
             await runner.cleanup()
             await upstream.cleanup()

@@ -285,6 +285,42 @@ def test_a_late_commit_of_an_earlier_claim_does_not_move_the_re_claimed_shards_c
     run(scenario())
 
 
+def test_a_worker_whose_leases_went_into_doubt_before_its_first_events_is_not_ready_with_none(
+    local_stack: Any,
+) -> None:
+    """Found by the 256-shard test on a loaded machine: the claims delayed the heartbeat past its
+    validity, every shard was dropped, and the worker logged service.ready with 0 shards."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis) as w:
+            real = w.table.heartbeat
+            beats = 0
+
+            async def heartbeat() -> None:
+                nonlocal beats
+                beats += 1
+                if beats > 1:  # the first lands (run() needs it); then DynamoDB is too busy
+                    raise Retriable("ThrottlingException on DynamoDB table (injected)")
+                await real()
+
+            w.table.heartbeat = heartbeat  # type: ignore[method-assign]
+
+            async def unanswered(**kwargs: Any) -> dict[str, Any]:
+                await asyncio.Event().wait()  # no shard delivers its first event before the doubt
+                raise AssertionError("unreachable")
+
+            kinesis.subscribe_to_shard = unanswered  # type: ignore[method-assign]
+            async with running(w) as stop:
+                await until(lambda: w.coordinator._leases_in_doubt, timeout_s=5, what="leases in doubt")
+                await asyncio.sleep(0.5)
+                assert not w.coordinator._ready, "ready while holding nothing because its leases are in doubt"
+                assert w.coordinator.shards_problem() is not None
+                await stop()
+
+    run(scenario())
+
+
 def test_a_worker_whose_heartbeats_fail_drops_its_shards_before_others_may_take_them_and_claims_again(
     local_stack: Any,
 ) -> None:

@@ -1,12 +1,19 @@
 """The local stack's DynamoDB keeps DynamoDB's promise that lease fencing rests on: of several
-conditional writes racing on one item, exactly one succeeds (moto alone lets two through at times)."""
+conditional writes racing on one item, exactly one succeeds (moto alone lets two through at times);
+and the faults it injects look to the SDK like DynamoDB's own."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
+
+from efo.devstack.faults import FaultClient
+from efo.devstack.stack import StackEndpoints
+from tests.conftest import DUMMY_CREDENTIALS
 
 from .service import unique
 
@@ -49,3 +56,33 @@ def test_of_four_conditional_writes_racing_on_one_item_exactly_one_wins_every_ti
         assert winners, "no write won"
         several_won += len(winners) > 1
     assert several_won == 0, f"{several_won} of 100 races had more than one winner"
+
+
+def test_injected_throttles_and_server_errors_reach_the_sdk_as_dynamodb_s_own(local_stack: StackEndpoints) -> None:
+    faults = FaultClient(local_stack.dynamodb_endpoint)
+    once = boto3.client(
+        "dynamodb",
+        endpoint_url=local_stack.dynamodb_endpoint,
+        region_name=local_stack.region,
+        config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
+        **DUMMY_CREDENTIALS,
+    )
+    retrying = boto3.client(
+        "dynamodb",
+        endpoint_url=local_stack.dynamodb_endpoint,
+        region_name=local_stack.region,
+        config=Config(retries={"total_max_attempts": 3, "mode": "standard"}),
+        **DUMMY_CREDENTIALS,
+    )
+    try:
+        faults.add(operation="ListTables", action="error", count=1)
+        with pytest.raises(once.exceptions.ProvisionedThroughputExceededException):
+            once.list_tables()
+        faults.add(operation="ListTables", action="error", status=500, error_code="InternalServerError", count=1)
+        with pytest.raises(once.exceptions.InternalServerError):
+            once.list_tables()
+        faults.add(operation="ListTables", action="error", count=2)
+        assert "TableNames" in retrying.list_tables(), "two throttles and the SDK's third attempt succeeds"
+        assert faults.pending() == []
+    finally:
+        faults.clear()

@@ -24,6 +24,7 @@ import yaml
 
 from deploy import dashboard, dashboard_png
 from efo.devstack.stack import StackEndpoints, die_with_parent_process, free_port
+from tests.unit.test_alerts import ALERTS
 from tests.unit.test_dockerfile import healthcheck
 
 from .service import ServiceRun, arrow_env, create_stream, put_records, unique
@@ -161,7 +162,7 @@ def test_prometheus_scrapes_a_running_service_and_every_dashboard_query_returns_
         assert empty == [], f"dashboard expressions without data: {empty}"
 
         rules = [rule for group in server.get("/api/v1/rules")["groups"] for rule in group["rules"]]
-        assert len(rules) == 8 and all(rule["health"] == "ok" for rule in rules), rules
+        assert len(rules) == len(ALERTS) and all(rule["health"] == "ok" for rule in rules), rules
         firing = [alert["labels"]["alertname"] for alert in server.get("/api/v1/alerts")["alerts"]]
         assert not {"EfoShardsUnowned", "EfoCheckpointFailures", "EfoSinkFailures"} & set(firing), firing
 

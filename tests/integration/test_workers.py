@@ -37,7 +37,7 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
     async def scenario() -> None:
         kinesis = MemoryKinesis(8)
         puts = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
-        async with world(local_stack, kinesis) as a:
+        async with world(local_stack, kinesis, lease=PATIENT) as a:  # a busy machine must not look like a death
             b = await a.worker("w2")
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")

@@ -1,0 +1,441 @@
+"""One iteration of a chaos scenario: real ``efo run`` workers on a fresh stream of the local stack,
+a producer writing in the background, the disruptions (each with its exact duplicate bound), the
+time each took to recover from, and the verdict of the invariant checker.
+
+Everything random comes from one ``random.Random`` seeded with ``<seed>/<scenario>/<iteration>``,
+so ``EFO_CHAOS_SEED=<seed>`` replays the same kill points, fault timings and reshards (the machine's
+own timing still varies). Every failure names the seed and how to replay it.
+
+Recovery time, in every scenario: from the end of the disruption (a kill sent, a fault fired, a
+pause resumed, a reshard ACTIVE) until every record acknowledged by then, and one more written to
+every partition key at that moment (so to every shard), is committed by the sink.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from efo.devstack.faults import FaultClient
+from efo.devstack.producer import wait_active
+from efo.devstack.stack import StackEndpoints
+from tests.integration.ledger_check import Checkpoint, Disruption, Produced, Verdict, check, committed_rows
+from tests.integration.workers import Workers
+
+ITERATIONS_ENV = "EFO_CHAOS_ITERATIONS"
+SEED_ENV = "EFO_CHAOS_SEED"
+SIZE_ENV = "EFO_CHAOS_SIZE"  # "reduced" (default, inside make test) or "full" (make chaos)
+TABLE_ENV = "EFO_CHAOS_TABLE"  # a file to write the table to (make chaos: docs/chaos.md)
+
+#: Leases fail over in 4 s (a heartbeat a second: a worker trusts its leases 3 s after its last
+#: heartbeat landed), checkpoints every 2 s (what a kill may repeat), a silent subscription renewed
+#: after 3 s, a batch closed half a second after its first record.
+CHAOS_SETTINGS = {
+    "EFO_BATCH__MAX_WAIT_S": "0.5",
+    "EFO_LEASE__FAILOVER_S": "4",
+    "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1",
+    "EFO_LEASE__SYNC_INTERVAL_S": "1",
+    "EFO_CHECKPOINT__INTERVAL_S": "2",
+    "EFO_SUBSCRIPTION__READ_TIMEOUT_S": "3",
+    "EFO_SHARDS__SYNC_INTERVAL_S": "1",
+}
+#: How the proxy logs a fault it fires (logging's asctime is local time).
+PROXY_FAULT_LINE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \S+ fault (?P<id>\d+): ")
+#: No scenario may take longer than this to recover: a bound that proves "no hang", not a target.
+RECOVERY_BOUND_S = 60.0
+#: A SIGTERM ends a worker within shutdown_timeout_s (30 s) plus its final writes and exit.
+STOP_BOUND_S = 45.0
+
+
+@dataclass(frozen=True)
+class Size:
+    seed: int
+    iterations: int
+    full: bool
+
+    @classmethod
+    def from_env(cls) -> Size:
+        seed = os.environ.get(SEED_ENV) or str(random.SystemRandom().randrange(1, 10**9))
+        return cls(int(seed), int(os.environ.get(ITERATIONS_ENV) or 1), os.environ.get(SIZE_ENV, "reduced") == "full")
+
+    def pick(self, reduced: Any, full: Any) -> Any:
+        return full if self.full else reduced
+
+    @property
+    def name(self) -> str:
+        return "full" if self.full else "reduced"
+
+
+SIZE = Size.from_env()
+
+
+@dataclass
+class Outcome:
+    """What one iteration of a scenario measured: its verdict once every record was committed (none
+    if it failed before), the recoveries, and why it failed."""
+
+    scenario: str
+    iteration: int
+    about: str = ""  # the scenario's test docstring
+    verdict: Verdict | None = None
+    recoveries: list[tuple[str, float]] = field(default_factory=list)
+    failed: str | None = None
+
+
+#: Every outcome of this test session, for the table (tests/chaos/conftest.py).
+OUTCOMES: list[Outcome] = []
+
+
+def replay_hint(scenario: str, iteration: int) -> str:
+    return (
+        f"chaos seed {SIZE.seed} ({SIZE.name} size), scenario {scenario!r}, iteration {iteration}: replay with "
+        f"EFO_CHAOS_SEED={SIZE.seed} make chaos, or EFO_CHAOS_SEED={SIZE.seed} EFO_CHAOS_ITERATIONS={iteration + 1} "
+        f"EFO_CHAOS_SIZE={SIZE.name} .venv/bin/python -m pytest tests/chaos -k '{scenario}'"
+    )
+
+
+class Chaos:
+    """Use as a context manager: on the way out every worker still running is killed, every fault
+    cleared and DynamoDB resumed, and a failure gains the seed and the replay command."""
+
+    def __init__(
+        self,
+        scenario: str,
+        iteration: int,
+        stack: StackEndpoints,
+        kinesis: Any,
+        dynamodb: Any,
+        tmp_path: Path,
+        *,
+        shards: int,
+        initial_position: str = "TRIM_HORIZON",
+        about: str | None = None,
+        **env: str,
+    ) -> None:
+        self.scenario = scenario
+        self.iteration = iteration
+        self.rng = random.Random(f"{SIZE.seed}/{scenario}/{iteration}")
+        self.stack = stack
+        self.kinesis = kinesis
+        self.tmp_path = tmp_path
+        self.w = Workers(
+            stack,
+            kinesis,
+            dynamodb,
+            tmp_path,
+            shards=shards,
+            initial_position=initial_position,
+            **CHAOS_SETTINGS,
+            **env,
+        )
+        self.proxy_faults = FaultClient(stack.kinesis_endpoint)
+        self.dynamodb_faults = FaultClient(stack.dynamodb_endpoint)
+        self.disruptions: list[Disruption] = []
+        self.outcome = Outcome(scenario, iteration, about or "")
+        self._producing = threading.Lock()
+        self._dynamodb_paused = False
+        OUTCOMES.append(self.outcome)
+
+    def __enter__(self) -> Chaos:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._tidy_up()
+        if exc is None:
+            return
+        self.outcome.failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AssertionError(f"{exc}\n{replay_hint(self.scenario, self.iteration)}; logs in {self.tmp_path}") from exc
+
+    def _tidy_up(self) -> None:
+        if self._dynamodb_paused:
+            self.resume_dynamodb()
+        self.proxy_faults.clear()
+        self.dynamodb_faults.clear()
+        for run in self.w.runs.values():
+            if run.process is not None and run.process.poll() is None:
+                run.process.kill()
+                run.process.wait()
+
+    # ---- workers ---------------------------------------------------------------------------
+
+    def start(self, *names: str, **env: str) -> None:
+        """Start workers; ``name`` may be ``<worker id>.<n>`` to restart a worker id in a new process."""
+        for name in names:
+            self.w.stopped.discard(name)
+            self.w.start(name, EFO_WORKER_ID=name.split(".")[0], **env)
+
+    def live(self) -> list[str]:
+        return [name for name, run in self.w.runs.items() if run.process is not None and run.process.poll() is None]
+
+    def wait_ready(self, *names: str, timeout_s: float = 60.0) -> None:
+        self.w.wait_until(lambda: all(self.w.events(n, "service.ready") for n in names), timeout_s, "service.ready")
+
+    def wait_committing(self, *names: str, timeout_s: float = 60.0) -> None:
+        """Until each of these workers has committed a batch: a kill point after it means something."""
+
+        def committing() -> bool:
+            workers = {row["worker"] for row in committed_rows(self.w.sink)}
+            return all(self.w.runs[name].env["EFO_WORKER_ID"] in workers for name in names)
+
+        self.w.wait_until(committing, timeout_s, "a commit by each worker")
+
+    def checkpoints(self, worker_ids: set[str] | None = None) -> dict[str, Checkpoint]:
+        """The checkpoints of the shards these workers hold (None: of every shard), from the table."""
+        return {
+            shard_id: Checkpoint.of(lease)
+            for shard_id, lease in self.w.leases().items()
+            if worker_ids is None or lease.get("lease_owner", {}).get("S") in worker_ids
+        }
+
+    def kill(self, name: str, sig: signal.Signals) -> float:
+        """Signal one worker and wait for its exit; returns when the signal was sent (epoch s).
+        SIGKILL: what it committed past the checkpoints of its shards, read from the table just
+        before and just after the kill (a claim may land in between), may be committed again.
+        SIGTERM hands every lease over: exit 0 and nothing read twice."""
+        run = self.w.runs[name]
+        assert run.process is not None
+        worker_id, pid = run.env["EFO_WORKER_ID"], run.process.pid
+        before = self.checkpoints({worker_id})
+        sent_at = time.time()
+        code = self.w.stop(name, sig)
+        if sig is signal.SIGKILL:
+            after = self.checkpoints({worker_id})
+            self.disruptions.append(Disruption(f"SIGKILL {name}", {**after, **before}, frozenset({(worker_id, pid)})))
+        else:
+            assert code == 0, f"{name} exited {code} after {sig.name}:\n{run.tail()}"
+        return sent_at
+
+    def stop_all(self) -> None:
+        """SIGTERM to every live worker at once (a second signal would exit at once), each exits 0."""
+        names = self.live()
+        for name in names:
+            self.w.stopped.add(name)
+            self.w.runs[name].process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]  # the process only
+        for name in names:
+            run = self.w.runs[name]
+            assert run.process is not None
+            code = run.process.wait(STOP_BOUND_S)
+            assert code == 0, f"{name} exited {code} after SIGTERM:\n{run.tail()}"
+
+    # ---- faults through the conformance proxy -------------------------------------------------
+
+    def add_proxy_fault(self, **rule: Any) -> int:
+        return int(self.proxy_faults.add(**rule)["id"])
+
+    def proxy_faults_fired(self) -> dict[int, float]:
+        """When each fault rule of the proxy fired (epoch s), from its log ("fault <id>: ...")."""
+        fired: dict[int, float] = {}
+        log = Path(self.stack.log_dir) / "efo-proxy.log"
+        for line in log.read_text(errors="replace").splitlines():
+            match = PROXY_FAULT_LINE.match(line)
+            if match:
+                at = time.mktime(time.strptime(match["at"], "%Y-%m-%d %H:%M:%S")) + int(match["ms"]) / 1000
+                fired.setdefault(int(match["id"]), at)
+        return fired
+
+    def wait_for_proxy_faults(self, ids: set[int], timeout_s: float) -> float:
+        """Until every one of these rules fired; returns when the last one did (epoch s)."""
+        self.wait_for(lambda: ids <= set(self.proxy_faults_fired()), timeout_s, f"proxy faults {sorted(ids)} fired")
+        return max(at for rule, at in self.proxy_faults_fired().items() if rule in ids)
+
+    # ---- the stream -----------------------------------------------------------------------
+
+    def reshard(self, max_open: int = 6) -> str:
+        """One random reshard of the stream while it is read: split a random open shard at a
+        random hash key, merge a random pair of adjacent open shards, or UpdateShardCount to a
+        random count; waits until the stream is ACTIVE again and says what it did."""
+        shards = self.kinesis.list_shards(StreamName=self.w.stream)["Shards"]
+        open_shards = sorted(
+            (s for s in shards if s["SequenceNumberRange"].get("EndingSequenceNumber") is None),
+            key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]),
+        )
+        adjacent = [
+            (a, b)
+            for a, b in itertools.pairwise(open_shards)
+            if int(a["HashKeyRange"]["EndingHashKey"]) + 1 == int(b["HashKeyRange"]["StartingHashKey"])
+        ]
+        count = len(open_shards)
+        choices = ["update"] + (["split"] if count < max_open else []) + (["merge"] if adjacent else [])
+        op = self.rng.choice(choices)
+        if op == "split":
+            shard = self.rng.choice(open_shards)
+            low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
+            self.kinesis.split_shard(
+                StreamName=self.w.stream,
+                ShardToSplit=shard["ShardId"],
+                NewStartingHashKey=str(self.rng.randint(low + 1, high)),
+            )
+            what = f"split {shard['ShardId']}"
+        elif op == "merge":
+            a, b = self.rng.choice(adjacent)
+            self.kinesis.merge_shards(
+                StreamName=self.w.stream, ShardToMerge=a["ShardId"], AdjacentShardToMerge=b["ShardId"]
+            )
+            what = f"merge {a['ShardId']} and {b['ShardId']}"
+        else:
+            targets = [n for n in range((count + 1) // 2, min(2 * count, max_open) + 1) if n != count]
+            target = self.rng.choice(targets)
+            self.kinesis.update_shard_count(
+                StreamName=self.w.stream, TargetShardCount=target, ScalingType="UNIFORM_SCALING"
+            )
+            what = f"UpdateShardCount {count} -> {target}"
+        wait_active(self.kinesis, self.w.stream)
+        return what
+
+    # ---- DynamoDB --------------------------------------------------------------------------
+
+    def pause_dynamodb(self) -> None:
+        """SIGSTOP the local DynamoDB: every request hangs until it resumes. What any worker had
+        committed past the checkpoints of the moment may be committed again once it resumes."""
+        self.disruptions.append(Disruption("DynamoDB paused", self.checkpoints()))
+        os.kill(self.stack.dynamodb_pid, signal.SIGSTOP)
+        self._dynamodb_paused = True
+
+    def resume_dynamodb(self) -> float:
+        os.kill(self.stack.dynamodb_pid, signal.SIGCONT)
+        self._dynamodb_paused = False
+        resumed_ns = time.time_ns()
+        pause = self.disruptions[-1]
+        assert pause.what == "DynamoDB paused"
+        self.disruptions[-1] = Disruption(pause.what, pause.checkpoints, until_ns=resumed_ns)
+        return resumed_ns / 1e9
+
+    # ---- records ---------------------------------------------------------------------------
+
+    def put(self, count: int) -> list[Produced]:
+        with self._producing:
+            return self.w.producer.put(count)
+
+    @contextmanager
+    def traffic(self, records: int = 24, every_s: float = 0.25) -> Iterator[None]:
+        """A producer in the background for as long as the block runs: ``records`` every ``every_s``."""
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def produce() -> None:
+            while not done.wait(every_s):
+                try:
+                    self.put(records)
+                except BaseException as exc:  # reported when the block ends
+                    failed.append(exc)
+                    return
+
+        thread = threading.Thread(target=produce, name="chaos-producer", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(30)
+        if failed:
+            raise AssertionError(f"the producer failed: {failed[0]!r}")
+
+    def committed(self) -> set[tuple[str, str]]:
+        return {(row["shard"], row["seq"]) for row in committed_rows(self.w.sink)}
+
+    def wait_for(self, condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+        """Until ``condition`` holds (failing if a worker dies); returns when it did (epoch s)."""
+        self.w.wait_until(condition, timeout_s, what)
+        return time.time()
+
+    def sleep(self, low_s: float, high_s: float) -> float:
+        """A random pause of the scenario (the kill point, a fault's moment)."""
+        seconds = self.rng.uniform(low_s, high_s)
+        time.sleep(seconds)
+        return seconds
+
+    def recovered(self, since: float, what: str, timeout_s: float = RECOVERY_BOUND_S) -> float:
+        """Seconds from ``since`` (epoch s) until every record acknowledged so far and one written
+        now to every key is committed (see the module's docstring); recorded for the table."""
+        self.put(len(self.w.producer.keys))
+        with self._producing:
+            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
+        self.w.wait_until(lambda: wanted <= self.committed(), timeout_s, f"recovery from {what}")
+        seconds = round(time.time() - since, 2)
+        self.outcome.recoveries.append((what, seconds))
+        return seconds
+
+    # ---- the verdict -----------------------------------------------------------------------
+
+    def verdict(self) -> Verdict:
+        with self._producing:
+            produced = list(self.w.producer.acknowledged)
+        return check(produced, self.w.sink, self.disruptions)
+
+    def finish(self, *, stop: bool = True, timeout_s: float = RECOVERY_BOUND_S) -> Verdict:
+        """Wait until everything acknowledged is committed, stop the workers (SIGTERM, exit 0), and
+        check: nothing lost, per-key order kept, every duplicate accounted for by a disruption."""
+        with self._producing:
+            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
+        try:
+            self.w.wait_until(lambda: wanted <= self.committed(), timeout_s, "every record committed")
+        finally:
+            if stop:
+                self.stop_all()
+            verdict = self.outcome.verdict = self.verdict()
+        assert not verdict.lost, f"{len(verdict.lost)} records lost, e.g. {verdict.lost[:5]}: {verdict}"
+        assert not verdict.out_of_order, f"out of order: {verdict.out_of_order[:5]}: {verdict}"
+        assert not verdict.undue, (
+            f"{len(verdict.undue)} duplicates no kill or outage accounts for, e.g. {verdict.undue[:5]} "
+            f"(disruptions: {[d.what for d in self.disruptions]}): {verdict}"
+        )
+        return verdict
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        return [e for run in self.w.runs.values() for e in run.events() if e.get("event") == event]
+
+
+def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
+    """One row per scenario, in the order they ran: the sums over its iterations, the worst recovery."""
+    by_scenario: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        by_scenario.setdefault(outcome.scenario, []).append(outcome)
+    rows = []
+    for scenario, runs in by_scenario.items():
+        recoveries = [seconds for run in runs for _, seconds in run.recoveries]
+        failed = sum(1 for run in runs if run.failed)
+        verdicts = [run.verdict for run in runs if run.verdict is not None]
+        rows.append(
+            [
+                scenario,
+                f"{len(runs)}" + (f" ({failed} failed)" if failed else ""),
+                str(sum(v.produced for v in verdicts)),
+                str(sum(len(v.lost) for v in verdicts)),
+                str(sum(len(v.out_of_order) for v in verdicts)),
+                f"{sum(v.duplicates for v in verdicts)} (allowed {sum(v.allowed for v in verdicts)})",
+                f"{max(recoveries):.1f} s" if recoveries else "-",
+            ]
+        )
+    return rows
+
+
+def scenario_notes(outcomes: list[Outcome]) -> list[str]:
+    """One bullet per scenario: what its test does, from the docstring."""
+    notes: dict[str, str] = {}
+    for outcome in outcomes:
+        notes.setdefault(outcome.scenario, " ".join(outcome.about.split()))
+    return [f"- **{scenario}**: {about}" for scenario, about in notes.items()]
+
+
+HEADER = ["scenario", "iterations", "records", "lost", "out-of-order", "duplicates", "max recovery"]
+
+
+def markdown_table(outcomes: list[Outcome]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(outcomes)]
+    return "\n".join(lines)
