@@ -11,7 +11,7 @@ may not answer the puts in time). The bound:
 
     RSS <= baseline + max_pending_bytes + max_pending_records * k_record
            + 2 * min(batch.max_bytes, max_pending_bytes)
-           + shards * (largest event + HTTP and framing buffers)
+           + shards * (4 x largest event + 512 KiB of HTTP and framing buffers)
 
 ``baseline`` is the RSS after ``service.ready`` and before any record. The pool holds the payload
 bytes and ``k_record`` per record (sequence-number and partition-key strings, ints, list slots).
@@ -55,9 +55,12 @@ from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, 
 
 BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
 K_RECORD_BYTES = 250  # tracemalloc: strings, list slots and ints per record, 20-character keys
-# Per shard, besides the decoded event waiting for budget: aiohttp's read buffer to its high-water
-# mark (2 x 64 KiB) and botocore's framing buffer (the rest of the last socket read, up to as much).
-SHARD_BUFFER_BYTES = 256 * 1024
+# Per shard with events arriving back to back (a consumer catching up), measured in docs/benchmarks.md
+# (about 1.2 MiB a stalled shard with 200 KiB events): the decoded event waiting for budget, its raw
+# base64 frame (held by aiobotocore's suspended generator), the socket read being framed and
+# botocore's framing buffer (EVENT_COPIES x the event), plus aiohttp's and asyncio's read buffers.
+EVENT_COPIES = 4
+SHARD_BUFFER_BYTES = 512 * 1024
 STALL_MODULE = "def write(df, batch):\n    import time\n    while True:\n        time.sleep(3600)\n"
 
 
@@ -206,7 +209,7 @@ def run_case(source: Any, args: argparse.Namespace, shard_count: int, pool_mib: 
             "pool": pool_bytes,
             "records": pool_records * K_RECORD_BYTES,
             "arrow": arrow_copies,
-            "shards": shard_count * (event_bytes + SHARD_BUFFER_BYTES),
+            "shards": shard_count * (EVENT_COPIES * event_bytes + SHARD_BUFFER_BYTES),
         }
         bound = baseline + sum(terms.values())
         peak = max(rss for _, rss in samples)
