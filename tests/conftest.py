@@ -71,10 +71,11 @@ def aio_kinesis_client(local_stack: StackEndpoints) -> Callable[..., Any]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what tests measured (``record_property``): CI runs with -q, which hides their output."""
+    """Print what tests measured (``record_property``): CI runs with -q, which hides their output.
+    And the chaos table, from the outcomes the chaos tests put in their teardown reports."""
+    reports = [report for reports in terminalreporter.stats.values() for report in reports]
     measured = [
         (report.nodeid, report.user_properties)
-        for reports in terminalreporter.stats.values()
         for report in reports
         if getattr(report, "when", None) == "call" and getattr(report, "user_properties", None)
     ]
@@ -82,3 +83,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("measured")
         for nodeid, properties in measured:
             terminalreporter.write_line(f"{nodeid}: " + ", ".join(f"{name}={value}" for name, value in properties))
+    after = [
+        (name, value)
+        for report in reports
+        if getattr(report, "when", None) == "teardown"
+        for name, value in getattr(report, "user_properties", ())
+    ]
+    if after:
+        from tests.chaos.harness import REPORT_PROPERTY, Outcome, summary
+
+        outcomes = [Outcome.from_json(value) for name, value in after if name == REPORT_PROPERTY]
+        if outcomes:
+            summary(terminalreporter, outcomes)

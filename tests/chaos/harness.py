@@ -3,18 +3,20 @@ a producer writing in the background, the disruptions (each with its exact dupli
 time each took to recover from, and the verdict of the invariant checker.
 
 Everything random comes from one ``random.Random`` seeded with ``<seed>/<scenario>/<iteration>``,
-so ``EFO_CHAOS_SEED=<seed>`` replays the same kill points, fault timings and reshards (the machine's
-own timing still varies). Every failure names the seed and how to replay it.
+so ``EFO_CHAOS_SEED=<seed>`` at the same size replays the same kill points, fault timings and
+reshards (the machine's own timing still varies). Every failure names the seed and the command.
 
-Recovery time, in every scenario: from the end of the disruption (a kill sent, a fault fired, a
-pause resumed, a reshard ACTIVE) until every record acknowledged by then, and one more written to
-every partition key at that moment (so to every shard), is committed by the sink.
+Recovery time, unless a scenario says otherwise: from the end of the disruption (a kill sent, a
+fault fired, a pause resumed, a reshard ACTIVE) until every record acknowledged by then, and one
+more written to every partition key at that moment (so to every shard), is committed by the sink.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import platform
 import random
 import re
 import signal
@@ -22,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -37,13 +39,16 @@ ITERATIONS_ENV = "EFO_CHAOS_ITERATIONS"
 SEED_ENV = "EFO_CHAOS_SEED"
 SIZE_ENV = "EFO_CHAOS_SIZE"  # "reduced" (default, inside make test) or "full" (make chaos)
 TABLE_ENV = "EFO_CHAOS_TABLE"  # a file to write the table to (make chaos: docs/chaos.md)
+#: The user property that carries an iteration's Outcome in its test report, to the process that prints.
+REPORT_PROPERTY = "chaos_outcome"
 
-#: Leases fail over in 4 s (a heartbeat a second: a worker trusts its leases 3 s after its last
-#: heartbeat landed), checkpoints every 2 s (what a kill may repeat), a silent subscription renewed
-#: after 3 s, a batch closed half a second after its first record.
+#: Leases fail over in 5 s (a heartbeat a second: a worker trusts its leases 4 s after its last
+#: heartbeat landed, time for a throttled heartbeat's retries), checkpoints every 2 s (what a kill
+#: may repeat), a silent subscription renewed after 3 s, a batch closed half a second after its
+#: first record.
 CHAOS_SETTINGS = {
     "EFO_BATCH__MAX_WAIT_S": "0.5",
-    "EFO_LEASE__FAILOVER_S": "4",
+    "EFO_LEASE__FAILOVER_S": "5",
     "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1",
     "EFO_LEASE__SYNC_INTERVAL_S": "1",
     "EFO_CHECKPOINT__INTERVAL_S": "2",
@@ -82,27 +87,46 @@ SIZE = Size.from_env()
 
 @dataclass
 class Outcome:
-    """What one iteration of a scenario measured: its verdict once every record was committed (none
-    if it failed before), the recoveries, and why it failed."""
+    """What one iteration of a scenario measured, in a form that travels in a test report (JSON):
+    the verdict's counts once every record was committed (or as of the failure: then what was not
+    committed yet counts as lost), the recoveries, and why it failed."""
 
     scenario: str
     iteration: int
+    seed: int = 0
+    size: str = ""
     about: str = ""  # the scenario's test docstring
-    verdict: Verdict | None = None
+    records: int = 0
+    lost: int = 0
+    out_of_order: int = 0
+    duplicates: int = 0
+    allowed: int = 0
     recoveries: list[tuple[str, float]] = field(default_factory=list)
     failed: str | None = None
 
+    def checked(self, verdict: Verdict) -> None:
+        self.records, self.lost, self.out_of_order = verdict.produced, len(verdict.lost), len(verdict.out_of_order)
+        self.duplicates, self.allowed = verdict.duplicates, verdict.allowed
 
-#: Every outcome of this test session, for the table (tests/chaos/conftest.py).
-OUTCOMES: list[Outcome] = []
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Outcome:
+        fields = json.loads(text)
+        fields["recoveries"] = [(what, seconds) for what, seconds in fields["recoveries"]]
+        return cls(**fields)
 
 
-def replay_hint(scenario: str, iteration: int) -> str:
-    return (
-        f"chaos seed {SIZE.seed} ({SIZE.name} size), scenario {scenario!r}, iteration {iteration}: replay with "
-        f"EFO_CHAOS_SEED={SIZE.seed} make chaos, or EFO_CHAOS_SEED={SIZE.seed} EFO_CHAOS_ITERATIONS={iteration + 1} "
-        f"EFO_CHAOS_SIZE={SIZE.name} .venv/bin/python -m pytest tests/chaos -k '{scenario}'"
+def replay_hint(scenario: str, iteration: int, test: str) -> str:
+    """How to run this iteration again with the same random choices (the size changes them)."""
+    again = (
+        f"EFO_CHAOS_SEED={SIZE.seed} EFO_CHAOS_SIZE={SIZE.name} EFO_CHAOS_ITERATIONS={iteration + 1} "
+        f".venv/bin/python -m pytest '{test}'"
     )
+    whole = f"EFO_CHAOS_SEED={SIZE.seed} make chaos (every scenario), or " if SIZE.full else ""
+    where = f"chaos seed {SIZE.seed}, {SIZE.name} size, scenario {scenario!r}, iteration {iteration}"
+    return f"{where}: replay with {whole}{again}"
 
 
 class Chaos:
@@ -121,10 +145,12 @@ class Chaos:
         shards: int,
         initial_position: str = "TRIM_HORIZON",
         about: str | None = None,
+        test: str = "tests/chaos",
         **env: str,
     ) -> None:
         self.scenario = scenario
         self.iteration = iteration
+        self.test = test
         self.rng = random.Random(f"{SIZE.seed}/{scenario}/{iteration}")
         self.stack = stack
         self.kinesis = kinesis
@@ -142,10 +168,10 @@ class Chaos:
         self.proxy_faults = FaultClient(stack.kinesis_endpoint)
         self.dynamodb_faults = FaultClient(stack.dynamodb_endpoint)
         self.disruptions: list[Disruption] = []
-        self.outcome = Outcome(scenario, iteration, about or "")
+        self.outcome = Outcome(scenario, iteration, SIZE.seed, SIZE.name, about or "")
         self._producing = threading.Lock()
         self._dynamodb_paused = False
-        OUTCOMES.append(self.outcome)
+        self._checked = False
 
     def __enter__(self) -> Chaos:
         return self
@@ -154,10 +180,13 @@ class Chaos:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._tidy_up()
-        if exc is None:
+        if not isinstance(exc, Exception):  # none, or an interrupt: as it is
             return
+        if not self._checked:  # as of the failure: what was not committed yet counts as lost
+            self.outcome.checked(self.verdict())
         self.outcome.failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise AssertionError(f"{exc}\n{replay_hint(self.scenario, self.iteration)}; logs in {self.tmp_path}") from exc
+        hint = replay_hint(self.scenario, self.iteration, self.test)
+        raise AssertionError(f"{exc}\n{hint}; logs in {self.tmp_path}") from exc
 
     def _tidy_up(self) -> None:
         if self._dynamodb_paused:
@@ -176,6 +205,10 @@ class Chaos:
         for name in names:
             self.w.stopped.discard(name)
             self.w.start(name, EFO_WORKER_ID=name.split(".")[0], **env)
+
+    def expect_exit(self, *names: str) -> None:
+        """These workers are to exit on their own: waits on the others do not fail when they do."""
+        self.w.stopped.update(names)
 
     def live(self) -> list[str]:
         return [name for name, run in self.w.runs.items() if run.process is not None and run.process.poll() is None]
@@ -357,16 +390,20 @@ class Chaos:
         time.sleep(seconds)
         return seconds
 
-    def recovered(self, since: float, what: str, timeout_s: float = RECOVERY_BOUND_S) -> float:
+    def recovered(self, since: float, what: str) -> float:
         """Seconds from ``since`` (epoch s) until every record acknowledged so far and one written
         now to every key is committed (see the module's docstring); recorded for the table."""
         self.put(len(self.w.producer.keys))
-        with self._producing:
-            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
-        self.w.wait_until(lambda: wanted <= self.committed(), timeout_s, f"recovery from {what}")
+        self._wait_until_committed(f"recovery from {what}")
         seconds = round(time.time() - since, 2)
         self.outcome.recoveries.append((what, seconds))
         return seconds
+
+    def _wait_until_committed(self, what: str) -> None:
+        """Until every record acknowledged so far is committed, at most RECOVERY_BOUND_S."""
+        with self._producing:
+            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
+        self.w.wait_until(lambda: wanted <= self.committed(), RECOVERY_BOUND_S, what)
 
     # ---- the verdict -----------------------------------------------------------------------
 
@@ -375,17 +412,16 @@ class Chaos:
             produced = list(self.w.producer.acknowledged)
         return check(produced, self.w.sink, self.disruptions)
 
-    def finish(self, *, stop: bool = True, timeout_s: float = RECOVERY_BOUND_S) -> Verdict:
+    def finish(self) -> Verdict:
         """Wait until everything acknowledged is committed, stop the workers (SIGTERM, exit 0), and
         check: nothing lost, per-key order kept, every duplicate accounted for by a disruption."""
-        with self._producing:
-            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
         try:
-            self.w.wait_until(lambda: wanted <= self.committed(), timeout_s, "every record committed")
+            self._wait_until_committed("every record committed")
         finally:
-            if stop:
-                self.stop_all()
-            verdict = self.outcome.verdict = self.verdict()
+            self.stop_all()
+            verdict = self.verdict()
+            self.outcome.checked(verdict)
+            self._checked = True
         assert not verdict.lost, f"{len(verdict.lost)} records lost, e.g. {verdict.lost[:5]}: {verdict}"
         assert not verdict.out_of_order, f"out of order: {verdict.out_of_order[:5]}: {verdict}"
         assert not verdict.undue, (
@@ -409,15 +445,14 @@ def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
     for scenario, runs in by_scenario.items():
         recoveries = [seconds for run in runs for _, seconds in run.recoveries]
         failed = sum(1 for run in runs if run.failed)
-        verdicts = [run.verdict for run in runs if run.verdict is not None]
         rows.append(
             [
                 scenario,
                 f"{len(runs)}" + (f" ({failed} failed)" if failed else ""),
-                str(sum(v.produced for v in verdicts)),
-                str(sum(len(v.lost) for v in verdicts)),
-                str(sum(len(v.out_of_order) for v in verdicts)),
-                f"{sum(v.duplicates for v in verdicts)} (allowed {sum(v.allowed for v in verdicts)})",
+                str(sum(run.records for run in runs)),
+                str(sum(run.lost for run in runs)),
+                str(sum(run.out_of_order for run in runs)),
+                f"{sum(run.duplicates for run in runs)} (allowed {sum(run.allowed for run in runs)})",
                 f"{max(recoveries):.1f} s" if recoveries else "-",
             ]
         )
@@ -425,11 +460,13 @@ def table_rows(outcomes: list[Outcome]) -> list[list[str]]:
 
 
 def scenario_notes(outcomes: list[Outcome]) -> list[str]:
-    """One bullet per scenario: what its test does, from the docstring."""
-    notes: dict[str, str] = {}
+    """One bullet per test: the scenarios it ran, and what it does (its docstring)."""
+    scenarios: dict[str, list[str]] = {}
     for outcome in outcomes:
-        notes.setdefault(outcome.scenario, " ".join(outcome.about.split()))
-    return [f"- **{scenario}**: {about}" for scenario, about in notes.items()]
+        names = scenarios.setdefault(" ".join(outcome.about.split()), [])
+        if outcome.scenario not in names:
+            names.append(outcome.scenario)
+    return [f"- **{'; '.join(names)}**: {about}" for about, names in scenarios.items()]
 
 
 HEADER = ["scenario", "iterations", "records", "lost", "out-of-order", "duplicates", "max recovery"]
@@ -439,3 +476,71 @@ def markdown_table(outcomes: list[Outcome]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(outcomes)]
     return "\n".join(lines)
+
+
+def replay_line(outcomes: list[Outcome]) -> str:
+    runs = sorted({(o.seed, o.size) for o in outcomes})
+    iterations = max(o.iteration for o in outcomes) + 1
+    return "; ".join(
+        f"seed {seed}, {size} size, {iterations} iteration(s) per scenario: EFO_CHAOS_SEED={seed} "
+        + ("make chaos replays it" if size == "full" else f"EFO_CHAOS_SIZE={size} pytest tests/chaos replays it")
+        for seed, size in runs
+    )
+
+
+def summary(terminalreporter: Any, outcomes: list[Outcome]) -> None:
+    """The end of the test output (tests/conftest.py, from every process's reports): the seed and
+    the table; with EFO_CHAOS_TABLE, the page docs/chaos.md written there."""
+    terminalreporter.section("chaos")
+    terminalreporter.write_line(replay_line(outcomes))
+    terminalreporter.write_line(markdown_table(outcomes))
+    path = os.environ.get(TABLE_ENV)
+    if path:
+        Path(path).write_text(page(outcomes))
+        terminalreporter.write_line(f"written to {path}")
+
+
+def page(outcomes: list[Outcome]) -> str:
+    """docs/chaos.md: the table, how it was made, and what each row did."""
+    (seed, size), *_ = sorted({(o.seed, o.size) for o in outcomes})
+    iterations = max(o.iteration for o in outcomes) + 1
+    failed = [o for o in outcomes if o.failed]
+    command = f"EFO_CHAOS_SEED={seed} " + (
+        "make chaos" if size == "full" else f"EFO_CHAOS_SIZE={size} pytest tests/chaos"
+    )
+    lines = [
+        "# Chaos run",
+        "",
+        f"Written by `{command}` (tests/chaos; {size} size, {iterations} "
+        f"iteration(s) per scenario) on {time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} shared "
+        f"cores, Python {platform.python_version()}, against the local stack (kinesis-local behind the "
+        "conformance proxy, moto DynamoDB). The same command replays the same kill points, fault timings "
+        "and reshards; the machine's own timing still varies.",
+        "",
+        markdown_table(outcomes),
+        "",
+        "- **records**: acknowledged by Kinesis, over all iterations. **lost** and **out-of-order** (per "
+        "partition key, in commit order) must be 0.",
+        "- **duplicates**: records committed more than once; **allowed**: the records the kills and outages "
+        "of the scenario may repeat, each a record a SIGKILLed worker (or any worker, for the DynamoDB "
+        "pause) had committed past its shard's checkpoint as the lease table had it at that moment. Every "
+        "duplicate must be one of them; where nothing is killed or paused none is allowed.",
+        "- **max recovery**: the longest, over the iterations, from the end of a disruption (a kill sent, "
+        "the last fault fired, DynamoDB resumed, a reshard ACTIVE, the sink hung) until every record "
+        "acknowledged by then, and one written then to every partition key, was committed. Exceptions "
+        "are named below.",
+        "",
+        "## Scenarios",
+        "",
+        *scenario_notes(outcomes),
+    ]
+    if failed:
+        lines += [
+            "",
+            "## Failed iterations",
+            "",
+            "Counts as of the failure: what was not committed yet counts as lost.",
+            "",
+        ]
+        lines += [f"- {o.scenario}, iteration {o.iteration}: {o.failed}" for o in failed]
+    return "\n".join(lines) + "\n"

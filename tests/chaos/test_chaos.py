@@ -68,7 +68,10 @@ def test_workers_killed_at_random_points(chaos: ChaosFactory, sig: signal.Signal
 )
 def test_reshards_while_two_workers_read(chaos: ChaosFactory, initial_position: str) -> None:
     """Splits, merges and UpdateShardCount at random moments, of random shards, while records flow:
-    parents are read before children, nothing is lost or repeated."""
+    nothing is lost or repeated, and per key nothing is committed out of order (parents before
+    children). kinesis-local sends a shard's whole backlog in its next event, so a parent is seldom
+    behind when it closes: a child started too early would seldom show here (tried: with children
+    started at once, no iteration failed)."""
     with chaos(f"reshards, {initial_position}", shards=2, initial_position=initial_position) as run:
         run.start("w1", "w2")
         run.wait_ready("w1", "w2")
@@ -131,7 +134,7 @@ def test_dynamodb_throttled_then_paused(chaos: ChaosFactory) -> None:
     (SIGSTOP) for longer than a worker trusts its leases and resumed: every worker stops reading
     until its heartbeat lands again and claims again; only what was committed and not checkpointed
     before the pause is read twice."""
-    pause_s = SIZE.pick(4.0, 30.0)
+    pause_s = SIZE.pick(5.0, 30.0)  # longer than the 4 s a worker trusts its leases
     with chaos(f"DynamoDB throttled, 500s, paused {pause_s:g} s", shards=3) as run:
         run.start("w1", "w2")
         with run.traffic():
@@ -165,10 +168,11 @@ def test_a_sink_that_fails_now_and_then_and_one_that_hangs(chaos: ChaosFactory) 
         EFO_BATCH__STALL_TIMEOUT_S="3",
         EFO_SHUTDOWN_TIMEOUT_S="2",
     ) as run:
-        hang_after = run.rng.randint(SIZE.pick(1, 4), SIZE.pick(3, 12))
-        run.start("w1", EFO_TEST_SINK_FAIL_EVERY=str(run.rng.randint(2, 4)), EFO_TEST_SINK_HANG_AFTER=str(hang_after))
+        fail_every = run.rng.randint(2, 4)
+        hang_after = fail_every + run.rng.randint(0, SIZE.pick(2, 8))  # after one failure at least
+        run.start("w1", EFO_TEST_SINK_FAIL_EVERY=str(fail_every), EFO_TEST_SINK_HANG_AFTER=str(hang_after))
         run.start("w2", EFO_TEST_SINK_FAIL_EVERY=str(run.rng.randint(2, 4)))
-        run.w.stopped.add("w1")  # its exit is expected
+        run.expect_exit("w1")
         hung = run.w.runs["w1"]
         with run.traffic():
             assert hung.process is not None
@@ -208,7 +212,7 @@ def test_the_consumer_deregistered_while_running(chaos: ChaosFactory) -> None:
         with run.traffic():
             run.wait_committing("w1", "w2")
             run.sleep(0, 3)
-            run.w.stopped.update({"w1", "w2"})
+            run.expect_exit("w1", "w2")
             arn = run.kinesis.describe_stream_summary(StreamName=run.w.stream)["StreamDescriptionSummary"]["StreamARN"]
             (consumer,) = run.kinesis.list_stream_consumers(StreamARN=arn)["Consumers"]
             run.kinesis.deregister_stream_consumer(ConsumerARN=consumer["ConsumerARN"])

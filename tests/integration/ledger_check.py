@@ -9,9 +9,10 @@ The checker compares what Kinesis acknowledged with what the sinks committed:
   with a higher counter was (must be 0: per-key order holds within a shard's lineage, parents
   before children);
 - **duplicates**: committed more than once (allowed only where a process was killed or frozen:
-  the records it had not checkpointed). ``undue_duplicates`` makes that bound exact: each
-  :class:`Disruption` names its victims and their checkpoints as the lease table had them at that
-  moment; a duplicate is due only if a victim committed it past its shard's checkpoint.
+  the records it had not checkpointed). Given the :class:`Disruption` list, ``check`` makes that
+  bound exact: each names its victims and their checkpoints as the lease table had them at that
+  moment; a duplicate is due only if a victim committed it past its shard's checkpoint
+  (``Verdict.undue`` lists the others).
 
 The sink misbehaves on request, per process (the chaos tests): ``EFO_TEST_SINK_FAIL_EVERY=n`` raises
 on every n-th call, before writing; ``EFO_TEST_SINK_DELAY_S=s`` takes s seconds per batch;
