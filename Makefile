@@ -14,7 +14,7 @@ TEST_PROCESSES ?= 2
 XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 EFO_CHAOS_ITERATIONS ?= 3
 
-.PHONY: install demo test test-unit test-integration chaos lint format clean
+.PHONY: install demo test test-unit test-integration chaos lint format clean bench bench-quick
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
@@ -30,6 +30,14 @@ $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
 
 demo: install
 	$(BIN)/python devstack/demo.py
+
+# Every benchmark in one run (about 15 minutes here), written to docs/benchmarks.md; the quick one
+# runs tiny sizes in about a minute (its figures mean nothing) to check that the chain works.
+bench: install
+	$(BIN)/python bench/run_all.py
+
+bench-quick: install
+	$(BIN)/python bench/run_all.py --quick --out .efo-bench/benchmarks-quick.md
 
 test: install lint
 	$(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS)
@@ -57,4 +65,4 @@ format: install
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) devstack/node_modules .efo-dev .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) devstack/node_modules .efo-dev .efo-bench .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,9 @@ the client reads. For each shard count and record size, in the same run, interle
   parser turns timestamps into epoch-seconds floats instead of datetimes (efo before efo.kinesis.decoder);
 * ``boto3``: a boto3 thread per shard iterating its EventStream and putting each event's records
   on a ``queue.Queue`` that the main thread drains and counts;
+* ``parse``: the parse limit, no network, no pool, no handoff: the same event frames the server
+  sends, cut into 64 KiB pieces (what one socket read hands aiohttp), through botocore's
+  ``EventStreamBuffer`` (framing and CRCs) and efo's payload decoder (orjson, base64) in a tight loop;
 * ``efo``: :class:`efo.kinesis.subscription.ShardSubscription` with efo's data-plane client, its real
   :class:`PendingPool` and :class:`Handoff`, and a no-op drain thread that takes batches from the
   handoff and acknowledges them the way the Spark driver does (the grants are released on the
@@ -27,18 +30,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import queue
-import shlex
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -46,10 +45,13 @@ import botocore.config
 import structlog
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from synthetic_server import consumer_arn
+from botocore.eventstream import EventStreamBuffer
+from common import REGION, command_line, hermetic_aws_environment, pin_cpus, start_synthetic_server, write_json
+from synthetic_server import FIRST_SEQUENCE, EventFactory, consumer_arn
 
 from efo.aws import Clients, Endpoints
 from efo.config import BatchSettings, PoolSettings, SubscriptionSettings
+from efo.kinesis.decoder import decode_message
 from efo.kinesis.subscription import ShardSubscription
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.lifecycle import Commit
@@ -57,32 +59,15 @@ from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk
 
-REGION = "us-east-1"
-VARIANTS = ("stock", "stock-epoch", "boto3", "efo")
-DEFAULT_VARIANTS = ("stock", "boto3", "efo")
+VARIANTS = ("stock", "stock-epoch", "boto3", "parse", "efo")
+DEFAULT_VARIANTS = ("stock", "boto3", "parse", "efo")
 LABELS = {
     "stock": "stock aiobotocore",
     "stock-epoch": "aiobotocore, epoch-seconds parser",
     "boto3": "boto3 threads",
+    "parse": "parse limit",
     "efo": "efo",
 }
-
-
-def _hermetic_aws_environment() -> None:
-    """Dummy credentials; no shared config files; never ask an instance metadata service."""
-    os.environ.update(
-        {
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_CONFIG_FILE": "/nonexistent/efo-bench",
-            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/efo-bench",
-        }
-    )
-    os.environ.pop("AWS_PROFILE", None)
-    os.environ.pop("AWS_SESSION_TOKEN", None)
 
 
 @dataclass
@@ -233,7 +218,38 @@ def run_boto3(endpoint: str, case: Case, window: Window) -> float:
         client.close()
 
 
-# ---- (c) efo: ShardSubscription + PendingPool + Handoff + a no-op driver ----------------------
+# ---- (c) the parse limit: framing and payload decoding of the same bytes, nothing else ----------
+
+READ_BYTES = 64 * 1024  # what one socket read hands aiohttp's stream, at most
+
+
+def run_parse_limit(case: Case, window: Window) -> float:
+    factory = EventFactory(case.record_bytes, case.records_per_event)
+    frame = factory.buffer()
+    wire = b"".join(bytes(factory.next_event(frame, FIRST_SEQUENCE + i * case.records_per_event)) for i in range(64))
+    pieces = [wire[i : i + READ_BYTES] for i in range(0, len(wire), READ_BYTES)]
+    records = 0
+    clock = time.perf_counter
+    started = clock()
+    measure_from = started + window.warmup_s
+    start_count: int | None = None
+    while True:
+        buffer = EventStreamBuffer()
+        for piece in pieces:
+            buffer.add_data(piece)
+            for message in buffer:
+                event = decode_message(message.headers, message.payload)
+                assert event is not None
+                records += len(event)
+        now = clock()
+        if start_count is None:
+            if now >= measure_from:
+                start_count, measure_from = records, now
+        elif now - measure_from >= window.seconds:
+            return (records - start_count) / (now - measure_from)
+
+
+# ---- (d) efo: ShardSubscription + PendingPool + Handoff + a no-op driver ----------------------
 
 
 class _CountingHandoff(Handoff):
@@ -316,20 +332,9 @@ def _run_one(variant: str, endpoint: str, case: Case, window: Window) -> float:
         return asyncio.run(run_stock(endpoint, case, window, epoch_seconds=True))
     if variant == "boto3":
         return run_boto3(endpoint, case, window)
+    if variant == "parse":
+        return run_parse_limit(case, window)
     return asyncio.run(run_efo(endpoint, case, window))
-
-
-def _start_server(cpu: int | None) -> tuple[subprocess.Popen[bytes], str]:
-    command = [sys.executable, str(Path(__file__).with_name("synthetic_server.py")), "--port", "0"]
-    if cpu is not None:
-        command += ["--cpu", str(cpu)]
-    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert server.stdout is not None
-    line = server.stdout.readline().decode().strip()
-    if not line.startswith("PORT "):
-        server.kill()
-        raise RuntimeError(f"the synthetic server did not start: {line!r}")
-    return server, f"http://127.0.0.1:{line.split()[1]}"
 
 
 def _ints(text: str) -> list[int]:
@@ -342,7 +347,7 @@ def _size(n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shards", type=_ints, default=[1, 8, 64], help="comma-separated shard counts")
+    parser.add_argument("--shards", type=_ints, default=[1, 8, 64, 256], help="comma-separated shard counts")
     parser.add_argument("--record-size", type=_ints, default=[1024, 10240], help="comma-separated record sizes, bytes")
     parser.add_argument(
         "--records-per-event", type=int, default=None, help="default: 100, at most 256 KiB of record data per event"
@@ -354,9 +359,10 @@ def main() -> None:
         "--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}"
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin server and client to different CPUs")
+    parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
 
-    _hermetic_aws_environment()
+    hermetic_aws_environment()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
@@ -369,19 +375,8 @@ def main() -> None:
         for shards in args.shards
     ]
 
-    cpus = sorted(os.sched_getaffinity(0))
-    server_cpu = client_cpu = None
-    if not args.no_pin and len(cpus) >= 2:
-        client_cpu, server_cpu = cpus[0], cpus[1]
-        os.sched_setaffinity(0, {client_cpu})
-
-    print(f"command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
-    print(
-        f"python {sys.version.split()[0]}, {len(cpus)} CPUs, server pinned to CPU {server_cpu}, "
-        f"client to CPU {client_cpu}; {args.warmup}s warm-up + {args.seconds}s per run, median of {args.repeats}",
-        flush=True,
-    )
-    server, endpoint = _start_server(server_cpu)
+    client_cpu, server_cpu = pin_cpus(args.no_pin)
+    server, endpoint = start_synthetic_server(server_cpu)
     results: dict[tuple[int, int, str], list[float]] = {}
     began = time.perf_counter()
     try:
@@ -413,9 +408,13 @@ def main() -> None:
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}x" if a is not None and b else "-"
 
-    pairs = (("efo", "stock"), ("efo", "stock-epoch"), ("efo", "boto3"))
+    pairs = (("efo", "stock"), ("efo", "stock-epoch"), ("efo", "boto3"), ("efo", "parse"))
     ratios = [(a, b) for a, b in pairs if {a, b} <= set(variants)]
-    print()
+    print(f"command: `{command_line()}`\n")
+    print(
+        f"records/s, median of {args.repeats} interleaved runs of {args.warmup:g} s warm-up + {args.seconds:g} s; "
+        f"server pinned to CPU {server_cpu}, client to CPU {client_cpu}; {elapsed:.0f} s in all\n"
+    )
     print(
         "| shards | record | records/event | "
         + " | ".join(LABELS[v] for v in variants)
@@ -423,12 +422,21 @@ def main() -> None:
         + " |"
     )
     print("|---:" * (3 + len(variants) + len(ratios)) + "|")
+    cells = []
     for case in cases:
         row = [str(case.shards), _size(case.record_bytes), str(case.records_per_event)]
         row += [cell(median(case, v)) for v in variants]
         row += [ratio(median(case, a), median(case, b)) for a, b in ratios]
         print("| " + " | ".join(row) + " |")
-    print(f"\nrecords/s, median of {args.repeats}; total {elapsed:.0f}s")
+        cells.append(
+            {
+                "shards": case.shards,
+                "record_bytes": case.record_bytes,
+                "runs": {v: results.get((case.shards, case.record_bytes, v), []) for v in variants},
+                "median": {v: median(case, v) for v in variants},
+            }
+        )
+    write_json(args.json, {"cells": cells})
 
 
 if __name__ == "__main__":

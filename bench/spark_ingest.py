@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import command_line, write_json
 from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import load_settings
@@ -148,11 +148,11 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--out", default=None, help="parquet output directory (default: a temporary one)")
+    parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     sinks = [s.strip() for s in args.sinks.split(",")]
 
-    print(f"$ {shlex.join([os.path.relpath(sys.executable), *sys.argv])}\n", flush=True)
     settings = load_settings(
         stream="bench",
         app="bench",
@@ -161,6 +161,7 @@ def main() -> int:
     )
     spark = build_session(settings, app_name="efo-bench")
     spark.sparkContext.setLogLevel("ERROR")
+    spark_version = spark.version
     chunks = build_chunks(max(sizes) * args.batches, args.chunk_records, args.record_bytes, args.shards)
     loop = LoopThread()
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="efo-bench-"))
@@ -194,12 +195,16 @@ def main() -> int:
                             times[variant].append(elapsed)
                 results[(sink_name, size)] = times
                 b, s = statistics.median(times["bridge"]), statistics.median(times["spark"])
-                print(f"  {sink_name:8} {size:>7} rows: bridge {b:.3f} s, spark alone {s:.3f} s", flush=True)
+                print(
+                    f"  {sink_name:8} {size:>7} rows: bridge {b:.3f} s, spark alone {s:.3f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         loop.close()
         spark.stop()
 
-    print()
+    print(f"command: `{command_line()}`\n")
     print(
         f"{args.repeats} repeats of {args.batches} consecutive batches, medians of seconds per batch; "
         f"{args.record_bytes} B records, {args.chunk_records} records/chunk, "
@@ -209,13 +214,28 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for (sink_name, size), times in results.items():
         b, s = statistics.median(times["bridge"]), statistics.median(times["spark"])
-        print(f"| {sink_name} | {size:,} | {size / b:,.0f} | {size / s:,.0f} | {b:.3f} | {s:.3f} | {b / s - 1:+.1%} |")
+        overhead = _overhead(times)
+        print(f"| {sink_name} | {size:,} | {size / b:,.0f} | {size / s:,.0f} | {b:.3f} | {s:.3f} | {overhead:+.1%} |")
     print("\nThe bridge's own Python work per batch (medians, measured apart from the runs above):\n")
     print("| batch rows | to_table s | watermark filter s |")
     print("|---:|---:|---:|")
     for size, (table_s, watermark_s) in python_side.items():
         print(f"| {size:,} | {table_s:.3f} | {watermark_s:.3f} |")
+    write_json(
+        args.json,
+        {
+            "cases": [
+                {"sink": sink_name, "rows": size, **times, "overhead": _overhead(times)}
+                for (sink_name, size), times in results.items()
+            ],
+            "spark_version": spark_version,
+        },
+    )
     return 0
+
+
+def _overhead(times: dict[str, list[float]]) -> float:
+    return statistics.median(times["bridge"]) / statistics.median(times["spark"]) - 1
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:

@@ -52,3 +52,13 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
         ],
         schema=SCHEMA,
     )
+
+
+def warm_up() -> None:
+    """Build one tiny table. Arrow's first table costs about 60 MiB of resident memory, once and
+    whatever its size (its compute functions, memory pool and thread pool start; measured with
+    pyarrow 26): built at start, before any record is read, that cost is part of the service's
+    baseline instead of showing up with the first batch as if memory grew with the data."""
+    chunk = RecordChunk("warm-up", "warm-up", 0)
+    chunk.append("0", b"", "", 0)
+    to_table([chunk])

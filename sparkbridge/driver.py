@@ -35,6 +35,7 @@ from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
 from efo.pipeline.records import RecordChunk
 from efo.service import Service
+from sparkbridge.arrow import warm_up
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
 
 log = structlog.get_logger("sparkbridge.driver")
@@ -86,6 +87,7 @@ class Driver:
         self._run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         self._batches = 0
         self._in_sink: str | None = None  # the batch id the sink is writing
+        self._warmed_up = False  # Arrow's one-time start-up memory, paid before the first record (warm_up)
         runner._give_up_at = self.give_up_at
 
     def request_stop(self) -> None:
@@ -171,6 +173,9 @@ class Driver:
         self._exit_process(error.exit_code or EXIT_RUNTIME)
 
     def _take_and_prepare(self) -> PreparedBatch | None:
+        if not self._warmed_up:  # on the thread that builds every table, before it takes the first batch
+            warm_up()
+            self._warmed_up = True
         batch = self.settings.batch
         if self._stopping.is_set():
             return None

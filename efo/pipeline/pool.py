@@ -14,6 +14,10 @@ not even from a reserve, so the pool drains as the sink commits and it is admitt
 never deadlocks, never rejects a valid record, and no request waits behind others for ever.
 ``pause()`` stops all admission (the coordinator pauses while checkpoints cannot be written).
 Loop-thread only.
+
+Admission costs the same whatever the number of owners: the registered count, the reserve and
+the sum of the registered owners' unused reserves are kept up to date as budget moves (a walk
+over every owner per event cost 5-10 % of a core at 256 shards; bench/ingest.py, py-spy).
 """
 
 from __future__ import annotations
@@ -50,18 +54,31 @@ class PendingPool:
         self._usage: dict[str, _Usage] = {}
         self._waiters: deque[tuple[Grant, asyncio.Future[None]]] = deque()
         self._paused = False
+        self._registered_count = 0
+        self._reserve = self._reserve_for(0)
+        self._unused = (0, 0)  # the registered owners' unused reserves, summed (records, bytes)
 
     # ---- owners and their reserves --------------------------------------------------------
 
     def register(self, owner: str) -> None:
-        self._usage.setdefault(owner, _Usage()).registered = True
+        usage = self._usage.get(owner)
+        if usage is None or not usage.registered:
+            if usage is None:
+                self._usage[owner] = _Usage()
+            else:
+                usage.registered = True
+            self._registered_count += 1
+            self._reserves_changed()
         self._admit()
 
     def unregister(self, owner: str) -> None:
         """Forget an owner's reserve once its outstanding grants are released (at once if none)."""
         usage = self._usage.get(owner)
         if usage is not None:
-            usage.registered = False
+            if usage.registered:
+                usage.registered = False
+                self._registered_count -= 1
+                self._reserves_changed()
             self._forget_if_idle(owner, usage)
         self._admit()
 
@@ -69,16 +86,42 @@ class PendingPool:
         if not usage.registered and usage.records == 0 and usage.bytes == 0:
             del self._usage[owner]
 
-    def _registered(self) -> list[tuple[str, _Usage]]:
-        return [(owner, usage) for owner, usage in self._usage.items() if usage.registered]
-
-    def reserve(self) -> tuple[int, int]:
-        """Each owner's reserve: the configured share, shrunk so all reserves take at most half the pool."""
-        owners = max(1, len(self._registered()))
+    def _reserve_for(self, owners: int) -> tuple[int, int]:
+        owners = max(1, owners)
         return (
             min(self._reserve_records, self.max_records // (2 * owners)),
             min(self._reserve_bytes, self.max_bytes // (2 * owners)),
         )
+
+    def _reserves_changed(self) -> None:
+        """The number of owners changed, and with it every reserve: sum the unused ones again."""
+        self._reserve = self._reserve_for(self._registered_count)
+        records = nbytes = 0
+        for usage in self._usage.values():
+            if usage.registered:
+                unused_records, unused_bytes = self._unused_of(usage)
+                records += unused_records
+                nbytes += unused_bytes
+        self._unused = (records, nbytes)
+
+    def _unused_of(self, usage: _Usage) -> tuple[int, int]:
+        return max(0, self._reserve[0] - usage.records), max(0, self._reserve[1] - usage.bytes)
+
+    def _use(self, usage: _Usage, records: int, nbytes: int) -> None:
+        """Add to (or, negative, take from) an owner's usage, keeping the unused reserves' sum."""
+        if not usage.registered:
+            usage.records += records
+            usage.bytes += nbytes
+            return
+        before = self._unused_of(usage)
+        usage.records += records
+        usage.bytes += nbytes
+        after = self._unused_of(usage)
+        self._unused = (self._unused[0] + after[0] - before[0], self._unused[1] + after[1] - before[1])
+
+    def reserve(self) -> tuple[int, int]:
+        """Each owner's reserve: the configured share, shrunk so all reserves take at most half the pool."""
+        return self._reserve
 
     # ---- admission ------------------------------------------------------------------------
 
@@ -97,7 +140,7 @@ class PendingPool:
         usage = self._usage.get(grant.owner) if grant.owner is not None else None
         if usage is None or not usage.registered:
             return False
-        reserve_records, reserve_bytes = self.reserve()
+        reserve_records, reserve_bytes = self._reserve
         return (
             usage.records + grant.records <= reserve_records
             and usage.bytes + grant.bytes <= reserve_bytes
@@ -108,13 +151,13 @@ class PendingPool:
     def _fits_shared(self, grant: Grant) -> bool:
         if self.records == 0 and self.bytes == 0:
             return True  # an oversize event is admitted alone into an empty pool
-        reserve_records, reserve_bytes = self.reserve()
         # Unused reserves of the other owners stay set aside.
-        held_records = held_bytes = 0
-        for owner, usage in self._registered():
-            if owner != grant.owner:
-                held_records += max(0, reserve_records - usage.records)
-                held_bytes += max(0, reserve_bytes - usage.bytes)
+        held_records, held_bytes = self._unused
+        usage = self._usage.get(grant.owner) if grant.owner is not None else None
+        if usage is not None and usage.registered:
+            own_records, own_bytes = self._unused_of(usage)
+            held_records -= own_records
+            held_bytes -= own_bytes
         return (
             self.records + grant.records + held_records <= self.max_records
             and self.bytes + grant.bytes + held_bytes <= self.max_bytes
@@ -122,9 +165,9 @@ class PendingPool:
 
     def _needs_empty_pool(self, grant: Grant) -> bool:
         """Larger than the pool minus the other owners' reserves: fits only into an empty pool."""
-        reserve_records, reserve_bytes = self.reserve()
-        registered = self._registered()
-        others = len(registered) - (1 if any(owner == grant.owner for owner, _ in registered) else 0)
+        reserve_records, reserve_bytes = self._reserve
+        usage = self._usage.get(grant.owner) if grant.owner is not None else None
+        others = self._registered_count - (1 if usage is not None and usage.registered else 0)
         return (
             grant.records + others * reserve_records > self.max_records
             or grant.bytes + others * reserve_bytes > self.max_bytes
@@ -194,8 +237,7 @@ class PendingPool:
         self.bytes -= nbytes
         usage = self._usage.get(owner) if owner is not None else None
         if usage is not None and owner is not None:
-            usage.records -= records
-            usage.bytes -= nbytes
+            self._use(usage, -records, -nbytes)
             self._forget_if_idle(owner, usage)
         self._admit()
 
@@ -204,9 +246,7 @@ class PendingPool:
         self.records += grant.records
         self.bytes += grant.bytes
         if grant.owner is not None:
-            usage = self._usage.setdefault(grant.owner, _Usage(registered=False))
-            usage.records += grant.records
-            usage.bytes += grant.bytes
+            self._use(self._usage.setdefault(grant.owner, _Usage(registered=False)), grant.records, grant.bytes)
 
     def _admit(self) -> None:
         if self._paused:

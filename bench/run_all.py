@@ -1,0 +1,347 @@
+"""Every benchmark, one after the other, into one markdown file (``make bench``; ``make bench-quick``).
+
+Each benchmark is its own script that prints its markdown (its command line first) on standard
+output and its figures as JSON (``--json``); this runs them as child processes with the sizes
+below, checks the figures against the goals of issue 12, and writes ``docs/benchmarks.md``: the
+date, the machine, the git commit, a summary of the goals, then one section per benchmark.
+
+``--quick`` runs tiny sizes (about a minute, several benchmarks at once) to check that the whole
+chain works; its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    key: str
+    title: str
+    script: str
+    full: list[str]
+    quick: list[str]
+    about: str
+
+
+BENCHMARKS = [
+    Benchmark(
+        "ingest",
+        "1. Ingest throughput",
+        "ingest.py",
+        ["--shards", "1,8,64,256", "--record-size", "1024,10240", "--repeats", "3", "--seconds", "1.5"],
+        ["--shards", "2", "--record-size", "1024", "--repeats", "1", "--seconds", "0.3", "--warmup", "0.2"],
+        "Records/s of efo's subscription path (decode, pool admission, handoff, a no-op drain that acknowledges) "
+        "against stock aiobotocore, a boto3 thread per shard, and the parse limit (botocore's framing and efo's "
+        "orjson/base64 decoding of the same bytes in a tight loop, no socket, pool or handoff), on the synthetic "
+        "SubscribeToShard server. Goals: at 64 shards x 1 KiB at least 6x stock and 70 % of the parse limit; "
+        "at 10 KiB at least 3x stock.",
+    ),
+    Benchmark(
+        "bridge",
+        "2. Spark bridge overhead",
+        "spark_ingest.py",
+        ["--sizes", "10000,100000", "--sinks", "parquet,noop", "--repeats", "5"],
+        ["--sizes", "1000", "--sinks", "parquet,noop", "--repeats", "1", "--batches", "1", "--master", "local[1]"],
+        "The whole bridge (handoff, watermark, Arrow, createDataFrame, sink, acknowledgement) against Spark alone "
+        "(createDataFrame + the same sink) on the identical Arrow tables, built before timing. Goal: overhead at "
+        "most 15 % with the Parquet sink and with a no-op sink.",
+    ),
+    Benchmark(
+        "latency",
+        "3. Latency, arrival to commit",
+        "latency.py",
+        ["--shards", "64", "--seconds", "20", "--warmup", "5"],
+        ["--shards", "2", "--seconds", "2", "--warmup", "1", "--windows", "1"],
+        "Kinesis arrival to sink commit, per record, of the real `efo run` at half of its ceiling measured in the "
+        "same run. Goals: p50 at most `max_wait_s` + 0.3 s, p99 at most `max_wait_s` + 1.5 s.",
+    ),
+    Benchmark(
+        "memory",
+        "4. Memory with a stalled sink",
+        "memory_bound.py",
+        ["--shards", "64,256", "--pools-mib", "4", "--seconds", "60"],
+        [
+            "--shards",
+            "2",
+            "--pools-mib",
+            "1",
+            "--seconds",
+            "3",
+            "--settle-s",
+            "1",
+            "--data-factor",
+            "1",
+            "--sink",
+            "arrow",
+        ],
+        "RSS of `efo run` (the Python process, leases in the local DynamoDB) with a sink that never returns, "
+        "against the README's bound, with the margin left.",
+    ),
+    Benchmark(
+        "workers",
+        "5 and 6. Failover, handoff and DynamoDB cost with two workers",
+        "workers.py",
+        ["--shards", "8,64", "--window", "60", "--repeats", "3"],
+        ["--shards", "2", "--window", "4", "--settle", "0", "--repeats", "1", "--failover-s", "3"],
+        "Two `efo run` workers on the local stack. Goals: SIGKILL to every shard read again at most "
+        "`failover_s` + 2 s; SIGTERM release to the new owner's first event at most 2 s; DynamoDB writes at "
+        "most 1/3 of a KCL-style request pattern measured against the same server.",
+    ),
+]
+
+
+def run(benchmark: Benchmark, quick: bool, workdir: Path) -> dict[str, Any]:
+    """One benchmark as a child process: its markdown, its figures, how long it took."""
+    json_path = workdir / f"{benchmark.key}.json"
+    command = [
+        sys.executable,
+        str(BENCH / benchmark.script),
+        *(benchmark.quick if quick else benchmark.full),
+        "--json",
+        str(json_path),
+    ]
+    log = workdir / f"{benchmark.key}.log"
+    started = time.monotonic()
+    print(f"bench: {benchmark.title} ...", file=sys.stderr, flush=True)
+    with log.open("w") as stderr:
+        completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False)
+    seconds = time.monotonic() - started
+    print(f"bench: {benchmark.title}: exit {completed.returncode} after {seconds:.0f} s", file=sys.stderr, flush=True)
+    if completed.returncode != 0 or not json_path.exists():  # reported in the document; the others still run
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        print(f"bench: {benchmark.script} failed (exit {completed.returncode}):\n{tail}", file=sys.stderr)
+        return {"failed": f"exit {completed.returncode}", "tail": tail, "seconds": seconds}
+    figures = json.loads(json_path.read_text())
+    # The command as one would type it, without the --json of this run's temporary directory.
+    figures["command"] = figures["command"].split(" --json ")[0]
+    markdown = completed.stdout.replace(f" --json {json_path}", "")
+    return {"markdown": markdown, "figures": figures, "seconds": seconds}
+
+
+# ---- the goals -----------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    goal: str
+    measured: str
+    met: bool
+    why: str = ""
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a is not None and b else float("nan")
+
+
+def ingest_goals(figures: dict[str, Any]) -> list[Verdict]:
+    cells = figures["cells"]
+    shards = 64 if any(c["shards"] == 64 for c in cells) else max(c["shards"] for c in cells)
+
+    def cell(size: int) -> dict[str, float] | None:
+        return next((c["median"] for c in cells if c["shards"] == shards and c["record_bytes"] == size), None)
+
+    verdicts = []
+    small, large = cell(1024), cell(10240)
+    if small:
+        ratio = small["efo"] / small["stock"]
+        verdicts.append(
+            Verdict(f"ingest {shards} shards x 1 KiB: >= 6x stock aiobotocore", f"{ratio:.2f}x", ratio >= 6)
+        )
+        share = small["efo"] / small["parse"]
+        verdicts.append(
+            Verdict(f"ingest {shards} shards x 1 KiB: >= 70 % of the parse limit", f"{share:.0%}", share >= 0.7)
+        )
+    if large:
+        ratio = _ratio(large["efo"], large["stock"])
+        verdicts.append(
+            Verdict(f"ingest {shards} shards x 10 KiB: >= 3x stock aiobotocore", f"{ratio:.2f}x", ratio >= 3)
+        )
+    return verdicts
+
+
+def bridge_goals(figures: dict[str, Any]) -> list[Verdict]:
+    return [
+        Verdict(
+            f"bridge overhead, {c['sink']} sink, {c['rows']:,}-row batches: <= 15 %",
+            f"{c['overhead']:+.0%}",
+            c["overhead"] <= 0.15,
+        )
+        for c in figures["cases"]
+    ]
+
+
+def latency_goals(figures: dict[str, Any]) -> list[Verdict]:
+    return [
+        Verdict(
+            f"latency, batch.max_wait_s={s['max_wait_s']:g}: "
+            f"p50 <= {s['goal_p50_s']:g} s, p99 <= {s['goal_p99_s']:g} s",
+            f"p50 {s['p50_s']:.2f} s, p99 {s['p99_s']:.2f} s, max {s['max_s']:.2f} s",
+            s["p50_s"] <= s["goal_p50_s"] and s["p99_s"] <= s["goal_p99_s"],
+        )
+        for s in figures["settings"]
+    ]
+
+
+def memory_goals(figures: dict[str, Any]) -> list[Verdict]:
+    return [
+        Verdict(
+            f"memory, {c['shards']} shards, {c['pool_mib']} MiB pool: peak RSS within the README's bound",
+            f"peak {c['peak'] / 2**20:.0f} MiB of {c['bound'] / 2**20:.0f} MiB, margin {c['margin']:.0%}",
+            c["peak"] <= c["bound"],
+        )
+        for c in figures["cases"]
+    ]
+
+
+def workers_goals(figures: dict[str, Any]) -> list[Verdict]:
+    import statistics
+
+    verdicts = []
+    first = figures["cases"][0]
+    for key, goal_key, what in (
+        ("failover_s", "failover_goal_s", "SIGKILL -> every shard read again"),
+        ("handoff_s", "handoff_goal_s", "SIGTERM release -> new owner's first event"),
+    ):
+        if first.get(key):
+            median = statistics.median(first[key])
+            goal = figures[goal_key]
+            verdicts.append(Verdict(f"{what}: <= {goal:g} s", f"{median:.2f} s (median)", median <= goal))
+    for case in figures["cases"]:
+        ratio = case["write_ratio"]
+        verdicts.append(
+            Verdict(
+                f"DynamoDB writes, {case['shards']} shards, 2 workers: <= 1/3 of the KCL model's",
+                f"{ratio:.2f} ({case['efo']['writes']:,.0f} vs {case['kcl']['writes']:,.0f} a minute)",
+                ratio <= 1 / 3,
+            )
+        )
+    return verdicts
+
+
+GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
+    "ingest": ingest_goals,
+    "bridge": bridge_goals,
+    "latency": latency_goals,
+    "memory": memory_goals,
+    "workers": workers_goals,
+}
+
+
+# ---- the document --------------------------------------------------------------------------
+
+
+def machine() -> str:
+    memory_kib = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
+    )
+    try:
+        from importlib.metadata import version
+
+        spark = version("pyspark")
+    except Exception:
+        spark = "not installed"
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr.splitlines()
+    load = os.getloadavg()
+    return (
+        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), {memory_kib / 2**20:.0f} GiB memory, "
+        f"Python {platform.python_version()}, PySpark {spark}, {java[0] if java else 'no java'}; "
+        f"load average at the start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+    )
+
+
+def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def document(
+    chosen: list[Benchmark], quick: bool, command: str, header: str, results: dict[str, Any], seconds: float
+) -> str:
+    verdicts = [
+        v
+        for b in chosen
+        for v in (
+            [Verdict(b.title, f"the benchmark failed ({results[b.key]['failed']})", False)]
+            if "failed" in results[b.key]
+            else GOALS[b.key](results[b.key]["figures"])
+        )
+    ]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `{command}` ({'quick: tiny sizes, the figures mean nothing' if quick else 'a full run'}) "
+        f"in {seconds / 60:.1f} minutes.",
+        "",
+        header,
+        "",
+        "This machine is shared with other work and noisy: every figure below comes with its baseline measured in "
+        "the same run, as a ratio, and is a median of several runs where the table says so. Each section names "
+        "the command that produced it; run it alone to repeat one benchmark.",
+        "",
+        "## Goals",
+        "",
+        "| goal | measured | met |",
+        "|---|---|---|",
+        *(f"| {v.goal} | {v.measured} | {'yes' if v.met else '**no**'} |" for v in verdicts),
+        "",
+    ]
+    for b in chosen:
+        result = results[b.key]
+        body = (
+            result.get("markdown", "").strip() or f"Failed ({result.get('failed')}):\n\n```\n{result.get('tail')}\n```"
+        )
+        lines += [f"## {b.title}", "", b.about, "", body, ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, several at once: checks the chain works")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--only", default=None, help="comma-separated keys: " + ",".join(b.key for b in BENCHMARKS))
+    args = parser.parse_args()
+    chosen = [b for b in BENCHMARKS if args.only is None or b.key in args.only.split(",")]
+    command = (
+        "python bench/run_all.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    )
+    header = f"- date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}\n- machine: {machine()}\n- commit: {commit()}"
+    workdir = Path(tempfile.mkdtemp(prefix="efo-bench-"))
+    started = time.monotonic()
+    if args.quick:  # the figures mean nothing: save the time
+        with ThreadPoolExecutor(len(chosen)) as pool:
+            futures = {b.key: pool.submit(run, b, True, workdir) for b in chosen}
+            results = {key: future.result() for key, future in futures.items()}
+    else:
+        results = {b.key: run(b, False, workdir) for b in chosen}
+    text = document(chosen, args.quick, command, header, results, time.monotonic() - started)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    failed = [b.script for b in chosen if "failed" in results[b.key]]
+    print(f"bench: wrote {out} ({len(chosen)} benchmarks, {(time.monotonic() - started) / 60:.1f} minutes)")
+    if failed:
+        raise SystemExit(f"bench: failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""``make bench`` keeps working: the quick run of every benchmark writes a document with every table.
+
+Figures are not checked (they mean nothing at these sizes, and speed is measured, never asserted).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = {
+    "## 1. Ingest throughput": "bench/ingest.py",
+    "## 2. Spark bridge overhead": "bench/spark_ingest.py",
+    "## 3. Latency, arrival to commit": "bench/latency.py",
+    "## 4. Memory with a stalled sink": "bench/memory_bound.py",
+    "## 5 and 6. Failover, handoff and DynamoDB cost with two workers": "bench/workers.py",
+}
+
+
+def test_the_quick_benchmark_run_writes_every_table_with_its_command(tmp_path: Path) -> None:
+    out = tmp_path / "benchmarks.md"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run_all.py"), "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    text = out.read_text()
+    assert re.search(r"^- commit: [0-9a-f]{12}", text, re.MULTILINE), text[:500]
+    assert "## Goals" in text and "| goal | measured | met |" in text
+    sections = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    for title, script in SECTIONS.items():
+        section = next((s for s in sections if s.startswith(title + "\n")), None)
+        assert section is not None, f"no section {title!r}"
+        assert f"command: `python {script}" in section, section[:400]
+        tables = re.findall(r"^\|.*\|\n\|[-:| ]+\|\n(?:\|.*\|\n)+", section, re.MULTILINE)
+        assert tables, f"no table with rows in {title!r}"
