@@ -521,10 +521,11 @@ def page(outcomes: list[Outcome]) -> str:
         "",
         "- **records**: acknowledged by Kinesis, over all iterations. **lost** and **out-of-order** (per "
         "partition key, in commit order) must be 0.",
-        "- **duplicates**: records committed more than once; **allowed**: the records the kills and outages "
-        "of the scenario may repeat, each a record a SIGKILLed worker (or any worker, for the DynamoDB "
-        "pause) had committed past its shard's checkpoint as the lease table had it at that moment. Every "
-        "duplicate must be one of them; where nothing is killed or paused none is allowed.",
+        "- **duplicates**: extra copies committed (a record committed three times counts two); **allowed**: "
+        "the records the kills and outages of the scenario may repeat, each a record a SIGKILLed worker (or "
+        "any worker, for the DynamoDB pause) had committed past its shard's checkpoint as the lease table "
+        "had it at that moment. Every repeated record must be one of them (two kills may repeat one twice); "
+        "where nothing is killed or paused none is allowed.",
         "- **max recovery**: the longest, over the iterations, from the end of a disruption (a kill sent, "
         "the last fault fired, DynamoDB resumed, a reshard ACTIVE, the sink hung) until every record "
         "acknowledged by then, and one written then to every partition key, was committed. Exceptions "
@@ -542,5 +543,9 @@ def page(outcomes: list[Outcome]) -> str:
             "Counts as of the failure: what was not committed yet counts as lost.",
             "",
         ]
-        lines += [f"- {o.scenario}, iteration {o.iteration}: {o.failed}" for o in failed]
+        lines += [f"- {o.scenario}, iteration {o.iteration}: {_shortened(o.failed or '')}" for o in failed]
     return "\n".join(lines) + "\n"
+
+
+def _shortened(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
