@@ -189,7 +189,8 @@ class Coordinator:
                 await _cancelled(checkpoints)
                 await self._finish()
                 heartbeat.cancel()
-        except Exception:
+        except Exception as error:
+            await self._let_the_sink_commit(error)
             await self._finish()  # a fatal error: leave the table as tidy as it can be, then fail
             raise
         finally:
@@ -209,6 +210,17 @@ class Coordinator:
                     owned.task.cancel()
                     tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _let_the_sink_commit(self, error: Exception) -> None:
+        """A fatal error: nothing is read any more, but the batch in the sink may still commit (within
+        ``shutdown_timeout_s``), and its checkpoint must be among the final ones, as after SIGTERM.
+        Not when the error is the sink itself being stuck."""
+        self._stopping = True
+        if isinstance(error, BaseExceptionGroup) and error.subgroup(SinkStalled) is not None:
+            return
+        deadline = self._clock() + self.settings.shutdown_timeout_s
+        while self._batch_started_at is not None and self._clock() < deadline:
+            await asyncio.sleep(HANDOVER_POLL_S)
 
     async def _wait_for_driver(self, driver_done: asyncio.Event, deadline: float) -> None:
         try:
