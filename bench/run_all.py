@@ -160,11 +160,11 @@ def ingest_goals(figures: dict[str, Any]) -> list[Verdict]:
     verdicts = []
     small, large = cell(1024), cell(10240)
     if small:
-        ratio = small["efo"] / small["stock"]
+        ratio = _ratio(small["efo"], small["stock"])  # nan when a baseline counted nothing (a starved quick run)
         verdicts.append(
             Verdict(f"ingest {shards} shards x 1 KiB: >= 6x stock aiobotocore", f"{ratio:.2f}x", ratio >= 6)
         )
-        share = small["efo"] / small["parse"]
+        share = _ratio(small["efo"], small["parse"])
         verdicts.append(
             Verdict(f"ingest {shards} shards x 1 KiB: >= 70 % of the parse limit", f"{share:.0%}", share >= 0.7)
         )

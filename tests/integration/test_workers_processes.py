@@ -33,7 +33,9 @@ def test_workers_share_the_shards_hold_still_when_balanced_and_hand_over_on_sigt
     w.start("w2")
     balanced_s = w.wait_until(lambda: sorted(w.holdings().values()) == [4, 4], 30, "4 and 4")
     record_property("two_workers_balanced_s", round(balanced_s, 1))
-    assert balanced_s < 10, "more than a few lease cycles to balance"
+    # A hang guard, not a benchmark (bench/workers.py measures it): on a loaded machine the claims and
+    # handovers of a few cycles took 11 s once; quiet, 3.5-6 s.
+    assert balanced_s < 20, "more than a few lease cycles to balance"
 
     counters = {sid: item["lease_counter"]["N"] for sid, item in w.leases().items()}
     before, started = w.dynamodb_requests(), time.monotonic()
