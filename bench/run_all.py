@@ -45,7 +45,7 @@ BENCHMARKS = [
         "ingest",
         "1. Ingest throughput",
         "ingest.py",
-        ["--shards", "1,8,64,256", "--record-size", "1024,10240", "--repeats", "3", "--seconds", "1.5"],
+        ["--shards", "1,8,64,256", "--record-size", "1024,10240", "--repeats", "3", "--seconds", "1.2"],
         ["--shards", "2", "--record-size", "1024", "--repeats", "1", "--seconds", "0.3", "--warmup", "0.2"],
         "Records/s of efo's subscription path (decode, pool admission, handoff, a no-op drain that acknowledges) "
         "against stock aiobotocore, a boto3 thread per shard, and the parse limit (botocore's framing and efo's "
@@ -67,7 +67,7 @@ BENCHMARKS = [
         "latency",
         "3. Latency, arrival to commit",
         "latency.py",
-        ["--shards", "64", "--seconds", "20", "--warmup", "5"],
+        ["--shards", "64", "--seconds", "15", "--warmup", "5"],
         ["--shards", "2", "--seconds", "2", "--warmup", "1", "--windows", "1"],
         "Kinesis arrival to sink commit, per record, of the real `efo run` at half of its ceiling measured in the "
         "same run. Goals: p50 at most `max_wait_s` + 0.3 s, p99 at most `max_wait_s` + 1.5 s.",
@@ -98,7 +98,7 @@ BENCHMARKS = [
         "workers",
         "5 and 6. Failover, handoff and DynamoDB cost with two workers",
         "workers.py",
-        ["--shards", "8,64", "--window", "60", "--repeats", "3"],
+        ["--shards", "8,64", "--window", "40", "--repeats", "3"],
         ["--shards", "2", "--window", "4", "--settle", "0", "--repeats", "1", "--failover-s", "3"],
         "Two `efo run` workers on the local stack. Goals: SIGKILL to every shard read again at most "
         "`failover_s` + 2 s; SIGTERM release to the new owner's first event at most 2 s; DynamoDB writes at "
@@ -310,7 +310,7 @@ def document(
         body = (
             result.get("markdown", "").strip() or f"Failed ({result.get('failed')}):\n\n```\n{result.get('tail')}\n```"
         )
-        lines += [f"## {b.title}", "", b.about, "", body, ""]
+        lines += [f"## {b.title}", "", f"{b.about} ({result['seconds'] / 60:.1f} minutes in this run.)", "", body, ""]
     return "\n".join(lines) + "\n"
 
 
