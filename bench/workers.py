@@ -135,22 +135,16 @@ class Cluster:
         return worker
 
     def owners(self) -> dict[str, str | None]:
-        items: list[dict[str, Any]] = []
-        query: dict[str, Any] = {
-            "TableName": self.app,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": self.partition}},
-            "ConsistentRead": True,
-        }
-        while True:
-            try:
-                page = self.dynamodb.query(**query)
-            except self.dynamodb.exceptions.ResourceNotFoundException:
-                return {}
-            items += page["Items"]
-            if "LastEvaluatedKey" not in page:
-                break
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        pages = self.dynamodb.get_paginator("query").paginate(
+            TableName=self.app,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": self.partition}},
+            ConsistentRead=True,
+        )
+        try:
+            items = [item for page in pages for item in page["Items"]]
+        except self.dynamodb.exceptions.ResourceNotFoundException:
+            return {}
         return {
             item["sk"]["S"].removeprefix("shard|"): item.get("lease_owner", {}).get("S")
             for item in items
@@ -279,9 +273,8 @@ def kcl_model(stack: StackEndpoints, shards: int, workers: int, window_s: float,
             for shard in held[name]:
                 update(shard, name, None)
         elif kind == "take":
-            scan: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
-            while "LastEvaluatedKey" in (page := client.scan(**scan)):
-                scan["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+            for _ in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+                pass
         else:
             for shard in held[name][:count]:
                 sequence += 1

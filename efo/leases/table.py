@@ -238,22 +238,12 @@ class LeaseTable:
     async def read(self) -> TableState:
         """Every row of this application and stream: one paginated, strongly consistent Query."""
         state = TableState()
-        args: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": self.partition}},
-            "ConsistentRead": True,
-        }
         try:
-            while True:
-                page = await self._ddb.query(**args)
-                for item in page.get("Items", []):
-                    self._absorb(state, item)
-                if "LastEvaluatedKey" not in page:
-                    return state
-                args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+            for item in await _query(self._ddb, self.table, self.partition):
+                self._absorb(state, item)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
+        return state
 
     async def read_lease(self, shard_id: str) -> Lease | None:
         """One shard's lease, strongly consistent (a subscription asks this before it resubscribes
@@ -506,21 +496,9 @@ class LeaseTable:
 
     async def delete_all(self) -> int:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
-        state_keys: list[str] = []
-        args: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": self.partition}},
-            "ProjectionExpression": "sk",
-            "ConsistentRead": True,
-        }
         try:
-            while True:
-                page = await self._ddb.query(**args)
-                state_keys.extend(item["sk"]["S"] for item in page.get("Items", []))
-                if "LastEvaluatedKey" not in page:
-                    break
-                args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+            items = await _query(self._ddb, self.table, self.partition, projection="sk")
+            state_keys = [item["sk"]["S"] for item in items]
             for sort_key in state_keys:
                 await self._ddb.delete_item(TableName=self.table, Key=self._key(sort_key))
         except Exception as exc:
@@ -559,8 +537,11 @@ async def table_workers(
     return found
 
 
-async def _query(dynamodb: Any, table: str, partition: str, prefix: str | None = None) -> list[dict[str, Any]]:
-    """Every item of ``partition`` (whose sort key starts with ``prefix``), strongly consistent, all pages."""
+async def _query(
+    dynamodb: Any, table: str, partition: str, prefix: str | None = None, projection: str | None = None
+) -> list[dict[str, Any]]:
+    """Every item of ``partition`` (whose sort key starts with ``prefix``; only the ``projection``
+    attributes if given), strongly consistent, all pages."""
     condition = "pk = :pk" + (" AND begins_with(sk, :prefix)" if prefix else "")
     values = {":pk": {"S": partition}, **({":prefix": {"S": prefix}} if prefix else {})}
     args: dict[str, Any] = {
@@ -568,6 +549,7 @@ async def _query(dynamodb: Any, table: str, partition: str, prefix: str | None =
         "KeyConditionExpression": condition,
         "ExpressionAttributeValues": values,
         "ConsistentRead": True,
+        **({"ProjectionExpression": projection} if projection else {}),
     }
     items: list[dict[str, Any]] = []
     while True:

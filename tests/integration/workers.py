@@ -65,22 +65,16 @@ class Workers:
         return self.runs[name].stop(sig)
 
     def leases(self) -> dict[str, dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        args: dict[str, Any] = {
-            "TableName": self.app,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": self.partition}},
-            "ConsistentRead": True,
-        }
-        while True:
-            try:
-                page = self.dynamodb.query(**args)
-            except self.dynamodb.exceptions.ResourceNotFoundException:
-                return {}  # the first worker has not created the table yet
-            items += page["Items"]
-            if "LastEvaluatedKey" not in page:
-                break
-            args["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        pages = self.dynamodb.get_paginator("query").paginate(
+            TableName=self.app,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": self.partition}},
+            ConsistentRead=True,
+        )
+        try:
+            items = [item for page in pages for item in page["Items"]]
+        except self.dynamodb.exceptions.ResourceNotFoundException:
+            return {}  # the first worker has not created the table yet
         return {item["sk"]["S"].removeprefix("shard|"): item for item in items if item["sk"]["S"].startswith("shard|")}
 
     def owners(self) -> dict[str, str | None]:
