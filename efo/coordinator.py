@@ -210,6 +210,7 @@ class Coordinator:
                     owned.task.cancel()
                     tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.handoff.cut()  # nothing more comes in: the batch being filled goes to the sink now
 
     async def _let_the_sink_commit(self, error: Exception) -> None:
         """A fatal error: nothing is read any more, but the batch in the sink may still commit (within
@@ -628,6 +629,8 @@ class Coordinator:
     async def _complete_handover(self, owned: OwnedShard) -> None:
         started = self._clock()
         await self._stop_reading(owned)
+        if owned.ledger.outstanding:
+            self.handoff.cut()  # its last records may sit in the batch being filled: send it to the sink now
         deadline = started + self.settings.lease.failover_s / 2
         while owned.ledger.outstanding and self._clock() < deadline and not owned.phase.terminal:
             await asyncio.sleep(HANDOVER_POLL_S)

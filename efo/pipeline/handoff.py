@@ -23,6 +23,7 @@ class Handoff:
         self._chunks: deque[RecordChunk] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._cut = False  # the batch being taken (or the next one) closes with what is queued
         self._clock = clock
 
     def __len__(self) -> int:
@@ -35,6 +36,13 @@ class Handoff:
                 raise HandoffClosed()
             self._chunks.append(chunk)
             self._cond.notify()
+
+    def cut(self) -> None:
+        """Close the batch being taken now (or, if none is, the next one) with what is queued,
+        without waiting for its bounds: a stop or a handover is waiting for those records."""
+        with self._cond:
+            self._cut = True
+            self._cond.notify_all()
 
     def close(self) -> list[RecordChunk]:
         """Stop intake; wake the driver; return what was never taken (its budget must be returned)."""
@@ -50,28 +58,35 @@ class Handoff:
     ) -> list[RecordChunk]:
         """Chunks for one batch: wait up to ``idle_wait_s`` for the first, then close the batch at
         ``max_records``, ``max_bytes`` or ``max_wait_s`` after the first, whichever comes first.
-        A chunk that alone exceeds a bound forms a batch of its own. Returns [] when idle or closed.
+        A chunk that alone exceeds a bound forms a batch of its own; a :meth:`cut` closes it at
+        once with what is queued. Returns [] when idle or closed.
         """
+        with self._cond:
+            try:
+                return self._take(max_records, max_bytes, max_wait_s, idle_wait_s)
+            finally:
+                self._cut = False
+
+    def _take(self, max_records: int, max_bytes: int, max_wait_s: float, idle_wait_s: float) -> list[RecordChunk]:
         batch: list[RecordChunk] = []
         records = 0
         nbytes = 0
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._chunks or self._closed, idle_wait_s):
+        if not self._cond.wait_for(lambda: self._chunks or self._closed or self._cut, idle_wait_s):
+            return batch
+        deadline = self._clock() + max_wait_s
+        while not self._closed:
+            while self._chunks:
+                chunk = self._chunks[0]
+                if batch and (records + len(chunk) > max_records or nbytes + chunk.data_bytes > max_bytes):
+                    return batch
+                self._chunks.popleft()
+                batch.append(chunk)
+                records += len(chunk)
+                nbytes += chunk.data_bytes
+            if records >= max_records or nbytes >= max_bytes or self._cut:
                 return batch
-            deadline = self._clock() + max_wait_s
-            while not self._closed:
-                while self._chunks:
-                    chunk = self._chunks[0]
-                    if batch and (records + len(chunk) > max_records or nbytes + chunk.data_bytes > max_bytes):
-                        return batch
-                    self._chunks.popleft()
-                    batch.append(chunk)
-                    records += len(chunk)
-                    nbytes += chunk.data_bytes
-                if records >= max_records or nbytes >= max_bytes:
-                    return batch
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    return batch
-                self._cond.wait(remaining)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return batch
+            self._cond.wait(remaining)
         return batch

@@ -179,7 +179,8 @@ class MemoryKinesis:
 
 class MemoryDriver:
     """The Spark driver's part: takes batches from the handoff, 'writes' them, acknowledges them.
-    ``hold`` keeps batches (a slow or stuck sink); ``written`` is what the sink committed."""
+    ``hold`` keeps batches (a slow or stuck sink); ``written`` is what the sink committed;
+    ``max_wait_s`` is the batch's ``batch.max_wait_s``."""
 
     def __init__(self, handoff: Handoff, on_committed: Callable[[list[Commit]], None]) -> None:
         self.handoff = handoff
@@ -187,10 +188,11 @@ class MemoryDriver:
         self.written: list[tuple[str, int]] = []  # (shard, sequence) in commit order
         self.held: list[RecordChunk] = []
         self.hold = False
+        self.max_wait_s = 0.05
 
     async def run(self) -> None:
         while True:
-            chunks = await asyncio.to_thread(self.handoff.take_batch, 10_000, 1 << 30, 0.05, 0.05)
+            chunks = await asyncio.to_thread(self.handoff.take_batch, 10_000, 1 << 30, self.max_wait_s, 0.05)
             if not chunks:
                 await asyncio.sleep(0.01)
                 continue

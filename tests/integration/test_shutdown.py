@@ -149,3 +149,40 @@ def test_sigterm_while_the_sink_hangs_exits_within_the_shutdown_timeout_with_exi
     wait_for_rows(tmp_path / "out", len(puts), fixed)
     assert fixed.stop() == 0
     assert_exactly(read_output(tmp_path / "out"), puts)
+
+
+def test_sigterm_commits_the_batch_being_filled_at_once_instead_of_waiting_for_max_wait(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    """Nothing more comes in once the stop begins: the open batch must close with what it holds,
+    be committed and checkpointed now, not when ``batch.max_wait_s`` after its first record ends
+    (the next owner of the shards waits for the release as long)."""
+    stream, app = unique("cut"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    puts = put_records(kinesis_client, stream, 50, tag="c0")
+    shutdown_timeout_s = 20.0
+    env = arrow_env(
+        local_stack,
+        stream=stream,
+        app=app,
+        sink_dir=tmp_path / "out",
+        initial_position="TRIM_HORIZON",
+        EFO_BATCH__MAX_WAIT_S="120",  # the open batch would close two minutes after its first record
+        EFO_CHECKPOINT__INTERVAL_S="120",  # only the shutdown flush can save the position
+        EFO_SHUTDOWN_TIMEOUT_S=str(shutdown_timeout_s),
+    )
+    run = ServiceRun(env, tmp_path / "first.log").start()
+    run.wait_for_event("shard.first_event")
+    time.sleep(1.0)  # the backlog's event is in the batch being filled
+    assert not read_output(tmp_path / "out"), "no batch may close before max_wait_s"
+    started = time.monotonic()
+    assert run.stop() == 0, run.tail()
+    stopped_in_s = time.monotonic() - started
+    assert stopped_in_s < shutdown_timeout_s / 2, f"stopped {stopped_in_s:.1f} s after SIGTERM"
+    assert_exactly(read_output(tmp_path / "out"), puts)
+
+    puts += put_records(kinesis_client, stream, 10, tag="c1")
+    restarted = ServiceRun({**env, "EFO_BATCH__MAX_WAIT_S": "1"}, tmp_path / "second.log").start()
+    wait_for_rows(tmp_path / "out", len(puts), restarted)
+    assert restarted.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), puts)  # the stop checkpointed the batch it committed

@@ -125,6 +125,36 @@ def test_a_handover_waits_for_the_sink_so_the_next_owner_neither_loses_nor_repea
     run(scenario())
 
 
+def test_a_handover_sends_the_batch_being_filled_to_the_sink_at_once_instead_of_after_max_wait(
+    local_stack: Any,
+) -> None:
+    """The batch holding the shard's last records would close only a minute after its first one,
+    long after the handover's wait (failover/2) ends: the handover closes it at once, so the next
+    owner starts after those records and reads none of them twice."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=PATIENT) as a:  # a handover waits up to 3 s
+            a.driver.max_wait_s = 60.0
+            b = await a.worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 2})
+                puts = {shard_id: kinesis.put(shard_id, 20) for shard_id in ("shard-000", "shard-001")}
+                handoff = a.driver.handoff
+                await until(lambda: not len(handoff), what="the records taken into the batch being filled")
+                await asyncio.sleep(0.5)
+                assert not a.driver.written, "the batch closed before max_wait_s"
+                async with running(b) as stop_b:
+                    await until(lambda: holdings(a, b) == {"w1": 1, "w2": 1}, timeout_s=15, what="one shard each")
+                    (handed,) = b.coordinator.owned
+                    assert set(puts[handed]) <= set(a.written(handed)), "handed over before its records were committed"
+                    await stop_b()
+                await stop_a()
+            assert not [r for r, count in all_written(a, b).items() if count > 1], "records read twice"
+
+    run(scenario())
+
+
 def test_a_steal_is_a_request_the_owner_honours_by_handing_the_lease_over(local_stack: Any) -> None:
     async def scenario() -> None:
         kinesis = MemoryKinesis(2)

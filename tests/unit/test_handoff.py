@@ -206,3 +206,45 @@ def test_put_after_close_raises_handoff_closed() -> None:
     with pytest.raises(HandoffClosed):
         handoff.put(_chunk(1))
     assert handoff.close() == []
+
+
+def test_cut_closes_the_batch_being_filled_at_once_with_what_it_holds() -> None:
+    about_to_wait = threading.Event()
+    calls = [0]
+
+    def clock() -> float:
+        calls[0] += 1
+        if calls[0] == 2:
+            about_to_wait.set()
+        return 0.0
+
+    handoff = _filled(_chunk(1), clock=clock)
+    result: list[RecordChunk] = []
+    thread = threading.Thread(target=lambda: result.extend(handoff.take_batch(100, 10**9, 60)), daemon=True)
+    thread.start()
+    assert about_to_wait.wait(JOIN_S)
+    handoff.cut()
+    thread.join(JOIN_S)
+    assert not thread.is_alive(), "cut() did not close the batch being filled"
+    assert _serials(result) == [1]
+    handoff.put(_chunk(2))  # the handoff stays open, and the next batch waits for its bounds again
+    assert _serials(handoff.take_batch(1, 10**9, 60)) == [2]
+
+
+def test_a_cut_between_batches_closes_the_next_one_with_what_is_queued_and_only_that_one() -> None:
+    handoff = _filled(_chunk(1), _chunk(2), clock=_clock(iter([0.0, 1.0, 1.0, 1.0])))
+    handoff.cut()
+    assert _serials(handoff.take_batch(100, 10**9, 60)) == [1, 2]  # no wait for max_wait_s
+    handoff.put(_chunk(3))
+    handoff.put(_chunk(4))
+    assert _serials(handoff.take_batch(2, 10**9, 60)) == [3, 4]  # closed by its bound, not by the old cut
+
+
+def test_a_cut_while_nothing_is_queued_wakes_the_idle_taker_with_nothing() -> None:
+    handoff = Handoff(clock=_frozen_clock())
+    result: list[list[RecordChunk]] = []
+    thread = threading.Thread(target=lambda: result.append(handoff.take_batch(100, 10**9, 60, idle_wait_s=60)))
+    thread.start()
+    handoff.cut()
+    thread.join(JOIN_S)
+    assert not thread.is_alive() and result == [[]]
