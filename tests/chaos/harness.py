@@ -522,10 +522,11 @@ def page(outcomes: list[Outcome]) -> str:
         "- **records**: acknowledged by Kinesis, over all iterations. **lost** and **out-of-order** (per "
         "partition key, in commit order) must be 0.",
         "- **duplicates**: extra copies committed (a record committed three times counts two); **allowed**: "
-        "the records the kills and outages of the scenario may repeat, each a record a SIGKILLed worker (or "
-        "any worker, for the DynamoDB pause) had committed past its shard's checkpoint as the lease table "
-        "had it at that moment. Every repeated record must be one of them (two kills may repeat one twice); "
-        "where nothing is killed or paused none is allowed.",
+        "the copies the kills and outages of the scenario may repeat, each a commit by a SIGKILLed worker (or "
+        "any worker, for the DynamoDB pause) past its shard's checkpoint as the lease table had it at that "
+        "moment. Each such commit may be repeated once, so no record may have more extra copies than it has "
+        "such commits (a record two kills left uncheckpointed may come three times); where nothing is killed "
+        "or paused none is allowed.",
         "- **max recovery**: the longest, over the iterations, from the end of a disruption (a kill sent, "
         "the last fault fired, DynamoDB resumed, a reshard ACTIVE, the sink hung) until every record "
         "acknowledged by then, and one written then to every partition key, was committed. Exceptions "

@@ -46,6 +46,19 @@ def test_a_duplicate_is_due_only_if_the_killed_process_committed_it_past_its_che
     assert check(produced(A5, A6, A7, B9), tmp_path).undue == [("A", "5"), ("A", "6"), ("A", "7"), ("B", "9")]
 
 
+def test_each_kill_allows_one_more_copy_of_what_it_left_uncheckpointed_not_any_number(tmp_path: Path) -> None:
+    commit(tmp_path, 1, "w1", 11, A6)
+    commit(tmp_path, 2, "w2", 22, A6)  # w1 killed with A at AFTER 5: one copy is due
+    commit(tmp_path, 3, "w3", 33, A6)  # w2 was not killed: a third copy nothing accounts for
+    first = Disruption("SIGKILL w1", {"A": Checkpoint("AFTER_SEQUENCE_NUMBER", 5)}, frozenset({("w1", 11)}))
+    verdict = check(produced(A6), tmp_path, [first])
+    assert (verdict.duplicates, verdict.allowed, verdict.undue) == (2, 1, [("A", "6")])
+
+    second = Disruption("SIGKILL w2", {"A": Checkpoint("AFTER_SEQUENCE_NUMBER", 5)}, frozenset({("w2", 22)}))
+    verdict = check(produced(A6), tmp_path, [first, second])  # w2 killed before checkpointing it too
+    assert (verdict.duplicates, verdict.allowed, verdict.undue) == (2, 2, [])
+
+
 def test_a_restarted_worker_of_the_same_id_is_not_the_victim_it_replaces(tmp_path: Path) -> None:
     commit(tmp_path, 1, "w1", 11, A5)
     commit(tmp_path, 2, "w1", 12, A5, A6)  # the new process, same worker id
