@@ -3,7 +3,8 @@
 Each benchmark is its own script that prints its markdown (its command line first) on standard
 output and its figures as JSON (``--json``); this runs them as child processes with the sizes
 below, checks the figures against the goals of issue 12, and writes ``docs/benchmarks.md``: the
-date, the machine, the git commit, a summary of the goals, then one section per benchmark.
+date, the machine, the git commit, a summary of the goals, then one section per benchmark, and
+last the table of the last ``make chaos`` run (``docs/chaos.md``, written by that run).
 
 ``--quick`` runs tiny sizes (about a minute, several benchmarks at once) to check that the whole
 chain works; its figures mean nothing.
@@ -311,7 +312,18 @@ def document(
             result.get("markdown", "").strip() or f"Failed ({result.get('failed')}):\n\n```\n{result.get('tail')}\n```"
         )
         lines += [f"## {b.title}", "", f"{b.about} ({result['seconds'] / 60:.1f} minutes in this run.)", "", body, ""]
+    if not quick:
+        lines += chaos_section(ROOT / "docs" / "chaos.md")
     return "\n".join(lines) + "\n"
+
+
+def chaos_section(path: Path) -> list[str]:
+    """The last ``make chaos`` run's table and legend, as that run wrote them (not re-run here)."""
+    if not path.exists():
+        return ["## Chaos", "", "No `make chaos` run has written docs/chaos.md yet.", ""]
+    text = path.read_text().strip().splitlines()
+    body = [line.replace("## ", "### ", 1) if line.startswith("## ") else line for line in text[1:]]
+    return ["## Chaos (the last `make chaos` run, from docs/chaos.md)", *body, ""]
 
 
 def main() -> None:
