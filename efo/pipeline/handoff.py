@@ -23,7 +23,8 @@ class Handoff:
         self._chunks: deque[RecordChunk] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._cut = False  # the batch being taken (or the next one) closes with what is queued
+        self._cut = False  # batches close at once with what is queued ...
+        self._cut_chunks = 0  # ... until the chunks queued at the cut have been taken
         self._clock = clock
 
     def __len__(self) -> int:
@@ -39,9 +40,11 @@ class Handoff:
 
     def cut(self) -> None:
         """Close the batch being taken now (or, if none is, the next one) with what is queued,
-        without waiting for its bounds: a stop or a handover is waiting for those records."""
+        without waiting for ``max_wait_s``, and so every batch until what is queued now has been
+        taken: a stop or a handover is waiting for those records."""
         with self._cond:
             self._cut = True
+            self._cut_chunks = len(self._chunks)
             self._cond.notify_all()
 
     def close(self) -> list[RecordChunk]:
@@ -58,14 +61,14 @@ class Handoff:
     ) -> list[RecordChunk]:
         """Chunks for one batch: wait up to ``idle_wait_s`` for the first, then close the batch at
         ``max_records``, ``max_bytes`` or ``max_wait_s`` after the first, whichever comes first.
-        A chunk that alone exceeds a bound forms a batch of its own; a :meth:`cut` closes it at
-        once with what is queued. Returns [] when idle or closed.
+        A chunk that alone exceeds a bound forms a batch of its own; after a :meth:`cut` it closes
+        at once with what is queued (within its bounds). Returns [] when idle or closed.
         """
         with self._cond:
             try:
                 return self._take(max_records, max_bytes, max_wait_s, idle_wait_s)
             finally:
-                self._cut = False
+                self._cut = self._cut_chunks > 0
 
     def _take(self, max_records: int, max_bytes: int, max_wait_s: float, idle_wait_s: float) -> list[RecordChunk]:
         batch: list[RecordChunk] = []
@@ -80,6 +83,7 @@ class Handoff:
                 if batch and (records + len(chunk) > max_records or nbytes + chunk.data_bytes > max_bytes):
                     return batch
                 self._chunks.popleft()
+                self._cut_chunks = max(0, self._cut_chunks - 1)
                 batch.append(chunk)
                 records += len(chunk)
                 nbytes += chunk.data_bytes

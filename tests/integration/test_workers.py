@@ -140,9 +140,10 @@ def test_a_handover_sends_the_batch_being_filled_to_the_sink_at_once_instead_of_
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 2})
                 puts = {shard_id: kinesis.put(shard_id, 20) for shard_id in ("shard-000", "shard-001")}
-                handoff = a.driver.handoff
-                await until(lambda: not len(handoff), what="the records taken into the batch being filled")
-                await asyncio.sleep(0.5)
+                handoff, pool = a.driver.handoff, a.coordinator.pool
+                await until(
+                    lambda: pool.records == 40 and not len(handoff), what="the records in the batch being filled"
+                )
                 assert not a.driver.written, "the batch closed before max_wait_s"
                 async with running(b) as stop_b:
                     await until(lambda: holdings(a, b) == {"w1": 1, "w2": 1}, timeout_s=15, what="one shard each")

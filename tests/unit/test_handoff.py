@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -231,20 +232,52 @@ def test_cut_closes_the_batch_being_filled_at_once_with_what_it_holds() -> None:
     assert _serials(handoff.take_batch(1, 10**9, 60)) == [2]
 
 
+def _take_in_thread(handoff: Handoff, *bounds: float) -> list[RecordChunk]:
+    result: list[list[RecordChunk]] = []
+    thread = threading.Thread(target=lambda: result.append(handoff.take_batch(*bounds)), daemon=True)  # type: ignore[arg-type]
+    thread.start()
+    thread.join(JOIN_S)
+    assert not thread.is_alive(), "the batch did not close"
+    return result[0]
+
+
 def test_a_cut_between_batches_closes_the_next_one_with_what_is_queued_and_only_that_one() -> None:
-    handoff = _filled(_chunk(1), _chunk(2), clock=_clock(iter([0.0, 1.0, 1.0, 1.0])))
+    now = [0.0]
+    handoff = _filled(_chunk(1), _chunk(2), clock=lambda: now[0])
     handoff.cut()
-    assert _serials(handoff.take_batch(100, 10**9, 60)) == [1, 2]  # no wait for max_wait_s
+    assert _serials(_take_in_thread(handoff, 100, 10**9, 60)) == [1, 2]  # no wait for max_wait_s
     handoff.put(_chunk(3))
     handoff.put(_chunk(4))
-    assert _serials(handoff.take_batch(2, 10**9, 60)) == [3, 4]  # closed by its bound, not by the old cut
+    times = iter([0.0, 1000.0])  # the deadline is set at 0 + 60 and has passed at the next read
+    clock_reads = []
+    handoff._clock = lambda: clock_reads.append(1) or next(times, 1000.0)  # type: ignore[method-assign]
+    assert _serials(_take_in_thread(handoff, 100, 10**9, 60)) == [3, 4]
+    assert len(clock_reads) == 2, "the old cut closed this batch too (it never reached its deadline check)"
+
+
+def test_a_cut_closes_batches_at_once_until_everything_queued_at_the_cut_is_taken() -> None:
+    handoff = _filled(_chunk(1), _chunk(2), _chunk(3), clock=_frozen_clock())
+    handoff.cut()
+    assert _serials(_take_in_thread(handoff, 2, 10**9, 60)) == [1, 2]  # closed at its bound
+    assert _serials(_take_in_thread(handoff, 2, 10**9, 60)) == [3]  # the rest of the cut, at once
 
 
 def test_a_cut_while_nothing_is_queued_wakes_the_idle_taker_with_nothing() -> None:
+    entered = threading.Event()
     handoff = Handoff(clock=_frozen_clock())
+    original = handoff._cond.wait_for
+
+    def wait_for(predicate: Any, timeout: float | None = None) -> Any:
+        entered.set()
+        return original(predicate, timeout)
+
+    handoff._cond.wait_for = wait_for  # type: ignore[method-assign]
     result: list[list[RecordChunk]] = []
-    thread = threading.Thread(target=lambda: result.append(handoff.take_batch(100, 10**9, 60, idle_wait_s=60)))
+    thread = threading.Thread(
+        target=lambda: result.append(handoff.take_batch(100, 10**9, 60, idle_wait_s=60)), daemon=True
+    )
     thread.start()
+    assert entered.wait(JOIN_S)
     handoff.cut()
     thread.join(JOIN_S)
     assert not thread.is_alive() and result == [[]]
