@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiobotocore.session import get_session
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from efo.devstack.stack import StackEndpoints
 
@@ -30,6 +31,9 @@ READY_WITHIN_S = 150.0
 # The SDK's standard retry mode: the proxy answers 503 ServiceUnavailable to a subscription kinesis-local
 # does not answer within 10 s, which happens to a few of 256 opened at the same instant.
 SDK_ATTEMPTS = 5
+# On a loaded machine a subscription can miss all of them (kinesis-local is one Node process); the
+# probe then asks again, as efo does, within SUBSCRIBED_WITHIN_S.
+RETRIABLE = {"ServiceUnavailable", "ResourceInUseException", "LimitExceededException"}
 
 
 def list_all_shards(kinesis: Any, stream: str) -> list[dict[str, Any]]:
@@ -74,9 +78,17 @@ async def subscribe_all(stack: StackEndpoints, consumer_arn: str, shard_ids: lis
         started = time.monotonic()
 
         async def one(shard_id: str) -> None:
-            response = await client.subscribe_to_shard(
-                ConsumerARN=consumer_arn, ShardId=shard_id, StartingPosition={"Type": "TRIM_HORIZON"}
-            )
+            while True:  # as a consumer does: a subscription refused for a retriable reason is asked for again
+                try:
+                    response = await client.subscribe_to_shard(
+                        ConsumerARN=consumer_arn, ShardId=shard_id, StartingPosition={"Type": "TRIM_HORIZON"}
+                    )
+                    break
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") not in RETRIABLE:
+                        raise
+                    retried.append(shard_id)
+                    await asyncio.sleep(1.0)
             answered_s[shard_id] = time.monotonic() - started
             if response["ResponseMetadata"]["RetryAttempts"]:
                 retried.append(shard_id)
@@ -124,7 +136,7 @@ def test_256_shards_all_subscribed_at_once_through_the_proxy_and_efo_run_gets_re
             "subscriptions_answered_max_s": round(max(answered.values()), 1),
             "subscriptions_answered_p50_s": round(statistics.median(answered.values()), 1),
             "first_records_max_s": round(max(first.values()), 1),
-            "subscriptions_retried_after_503": len(probe["retried"]),
+            "subscriptions_retried_after_503": len(set(probe["retried"])),
         }
         assert len(answered) == len(first) == SHARDS, figures
         assert probe["data"] == {shard_id: shard_id.encode() for shard_id in shard_ids}
