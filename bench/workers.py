@@ -42,6 +42,7 @@ from typing import Any
 import boto3
 from common import EfoProcess, at, command_line, efo_env, write_json
 
+from efo.devstack.leases import shard_leases
 from efo.devstack.producer import kinesis_client, put_all, wait_active
 from efo.devstack.stack import LocalStack, StackEndpoints
 
@@ -102,7 +103,7 @@ class Cluster:
         kinesis.create_stream(StreamName=self.stream, ShardCount=shards)
         wait_active(kinesis, self.stream, timeout_s=120)
         arn = kinesis.describe_stream_summary(StreamName=self.stream)["StreamDescriptionSummary"]["StreamARN"]
-        self.partition = f"{self.app}|{arn}"
+        self.stream_arn = arn
         self.dynamodb = boto3.client(
             "dynamodb",
             endpoint_url=stack.dynamodb_endpoint,
@@ -135,21 +136,8 @@ class Cluster:
         return worker
 
     def owners(self) -> dict[str, str | None]:
-        pages = self.dynamodb.get_paginator("query").paginate(
-            TableName=self.app,
-            KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": self.partition}},
-            ConsistentRead=True,
-        )
-        try:
-            items = [item for page in pages for item in page["Items"]]
-        except self.dynamodb.exceptions.ResourceNotFoundException:
-            return {}
-        return {
-            item["sk"]["S"].removeprefix("shard|"): item.get("lease_owner", {}).get("S")
-            for item in items
-            if item["sk"]["S"].startswith("shard|")
-        }
+        leases = shard_leases(self.dynamodb, self.app, self.app, self.stream_arn)
+        return {shard_id: item.get("lease_owner", {}).get("S") for shard_id, item in leases.items()}
 
     def wait_until(self, condition: Any, timeout_s: float, what: str) -> float:
         started = time.monotonic()

@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from efo.devstack.leases import shard_leases
 from efo.devstack.stack import StackEndpoints
 
 from .ledger_check import Producer, Verdict, check
@@ -53,7 +54,7 @@ class Workers:
         self.runs: dict[str, ServiceRun] = {}
         self.stopped: set[str] = set()
         arn = kinesis.describe_stream_summary(StreamName=self.stream)["StreamDescriptionSummary"]["StreamARN"]
-        self.partition = f"{self.app}|{arn}"
+        self.stream_arn = arn
 
     def start(self, name: str, **env: str) -> ServiceRun:
         run = ServiceRun({**self.env, "EFO_WORKER_ID": name, **env}, self.logs / f"{name}.log").start()
@@ -65,17 +66,7 @@ class Workers:
         return self.runs[name].stop(sig)
 
     def leases(self) -> dict[str, dict[str, Any]]:
-        pages = self.dynamodb.get_paginator("query").paginate(
-            TableName=self.app,
-            KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": self.partition}},
-            ConsistentRead=True,
-        )
-        try:
-            items = [item for page in pages for item in page["Items"]]
-        except self.dynamodb.exceptions.ResourceNotFoundException:
-            return {}  # the first worker has not created the table yet
-        return {item["sk"]["S"].removeprefix("shard|"): item for item in items if item["sk"]["S"].startswith("shard|")}
+        return shard_leases(self.dynamodb, self.app, self.app, self.stream_arn)
 
     def owners(self) -> dict[str, str | None]:
         return {sid: item.get("lease_owner", {}).get("S") for sid, item in self.leases().items()}

@@ -180,21 +180,27 @@ def test_close_wakes_a_taker_waiting_for_a_first_chunk() -> None:
     assert result == [[]]
 
 
-def test_close_wakes_a_taker_waiting_to_fill_its_batch_and_it_keeps_what_it_took() -> None:
+def _taker_filling_a_batch_of(chunk: RecordChunk) -> tuple[Handoff, threading.Thread, list[RecordChunk]]:
+    """A taker that took ``chunk`` and now waits (max_wait_s 60, a clock that never moves) for more."""
     about_to_wait = threading.Event()
     calls = [0]
 
     def clock() -> float:
         calls[0] += 1
-        if calls[0] == 2:
+        if calls[0] == 2:  # the second read computes the time left: the taker is about to wait
             about_to_wait.set()
         return 0.0
 
-    handoff = _filled(_chunk(1), clock=clock)
+    handoff = _filled(chunk, clock=clock)
     result: list[RecordChunk] = []
     thread = threading.Thread(target=lambda: result.extend(handoff.take_batch(100, 10**9, 60)), daemon=True)
     thread.start()
     assert about_to_wait.wait(JOIN_S)
+    return handoff, thread, result
+
+
+def test_close_wakes_a_taker_waiting_to_fill_its_batch_and_it_keeps_what_it_took() -> None:
+    handoff, thread, result = _taker_filling_a_batch_of(_chunk(1))
     assert handoff.close() == []  # chunk 1 was already taken
     thread.join(JOIN_S)
     assert not thread.is_alive()
@@ -210,20 +216,7 @@ def test_put_after_close_raises_handoff_closed() -> None:
 
 
 def test_cut_closes_the_batch_being_filled_at_once_with_what_it_holds() -> None:
-    about_to_wait = threading.Event()
-    calls = [0]
-
-    def clock() -> float:
-        calls[0] += 1
-        if calls[0] == 2:
-            about_to_wait.set()
-        return 0.0
-
-    handoff = _filled(_chunk(1), clock=clock)
-    result: list[RecordChunk] = []
-    thread = threading.Thread(target=lambda: result.extend(handoff.take_batch(100, 10**9, 60)), daemon=True)
-    thread.start()
-    assert about_to_wait.wait(JOIN_S)
+    handoff, thread, result = _taker_filling_a_batch_of(_chunk(1))
     handoff.cut()
     thread.join(JOIN_S)
     assert not thread.is_alive(), "cut() did not close the batch being filled"
