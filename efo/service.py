@@ -164,6 +164,8 @@ class Service:
                 arn=settings.consumer_arn,
             )
         table.consumer_arn = consumer_arn  # its heartbeat row says which consumer it reads through
+        # The heartbeat's own client (its own connections): no lease or checkpoint traffic delays it.
+        heartbeats = table.with_client(await clients.dynamodb())
         coordinator = Coordinator(
             settings=settings,
             stream=stream,
@@ -178,9 +180,10 @@ class Service:
                 reserved_bytes=settings.pool.reserved_bytes_per_shard,
             ),
             handoff=self.handoff,
+            heartbeats=heartbeats,
         )
         if self._checked is None:
-            await coordinator.bootstrap()
+            await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
             self._checked = (stream, consumer_arn)
         return coordinator
 

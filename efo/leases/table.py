@@ -245,6 +245,29 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         return state
 
+    async def read_meta(self) -> Meta | None:
+        """The application's meta row (its first start), strongly consistent; None before the first start."""
+        try:
+            response = await self._ddb.get_item(TableName=self.table, Key=self._key(META_KEY), ConsistentRead=True)
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        if "Item" not in response:
+            return None
+        state = TableState()
+        self._absorb(state, response["Item"])
+        return state.meta
+
+    def with_client(self, dynamodb: Any) -> LeaseTable:
+        """The same table, application and worker through another client (the heartbeat's own connections)."""
+        return LeaseTable(
+            dynamodb,
+            table=self.table,
+            app=self.app,
+            stream_arn=self.stream_arn,
+            worker_id=self.worker_id,
+            consumer_arn=self.consumer_arn,
+        )
+
     async def read_lease(self, shard_id: str) -> Lease | None:
         """One shard's lease, strongly consistent (a subscription asks this before it resubscribes
         after another subscriber took the shard over)."""

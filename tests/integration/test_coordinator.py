@@ -312,9 +312,9 @@ def test_a_worker_whose_leases_went_into_doubt_before_its_first_events_is_not_re
 
             kinesis.subscribe_to_shard = unanswered  # type: ignore[method-assign]
             async with running(w) as stop:
-                await until(lambda: w.coordinator._leases_in_doubt, timeout_s=5, what="leases in doubt")
+                await until(lambda: w.coordinator.liveness.in_doubt, timeout_s=5, what="leases in doubt")
                 await asyncio.sleep(0.5)
-                assert not w.coordinator._ready, "ready while holding nothing because its leases are in doubt"
+                assert not w.coordinator.ready, "ready while holding nothing because its leases are in doubt"
                 assert w.coordinator.shards_problem() is not None
                 await stop()
 
@@ -442,7 +442,7 @@ def test_the_latest_pin_is_in_the_table_before_the_sink_gets_the_first_record(lo
             w.table.checkpoint = slow_checkpoint  # type: ignore[method-assign]
             w.driver.hold = True
             async with running(w) as stop:
-                await until(lambda: w.coordinator._ready, what="ready")
+                await until(lambda: w.coordinator.ready, what="ready")
                 kinesis.put("shard-000", 5)
                 await until(lambda: bool(w.driver.held), what="the first chunk in the sink")
                 pinned = (await w.table.read()).leases["shard-000"].checkpoint

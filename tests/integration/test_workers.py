@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from efo.coordinator import ASK_AFTER_CYCLES, SETTLE_CYCLES
 from efo.observability import METRICS
 from efo.pipeline.records import Position, after
+from efo.worker.cycle import ASK_AFTER_CYCLES, SETTLE_CYCLES
 
 from .memory_kinesis import MemoryKinesis
 from .test_coordinator import World, run, running, until, world
@@ -79,15 +79,15 @@ def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_su
                 alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
                 await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
                 asked = asyncio.Event()
-                cycle = a.coordinator._cycle
+                cycle = a.coordinator.cycle.cycle
 
                 async def after_the_ask(state: Any, graph: Any) -> None:
                     await asked.wait()  # w1 decides only once w2's request is in the table
                     await cycle(await a.table.read(), graph)
 
-                a.coordinator._cycle = after_the_ask  # type: ignore[method-assign]
+                a.coordinator.cycle.cycle = after_the_ask  # type: ignore[method-assign]
                 async with running(b) as stop_b:
-                    await until(lambda: bool(b.coordinator._asked), what="w2 asks for a lease")
+                    await until(lambda: bool(b.coordinator.cycle.asked), what="w2 asks for a lease")
                     asked.set()
                     await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
                     await asyncio.sleep(5 * a.settings.lease.sync_interval_s)
@@ -230,13 +230,13 @@ def test_skip_older_than_starts_a_stale_checkpoint_at_now_minus_the_age(local_st
         async with world(local_stack, kinesis, skip_older_than="60") as a:
             lease = (await a.table.read()).leases["shard-000"]
             stale = replace(lease, updated_at=datetime.now(UTC) - timedelta(hours=2))
-            start = a.coordinator._start_position(stale)
+            start = a.coordinator.runner.start_position(stale)
             assert start.kind == "AT_TIMESTAMP" and start.timestamp is not None
             assert abs((datetime.now(UTC) - start.timestamp).total_seconds() - 60) < 5
             fresh = replace(lease, updated_at=datetime.now(UTC) - timedelta(seconds=10))
-            assert a.coordinator._start_position(fresh) == lease.checkpoint
+            assert a.coordinator.runner.start_position(fresh) == lease.checkpoint
             latest = replace(stale, checkpoint=Position("LATEST"))
-            assert a.coordinator._start_position(latest) == Position("LATEST")
+            assert a.coordinator.runner.start_position(latest) == Position("LATEST")
 
     run(scenario())
 

@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 import pytest
 
 from efo.config import InitialPosition
-from efo.coordinator import Coordinator
 from efo.kinesis.shards import Shard, ShardGraph
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.lifecycle import TRANSITIONS, Commit, IllegalTransition, OwnedShard, ShardPhase
 from efo.leases.table import Lease
 from efo.pipeline.records import SHARD_END, Position, after
+from efo.worker.shardsync import first_start_position
 
 STAMP = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
 
@@ -236,9 +236,7 @@ def _split_and_merge() -> ShardGraph:
 
 def test_latest_first_start_skips_closed_shards_and_starts_open_ones_at_the_moment_of_the_first_start() -> None:
     graph = _split_and_merge()
-    positions = {
-        sid: Coordinator._first_start_position(InitialPosition("LATEST"), graph, sid, STAMP) for sid in graph.shards
-    }
+    positions = {sid: first_start_position(InitialPosition("LATEST"), graph, sid, STAMP) for sid in graph.shards}
     assert positions == {
         "shard-0": SHARD_END,
         "shard-1": SHARD_END,
@@ -251,15 +249,13 @@ def test_latest_first_start_skips_closed_shards_and_starts_open_ones_at_the_mome
 def test_trim_horizon_first_start_reads_every_shard_from_its_beginning() -> None:
     graph = _split_and_merge()
     for sid in graph.shards:
-        assert Coordinator._first_start_position(InitialPosition("TRIM_HORIZON"), graph, sid, STAMP) == Position(
-            "TRIM_HORIZON"
-        )
+        assert first_start_position(InitialPosition("TRIM_HORIZON"), graph, sid, STAMP) == Position("TRIM_HORIZON")
 
 
 def test_at_timestamp_first_start_applies_the_timestamp_to_open_and_closed_shards() -> None:
     graph = _split_and_merge()
     initial = InitialPosition("AT_TIMESTAMP", STAMP)
     for sid in graph.shards:
-        position = Coordinator._first_start_position(initial, graph, sid, STAMP)
+        position = first_start_position(initial, graph, sid, STAMP)
         assert position == Position("AT_TIMESTAMP", timestamp=STAMP)
         assert position.starting_position() == {"Type": "AT_TIMESTAMP", "Timestamp": STAMP}

@@ -1,25 +1,23 @@
-"""While checkpoints cannot be written, reading pauses once the committed-but-unwritten backlog
-reaches pool.max_uncheckpointed_records, and resumes when a checkpoint lands."""
+"""The checkpointer alone: while checkpoints cannot be written, reading pauses once the
+committed-but-unwritten backlog reaches pool.max_uncheckpointed_records, and resumes when a
+checkpoint lands."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
 
 from efo.config import load_settings
-from efo.coordinator import Coordinator
 from efo.errors import Retriable
-from efo.kinesis.registration import StreamInfo
 from efo.leases.lifecycle import Commit, OwnedShard
 from efo.leases.table import Lease
-from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, after
+from efo.worker.checkpointer import Checkpointer
+from efo.worker.owned import OwnedLeases
 
 
 class FlakyTable:
@@ -39,30 +37,25 @@ class FlakyTable:
 
 
 @pytest.fixture
-def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Coordinator, FlakyTable]:
+def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Checkpointer, FlakyTable]:
     for name in list(os.environ):
         if name.startswith("EFO_"):
             monkeypatch.delenv(name)
     settings = load_settings(stream="s", app="app", sink="console", pool={"max_uncheckpointed_records": 100})
     table = FlakyTable()
-    stream = StreamInfo("s", "arn:aws:kinesis:us-east-1:1:stream/s", datetime.now(UTC), "ACTIVE", 1)
-    coordinator = Coordinator(
-        settings=settings,
-        stream=stream,
-        consumer_arn="arn:consumer",
-        kinesis=None,
-        subscriber=None,
+    pool = PendingPool(1000, 1 << 20)
+    checkpointer = Checkpointer(
         table=table,  # type: ignore[arg-type]
-        pool=PendingPool(1000, 1 << 20),
-        handoff=Handoff(),
+        owned=OwnedLeases("me", pool),
+        pool=pool,
+        settings=settings,
+        lease_valid=lambda: True,  # as if a heartbeat had just landed: its leases are valid
     )
-    coordinator._heartbeat_ok_at = time.monotonic()  # as if a heartbeat had just landed: its leases are valid
-    return coordinator, table
+    return checkpointer, table
 
 
-def _shard(coordinator: Coordinator, shard_id: str, serials: int) -> OwnedShard:
-    owned = OwnedShard.claim(Lease(shard_id, (), "me", 1, Position("TRIM_HORIZON")), "me", lambda o: None)
-    coordinator.owned[shard_id] = owned
+def _shard(checkpointer: Checkpointer, shard_id: str, serials: int) -> OwnedShard:
+    owned = checkpointer.owned.own(Lease(shard_id, (), "me", 1, Position("TRIM_HORIZON")))
     for _ in range(serials):
         serial = owned.ledger.next_serial()
         owned.ledger.enqueued(serial, after(str(serial * 10)))
@@ -70,7 +63,7 @@ def _shard(coordinator: Coordinator, shard_id: str, serials: int) -> OwnedShard:
 
 
 def test_reading_pauses_at_the_uncheckpointed_bound_and_resumes_once_checkpoints_land(
-    coordinator: tuple[Coordinator, FlakyTable],
+    coordinator: tuple[Checkpointer, FlakyTable],
 ) -> None:
     coord, table = coordinator
     _shard(coord, "shard-a", 3)
@@ -80,17 +73,17 @@ def test_reading_pauses_at_the_uncheckpointed_bound_and_resumes_once_checkpoints
     coord.on_committed([Commit("shard-b", 1, 1, 40)])
     assert coord.pool.paused, "100 committed records without a checkpoint reach the bound"
 
-    asyncio.run(coord._flush_checkpoints(force=True))
+    asyncio.run(coord.flush(force=True))
     assert coord.pool.paused and table.written == []
 
     table.down = False
-    asyncio.run(coord._flush_checkpoints(force=True))
+    asyncio.run(coord.flush(force=True))
     assert not coord.pool.paused
     assert table.written == [after("10"), after("10")]
     assert all(owned.ledger.uncheckpointed_records == 0 for owned in coord.owned.values())
 
 
-def test_commits_arriving_during_a_checkpoint_write_stay_counted(coordinator: tuple[Coordinator, FlakyTable]) -> None:
+def test_commits_arriving_during_a_checkpoint_write_stay_counted(coordinator: tuple[Checkpointer, FlakyTable]) -> None:
     coord, table = coordinator
     table.down = False
     owned = _shard(coord, "shard-a", 2)
@@ -102,13 +95,13 @@ def test_commits_arriving_during_a_checkpoint_write_stay_counted(coordinator: tu
         return await original(lease, position)
 
     table.checkpoint = slow_checkpoint  # type: ignore[method-assign]
-    asyncio.run(coord._flush_checkpoints(force=True))
+    asyncio.run(coord.flush(force=True))
     assert owned.ledger.uncheckpointed_records == 80
     assert coord.pool.paused is False  # 80 < 100
 
 
 def test_commits_of_an_earlier_claim_release_their_budget_but_move_nothing(
-    coordinator: tuple[Coordinator, FlakyTable],
+    coordinator: tuple[Checkpointer, FlakyTable],
 ) -> None:
     coord, _ = coordinator
     owned = _shard(coord, "shard-a", 2)  # claim 1

@@ -1,0 +1,321 @@
+"""The lease cycle (KCL's LeaseTaker; aiokafka's group coordinator and assignor).
+
+Every ``lease.sync_interval_s`` (and at once when asked) it reads the lease table and acts on it,
+in this order: a lease another worker took is dropped here; operators' resets and other workers'
+handover requests are applied; then this worker's share is worked out (:func:`efo.leases.balance.plan`)
+and it claims free leases, hands over what it holds above its share and asks for what it lacks;
+a lease asked for and not handed over within ``failover_s`` is taken; a shard gone from the
+stream before it was finished is finished, so its children do not wait for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from efo.config import Settings
+from efo.errors import EfoError, LeaseLost
+from efo.kinesis.shards import ShardGraph
+from efo.leases.balance import plan
+from efo.leases.lifecycle import OwnedShard, ShardPhase
+from efo.leases.table import Lease, LeaseTable, TableState
+from efo.leases.view import TableView
+from efo.observability import METRICS
+from efo.worker.owned import OwnedLeases
+from efo.worker.runner import ShardRunner
+from efo.worker.shardsync import ShardSync
+
+log = structlog.get_logger("efo.worker.cycle")
+
+#: A lease that changed owner this many lease cycles ago or less is not moved again (no ping-pong).
+SETTLE_CYCLES = 10
+#: A worker short of its share asks for a lease only after this many cycles: time for the others to
+#: see its heartbeat and shed on their own (asking at once races that, and more moves than needed).
+ASK_AFTER_CYCLES = 3
+#: Claims of one cycle go out this many at once.
+CLAIM_CONCURRENCY = 16
+
+
+class LeaseCycle:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        table: LeaseTable,
+        owned: OwnedLeases,
+        runner: ShardRunner,
+        shards: ShardSync,
+        stopping: asyncio.Event,
+        in_doubt: Callable[[], bool],
+        after_cycle: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._table = table
+        self._owned = owned
+        self._runner = runner
+        self._shards = shards
+        self._stopping = stopping
+        self._in_doubt = in_doubt
+        self._after_cycle = after_cycle
+        self._clock = clock
+        self._me = table.worker_id
+        self._now = asyncio.Event()
+        self.view = TableView(self._me, settings.lease.failover_s, clock)
+        self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
+        self._short_since: float | None = None  # below its share, nothing free: since when
+        self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
+        self.state: TableState | None = None  # the last read of the table
+        self.read_at: float | None = None  # when it was read, for /readyz
+        self.cycles = 0  # cycles run (with a read), for readiness
+        self._log = log.bind(worker_id=self._me)
+        shards.leased = lambda: None if self.state is None else self.state.leases.keys()
+
+    def run_now(self) -> None:
+        self._now.set()
+
+    async def run(self) -> None:
+        """A cycle every ``lease.sync_interval_s`` (sooner when asked), until cancelled."""
+        while True:
+            try:
+                graph = self._shards.graph
+                if graph is not None and not self._in_doubt():
+                    state = await self._table.read()
+                    self.state, self.read_at = state, self._clock()
+                    await self.cycle(state, graph)
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("leases.cycle_failed", error=str(exc), code=exc.code)
+            try:
+                async with asyncio.timeout(self._settings.lease.sync_interval_s):
+                    await self._now.wait()
+            except TimeoutError:
+                pass
+            self._now.clear()
+
+    async def cycle(self, state: TableState, graph: ShardGraph) -> None:
+        """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
+        self.view.update(state)
+        METRICS.workers_live.set(len(self.view.live))
+        self._check_owned(state)
+        await self._apply_requests(state, graph)
+        if self._stopping.is_set() or self._in_doubt():
+            return
+        handing_over = {sid for sid, owned in self._owned.items() if owned.phase is ShardPhase.RELEASING}
+        readable = []
+        stranded = set()  # ours in the table, not running here (after leases were in doubt, a restart)
+        for lease in state.leases.values():
+            if not self._readable(lease, state, graph):
+                continue
+            if lease.shard_id in handing_over:
+                # On its way: the asker's already (so nothing else is shed for it), or free for others.
+                lease = replace(lease, owner=lease.wanted_by if lease.wanted_by in self.view.live else None)
+            elif lease.owner == self._me and lease.shard_id not in self._owned:
+                lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
+                stranded.add(lease.shard_id)
+            readable.append(lease)
+        METRICS.shards_unowned.set(
+            sum(1 for lease in readable if lease.owner is None or self.view.owner_is_dead(lease.owner))
+        )
+        interval_s = self._settings.lease.sync_interval_s
+        short_for_s = None if self._short_since is None else self._clock() - self._short_since
+        busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
+        moves = plan(
+            self._me,
+            readable,
+            self.view.live,
+            moved_recently=self.view.moved_within(SETTLE_CYCLES * interval_s) | busy,
+            reserved_for_others=self.view.reserved_for_others() | handing_over,
+            asked=len(self.asked),
+            may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * interval_s,
+            max_leases=self._settings.lease.max_leases_per_worker,
+            max_steals=self._settings.lease.max_steals_per_cycle,
+        )
+        if not moves.short:
+            self._short_since = None
+        elif self._short_since is None:
+            self._short_since = self._clock()
+        # Fenced on each lease as it is in the table; a bounded number at once.
+        await _bounded(CLAIM_CONCURRENCY, [self._claim(state.leases[lease.shard_id]) for lease in moves.claim])
+        # Ours in the table but beyond this worker's share: others see them held by a live worker and
+        # would never take them (a spread of one asks for nothing), so give them up now.
+        for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
+            await self._release_stranded(state.leases[shard_id])
+        for shard_id in moves.shed:
+            self._runner.hand_over(self._owned[shard_id], f"above this worker's share of {moves.target}")
+        for lease in moves.ask:
+            await self._ask(lease)
+        await self._take_overdue(state, asked_now={lease.shard_id for lease in moves.ask})
+        await self._finish_expired(state, graph)
+        self.cycles += 1
+        self._after_cycle()
+
+    def _readable(self, lease: Lease, state: TableState, graph: ShardGraph) -> bool:
+        """Can be read now: not finished, still in the stream, its parents finished."""
+        return not lease.finished and lease.shard_id in graph.shards and _parents_finished(lease, state, graph)
+
+    def _check_owned(self, state: TableState) -> None:
+        """A lease another worker took (or reset) is dropped now, not at the next failed write."""
+        for owned in list(self._owned.values()):
+            lease = state.leases.get(owned.shard_id)
+            if lease is None or lease.owner != self._me or lease.counter != owned.epoch:
+                holder = f"{lease.owner} (counter {lease.counter})" if lease is not None else "nobody (row gone)"
+                self._owned.lose(owned, f"the lease is now held by {holder}")
+
+    async def _apply_requests(self, state: TableState, graph: ShardGraph) -> None:
+        """Operators' resets (of finished leases first: their children may have to wait again) and
+        other workers' handover requests for leases held here."""
+        for lease in sorted(state.leases.values(), key=lambda lease: not lease.finished):
+            owned = self._owned.get(lease.shard_id)
+            if lease.reset is not None and lease.finished and lease.owner is None:
+                try:
+                    state.leases[lease.shard_id] = await self._table.apply_reset(lease)
+                    self._log.info("shard.reset", shard_id=lease.shard_id, position=str(lease.reset.position))
+                except LeaseLost:
+                    continue
+            elif lease.reset is not None and owned is not None and lease.counter == owned.epoch:
+                await self._apply_reset(owned, lease, state, graph)
+            elif lease.wanted_by and owned is not None and owned.phase.reading and lease.counter == owned.epoch:
+                self._runner.hand_over(owned, f"asked for by {lease.wanted_by}")
+
+    async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState, graph: ShardGraph) -> None:
+        """Restart the shard at the reset position, here and now: a new claim (a new epoch), so what
+        the old one handed on is committed but moves nothing."""
+        assert lease.reset is not None
+        await self._runner.stop_reading(owned)
+        try:
+            reset = await self._table.apply_reset(lease)
+        except LeaseLost as exc:
+            self._owned.lose(owned, str(exc))
+            return
+        if owned.phase.terminal or self._stopping.is_set():
+            return
+        owned.enter(ShardPhase.RELEASED)
+        self._owned.forget(owned)
+        owned.log.info("shard.reset", position=str(lease.reset.position))
+        state.leases[lease.shard_id] = reset
+        if self._readable(reset, state, graph):
+            self._runner.start(reset)
+        else:  # its parents are to be read again first
+            await self._table.release(reset)
+
+    async def _claim(self, lease: Lease) -> None:
+        try:
+            claimed = await self._table.claim(lease)
+        except LeaseLost:
+            return
+        self.asked.pop(lease.shard_id, None)
+        if self._in_doubt() or self._stopping.is_set():
+            return  # taken while this worker's leases went into doubt: claimed again once it is sure
+        # Asked of a live worker (handed over, or taken overdue), not free or left by a dead one.
+        stolen = lease.wanted_by == self._me or (
+            lease.owner not in (None, self._me) and not self.view.owner_is_dead(lease.owner)
+        )
+        if lease.owner not in (None, self._me):
+            self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
+        METRICS.lease_changes.labels(reason="stolen" if stolen else "taken").inc()
+        self._runner.start(claimed)
+
+    async def _release_stranded(self, lease: Lease) -> None:
+        try:
+            await self._table.release(lease)
+        except LeaseLost:
+            return
+        METRICS.lease_changes.labels(reason="released").inc()
+        self._log.info("lease.released_stranded", shard_id=lease.shard_id)
+
+    async def _ask(self, lease: Lease) -> None:
+        try:
+            await self._table.want(lease)
+        except LeaseLost:
+            return
+        self.asked[lease.shard_id] = self._clock()
+        self._log.info("lease.asked", shard_id=lease.shard_id, owner=lease.owner)
+
+    async def _take_overdue(self, state: TableState, asked_now: AbstractSet[str]) -> None:
+        """A lease asked for and not handed over within ``failover_s`` is taken (fenced by the counter).
+        ``asked_now``: asked in this cycle, after ``state`` was read (its request is not in it)."""
+        for shard_id, asked_at in list(self.asked.items()):
+            if shard_id in asked_now:
+                continue
+            lease = state.leases.get(shard_id)
+            if lease is None or lease.wanted_by != self._me or lease.finished:
+                del self.asked[shard_id]  # taken, finished, or the request was cleared
+                continue
+            if lease.owner is not None and self._clock() - asked_at >= self._settings.lease.failover_s:
+                self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)
+                await self._claim(lease)
+                self.asked.pop(shard_id, None)
+
+    async def _finish_expired(self, state: TableState, graph: ShardGraph) -> None:
+        """A shard gone from the stream (past its retention) before it was finished: nothing is
+        left to read, and its children must not wait for it for ever. Gone means: missing from a
+        listing asked for after its lease was first seen missing (another worker may have created
+        the lease from a listing newer than this worker's)."""
+        for shard_id in list(self._unlisted_since):
+            if shard_id in graph.shards or shard_id not in state.leases:
+                del self._unlisted_since[shard_id]
+        for lease in state.leases.values():
+            if lease.finished or lease.shard_id in graph.shards or lease.shard_id in self._owned:
+                continue
+            first_missing = self._unlisted_since.setdefault(lease.shard_id, self._clock())
+            if self._shards.listed_at <= first_missing + 2 * self._settings.shards.sync_interval_s:
+                self._shards.list_now()  # list again (and again) before calling it gone
+                continue
+            if lease.owner not in (None, self._me) and not self.view.owner_is_dead(lease.owner):
+                continue
+            try:
+                claimed = await self._table.claim(lease)
+            except LeaseLost:
+                continue
+            owned = self._owned.own(claimed)
+            METRICS.shards_expired.inc()
+            owned.log.warning("shard.expired", position=str(claimed.checkpoint))
+            self._runner.end(owned, ())
+
+    async def release_untracked(self) -> int:
+        """A stop's last sweep: a claim whose request was under way when the cycle was cancelled may
+        have landed; release whatever the table still shows as this worker's."""
+        state = await self._table.read()
+        released = 0
+        for lease in state.leases.values():
+            if lease.owner == self._me:
+                try:
+                    await self._table.release(lease)
+                    released += 1
+                except LeaseLost:
+                    continue
+        return released
+
+
+def _parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:
+    for parent in lease.parents:
+        parent_lease = state.leases.get(parent)
+        if parent_lease is not None and not parent_lease.finished and parent in graph.shards:
+            return False
+    return True
+
+
+async def _bounded(limit: int, calls: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``calls`` with at most ``limit`` under way at once; the first failure cancels the rest
+    (a claim cut short may have landed: the next cycle finds it ours and not running, and takes it
+    back) and is raised as itself."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(call: Coroutine[Any, Any, None]) -> None:
+        async with slots:
+            await call
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for call in calls:
+                group.create_task(one(call))
+    except* EfoError as failures:
+        raise failures.exceptions[0] from None

@@ -1,0 +1,115 @@
+"""Liveness: one heartbeat row per worker, and whether this worker may still trust its leases.
+
+Others take a worker's leases ``lease.failover_s`` after they last saw its heartbeat counter
+change. So a worker trusts its own leases for ``failover_s`` minus one heartbeat interval after
+its last heartbeat that landed (counted from when it was sent); past that it is **in doubt**:
+``on_expired`` drops every lease (stop reading, stop checkpointing), and once a heartbeat lands
+again ``on_recovered`` lets the lease cycle claim again.
+
+The heartbeat goes out on a DynamoDB client of its own (its own connections), with its own
+deadline: no amount of lease or checkpoint traffic delays it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from efo.config import LeaseSettings
+from efo.errors import EfoError
+
+log = structlog.get_logger("efo.worker.liveness")
+
+Scheduler = Callable[[float, Callable[[], None]], Any]  # loop.call_later's shape: (delay_s, callback) -> handle
+
+
+class HeartbeatWriter(Protocol):
+    worker_id: str
+
+    async def heartbeat(self) -> None: ...
+
+
+class Liveness:
+    def __init__(
+        self,
+        writer: HeartbeatWriter,
+        settings: LeaseSettings,
+        *,
+        on_expired: Callable[[], None],
+        on_recovered: Callable[[], None],
+        before_beat: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        call_later: Scheduler | None = None,
+    ) -> None:
+        self._writer = writer
+        self._settings = settings
+        self._on_expired = on_expired
+        self._on_recovered = on_recovered
+        self._before_beat = before_beat
+        self._clock = clock
+        self._call_later = call_later
+        self._deadline: Any = None
+        self.landed_at: float | None = None  # when the last heartbeat that landed was sent
+        self.in_doubt = False
+        self._log = log.bind(worker_id=writer.worker_id)
+
+    @property
+    def validity_s(self) -> float:
+        """How long after its last heartbeat that landed this worker still trusts its leases."""
+        return self._settings.failover_s - self._settings.heartbeat_interval_s
+
+    @property
+    def valid(self) -> bool:
+        return not self.in_doubt and self.landed_at is not None and self._clock() - self.landed_at < self.validity_s
+
+    async def beat(self) -> bool:
+        """One heartbeat, waited for at most the lease validity; True if it landed."""
+        sent_at = self._clock()
+        try:
+            # A write that lands late still counts (from when it was sent); past the validity it is moot.
+            async with asyncio.timeout(self.validity_s):
+                await self._writer.heartbeat()
+        except TimeoutError:
+            self._log.warning("lease.heartbeat_failed", error=f"no answer within {self.validity_s:g} s")
+            return False
+        except EfoError as exc:
+            if not exc.retriable:
+                raise
+            self._log.warning("lease.heartbeat_failed", error=str(exc), code=exc.code)
+            return False
+        self.landed(sent_at)
+        return True
+
+    async def run(self) -> None:
+        """A heartbeat every ``heartbeat_interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self._settings.heartbeat_interval_s)
+            self._before_beat()
+            await self.beat()
+
+    def landed(self, sent_at: float) -> None:
+        self.landed_at = sent_at
+        if self._deadline is not None:
+            self._deadline.cancel()
+        delay_s = max(0.0, sent_at + self.validity_s - self._clock())
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._deadline = call_later(delay_s, self._expire)
+        if self.in_doubt:
+            self.in_doubt = False
+            self._log.info("lease.heartbeat_recovered")
+            self._on_recovered()
+
+    def _expire(self) -> None:
+        """No heartbeat landed for the lease validity: others may own these shards by now."""
+        self.in_doubt = True
+        self._log.warning("lease.in_doubt", validity_s=self.validity_s)
+        self._on_expired()
+
+    def close(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None

@@ -1,0 +1,76 @@
+"""The shards this worker holds: the only writer of that set (aiokafka's SubscriptionState).
+
+Every claim enters through :meth:`OwnedLeases.own` and leaves through :meth:`OwnedLeases.forget`
+(released, ended) or :meth:`OwnedLeases.lose` (another worker holds it now, or this one cannot
+prove it still does). Readers get a read-only mapping; the HTTP thread takes :meth:`snapshot`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
+
+from efo.leases.lifecycle import OwnedShard, ShardPhase
+from efo.leases.table import Lease
+from efo.observability import METRICS
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position
+
+
+class OwnedLeases(Mapping[str, OwnedShard]):
+    def __init__(
+        self, worker_id: str, pool: PendingPool, on_change: Callable[[OwnedShard], None] = lambda owned: None
+    ) -> None:
+        self.worker_id = worker_id
+        self._pool = pool
+        self._on_change = on_change
+        self._shards: dict[str, OwnedShard] = {}
+        #: Called after a shard left the set (its uncheckpointed records no longer count).
+        self.on_forget: Callable[[], None] = lambda: None
+
+    def __getitem__(self, shard_id: str) -> OwnedShard:
+        return self._shards[shard_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shards)
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def snapshot(self) -> tuple[OwnedShard, ...]:
+        """One copy, for another thread (the HTTP server's)."""
+        return tuple(self._shards.values())
+
+    def own(self, lease: Lease, start: Position | None = None) -> OwnedShard:
+        """A new claim of ``lease`` (its owner is this worker), read from ``start``."""
+        owned = OwnedShard.claim(lease, self.worker_id, self._on_change, start=start)
+        self.add(owned)
+        return owned
+
+    def add(self, owned: OwnedShard) -> None:
+        self._shards[owned.shard_id] = owned
+        self._pool.register(owned.shard_id)
+        METRICS.leases_held.set(len(self._shards))
+
+    def forget(self, owned: OwnedShard) -> None:
+        if self._shards.get(owned.shard_id) is owned:
+            del self._shards[owned.shard_id]
+            METRICS.forget_shard(owned.shard_id)
+        self._pool.unregister(owned.shard_id)
+        METRICS.leases_held.set(len(self._shards))
+        self.on_forget()
+
+    def lose(self, owned: OwnedShard, reason: str) -> None:
+        """Another worker holds the lease now (or may): stop the claim here, write nothing more."""
+        if owned.phase.terminal:
+            return
+        owned.enter(ShardPhase.LOST)
+        METRICS.lease_changes.labels(reason="lost").inc()
+        owned.log.warning("lease.lost", reason=reason)
+        if owned.task is not None and owned.task is not asyncio.current_task():
+            owned.task.cancel()
+        self.forget(owned)
+
+    def lose_all(self, reason: str) -> None:
+        for owned in list(self._shards.values()):
+            self.lose(owned, reason)

@@ -1,0 +1,249 @@
+"""One shard's claim from its start position to its release (KCL's ShardConsumer).
+
+:meth:`ShardRunner.start` owns the lease here and runs its subscription as a task of the group;
+the subscription ends at the shard's end (DRAINING, then SHARD_END once the sink committed the
+last record), when the lease is lost, or when it is stopped here. :meth:`ShardRunner.hand_over`
+gives a lease to the next owner without losing or repeating anything; :meth:`ShardRunner.release`
+is the final checkpoint and release of a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import structlog
+
+from efo.config import Settings
+from efo.errors import EfoError, LeaseLost, ResourceNotFound
+from efo.kinesis.registration import StreamInfo, describe_consumer
+from efo.kinesis.shards import list_shards
+from efo.kinesis.subscription import Backoff, ShardSubscription
+from efo.leases.lifecycle import OwnedShard, ShardPhase
+from efo.leases.table import Lease, LeaseTable
+from efo.observability import METRICS
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position
+from efo.worker.checkpointer import Checkpointer
+from efo.worker.owned import OwnedLeases
+
+log = structlog.get_logger("efo.worker.runner")
+
+T = TypeVar("T")
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+
+HANDOVER_POLL_S = 0.05
+
+
+class ShardRunner:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        stream: StreamInfo,
+        consumer_arn: str,
+        kinesis: Any,
+        subscriber: Any,
+        table: LeaseTable,
+        pool: PendingPool,
+        handoff: Handoff,
+        owned: OwnedLeases,
+        checkpointer: Checkpointer,
+        stopping: asyncio.Event,
+        lease_valid: Callable[[], bool],
+        on_ended: Callable[[OwnedShard], None] = lambda owned: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._stream = stream
+        self._consumer_arn = consumer_arn
+        self._kinesis = kinesis
+        self._subscriber = subscriber
+        self._table = table
+        self._pool = pool
+        self._handoff = handoff
+        self._owned = owned
+        self._checkpointer = checkpointer
+        self._stopping = stopping
+        self._lease_valid = lease_valid
+        self._on_ended = on_ended
+        self._clock = clock
+        self.spawn: Spawn | None = None  # the task group's create_task, set while the group runs
+        self._log = log.bind(worker_id=table.worker_id)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        assert self.spawn is not None, "the task group is not running"
+        return self.spawn(coroutine, name)
+
+    # ---- start --------------------------------------------------------------------------------
+
+    def start(self, lease: Lease) -> OwnedShard:
+        """Own ``lease`` here and read it from its start position."""
+        assert not self._stopping.is_set()
+        start = self.start_position(lease)
+        owned = self._owned.own(lease, start)
+        owned.log.info("shard.started", position=str(start), checkpoint=str(lease.checkpoint))
+        owned.task = self._spawn(self._run(owned), f"shard-{owned.shard_id}")
+        return owned
+
+    def start_position(self, lease: Lease) -> Position:
+        """The checkpoint, or with ``skip_older_than`` a checkpoint older than that: AT_TIMESTAMP
+        (now - skip_older_than). What is younger is read; what is older is skipped, and counted."""
+        limit_s = self._settings.skip_older_than_s
+        start = lease.checkpoint
+        if limit_s is None or start.kind == "LATEST" or lease.updated_at is None:
+            return start
+        age_s = (datetime.now(UTC) - lease.updated_at).total_seconds()
+        if age_s <= limit_s:
+            return start
+        METRICS.positions_skipped.inc()
+        skipped = Position("AT_TIMESTAMP", timestamp=datetime.now(UTC) - timedelta(seconds=limit_s))
+        self._log.info(
+            "shard.skipped_old",
+            shard_id=lease.shard_id,
+            checkpoint=str(start),
+            age_s=round(age_s),
+            position=str(skipped),
+        )
+        return skipped
+
+    async def _run(self, owned: OwnedShard) -> None:
+        await self._subscriber.ensure_room(len(self._owned))
+        subscription = ShardSubscription(
+            client=self._subscriber,
+            consumer_arn=self._consumer_arn,
+            stream=self._stream.name,
+            shard_id=owned.shard_id,
+            start=owned.ledger.start,
+            pool=self._pool,
+            handoff=self._handoff,
+            progress=owned.ledger,
+            settings=self._settings.subscription,
+            epoch=owned.epoch,
+            backpressure_timeout_s=self._settings.pool.backpressure_timeout_s,
+            on_corrupt_aggregate=self._settings.on_corrupt_aggregate,
+            lease_check=lambda: self._table.holds(owned.lease),
+            on_phase=owned.enter,
+            on_first_event=lambda first: self._checkpointer.pin(owned),
+            series=owned.series,
+            logger=owned.log,
+        )
+        try:
+            ended = await subscription.run()
+        except LeaseLost as exc:  # another worker owns the shard now: stop it here, nothing else
+            self._owned.lose(owned, str(exc))
+            return
+        except ResourceNotFound as exc:
+            await self._not_found(owned, exc)
+            return
+        self.end(owned, ended.child_shard_ids)
+
+    def end(self, owned: OwnedShard, children: tuple[str, ...]) -> None:
+        """The shard's last event was handed on: SHARD_END once the sink committed it."""
+        owned.children = children
+        owned.enter(ShardPhase.DRAINING)
+        owned.ledger.ended()
+        self._on_ended(owned)
+
+    async def _not_found(self, owned: OwnedShard, error: ResourceNotFound) -> None:
+        """The consumer, the stream or the shard is gone. Only the last one is not fatal."""
+        graph = await self._retrying(lambda: list_shards(self._kinesis, self._stream.arn))
+        if owned.shard_id not in graph.shards:
+            METRICS.shards_expired.inc()
+            owned.log.warning("shard.expired", position=str(owned.ledger.written), error=str(error))
+            self.end(owned, ())
+            return
+        consumer = await self._retrying(
+            lambda: describe_consumer(self._kinesis, stream_arn=self._stream.arn, arn=self._consumer_arn)
+        )
+        if consumer is None:
+            raise ResourceNotFound(
+                f"consumer {self._consumer_arn} is no longer registered on stream {self._stream.name!r} "
+                "(deregistered while running?); register it again ('efo consumer register') and restart"
+            ) from None
+        raise error
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` until it succeeds or fails for a reason that is not retriable."""
+        subscription = self._settings.subscription
+        backoff = Backoff(subscription.backoff_initial_s, subscription.backoff_max_s)
+        while True:
+            try:
+                return await call()
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("aws.retry", error=str(exc), code=exc.code)
+                await asyncio.sleep(backoff.next_delay_s())
+
+    # ---- stop ---------------------------------------------------------------------------------
+
+    async def stop_reading(self, owned: OwnedShard) -> None:
+        if owned.phase.reading:
+            owned.enter(ShardPhase.RELEASING)
+        if owned.task is not None and not owned.task.done():
+            owned.task.cancel()
+            await asyncio.gather(owned.task, return_exceptions=True)
+
+    def hand_over(self, owned: OwnedShard, reason: str) -> None:
+        """Give the lease to the next owner without losing or repeating anything: stop reading, let
+        the sink commit what was handed on, write the checkpoint, release. Within ``failover_s / 2``
+        (what is not committed by then is read again by the next owner)."""
+        if not owned.phase.reading or self._stopping.is_set():
+            return
+        owned.log.info("lease.handing_over", reason=reason)
+        owned.enter(ShardPhase.RELEASING)  # now, so that the rest of this cycle counts it as leaving
+        if owned.task is not None:
+            owned.task.cancel()
+        self._spawn(self._complete_handover(owned), f"handover-{owned.shard_id}")
+
+    async def _complete_handover(self, owned: OwnedShard) -> None:
+        started = self._clock()
+        await self.stop_reading(owned)
+        if owned.ledger.outstanding:
+            self._handoff.cut()  # its last records may sit in the batch being filled: send it to the sink now
+        deadline = started + self._settings.lease.failover_s / 2
+        while owned.ledger.outstanding and self._clock() < deadline and not owned.phase.terminal:
+            await asyncio.sleep(HANDOVER_POLL_S)
+        if owned.phase.terminal or self._stopping.is_set():
+            return  # lost meanwhile, or the stop releases it
+        if await self._give_up(owned):
+            METRICS.lease_changes.labels(reason="handed_over").inc()
+            owned.log.info(
+                "lease.handed_over",
+                waited_s=round(self._clock() - started, 3),
+                uncommitted_chunks=owned.ledger.outstanding,
+                checkpoint=str(owned.ledger.written),
+            )
+
+    async def release(self, owned: OwnedShard) -> bool:
+        """A stop's last word on a claim: its checkpoint, then the lease released. True if released."""
+        await self.stop_reading(owned)
+        if owned.phase.terminal:
+            return False
+        if await self._give_up(owned):
+            METRICS.lease_changes.labels(reason="released").inc()
+            return True
+        return False
+
+    async def _give_up(self, owned: OwnedShard) -> bool:
+        """Checkpoint, then release (both fenced); False if the claim ended, was lost or is in doubt."""
+        await self._checkpointer.write(owned)
+        if owned.phase.terminal or not self._lease_valid():  # ended (SHARD_END), lost, or in doubt
+            return False
+        if owned.phase is not ShardPhase.RELEASING:
+            owned.enter(ShardPhase.RELEASING)
+        try:
+            await self._table.release(owned.lease)
+        except LeaseLost as exc:
+            self._owned.lose(owned, str(exc))
+            return False
+        if owned.phase.terminal:  # in doubt while the release was under way (it landed, fenced)
+            return False
+        owned.enter(ShardPhase.RELEASED)
+        self._owned.forget(owned)
+        return True

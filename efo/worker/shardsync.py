@@ -1,0 +1,139 @@
+"""The shards of the stream and their leases (KCL's ShardSyncTask).
+
+At the application's first start, a lease for every shard at the initial position; afterwards,
+every ``shards.sync_interval_s`` (and at once when a shard ends here), ListShards and a lease for
+every shard born since (a split or a merge), read from its own beginning. Which shards have a
+lease is taken from the lease cycle's last read of the table, not from a read of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from efo.config import InitialPosition, Settings
+from efo.errors import EfoError, StreamRecreated
+from efo.kinesis.registration import StreamInfo
+from efo.kinesis.shards import ShardGraph, list_shards
+from efo.leases.table import LeaseTable, Meta
+from efo.pipeline.records import SHARD_END, Position
+
+log = structlog.get_logger("efo.worker.shardsync")
+
+
+class ShardSync:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        stream: StreamInfo,
+        kinesis: Any,
+        table: LeaseTable,
+        on_listed: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._stream = stream
+        self._kinesis = kinesis
+        self._table = table
+        self._on_listed = on_listed
+        self._clock = clock
+        self._now = asyncio.Event()
+        self.graph: ShardGraph | None = None
+        self.listed_at = 0.0  # when the listing behind ``graph`` was asked for
+        #: The shards with a lease, as of the lease cycle's last read (None: not read yet).
+        self.leased: Callable[[], Collection[str] | None] = lambda: None
+        self._log = log.bind(worker_id=table.worker_id)
+
+    def list_now(self) -> None:
+        self._now.set()
+
+    # ---- the first start ----------------------------------------------------------------------
+
+    async def check(self) -> Meta | None:
+        """Refuse a table that belongs to an earlier stream of the same name."""
+        meta = await self._table.read_meta()
+        if meta is not None and abs(meta.stream_created_at.timestamp() - self._stream.created_at.timestamp()) > 1e-3:
+            raise StreamRecreated(
+                f"stream {self._stream.name!r} was created at {self._stream.created_at.isoformat()}, "
+                f"but the checkpoints in table {self._table.table!r} belong to the stream created at "
+                f"{meta.stream_created_at.isoformat()} (deleted and recreated?); to start over run "
+                f"'efo checkpoints reset --delete-all --yes' with the same configuration"
+            )
+        return meta
+
+    async def bootstrap(self) -> None:
+        """At the application's first start, a lease for every shard at the initial position.
+
+        Several workers starting at once agree on one bootstrap: the meta row (the first start's
+        position and moment) is written first, conditionally, so one worker's wins and all use it;
+        every lease is written conditionally; the meta row is marked complete last. A worker that
+        dies half-way leaves it incomplete, and the next worker completes it the same way."""
+        await self._table.register_partition()  # for the operator CLI's Query of every application's workers
+        meta = await self.check()
+        if meta is None:
+            await self._table.create_meta(self._stream.created_at, str(self._settings.start), datetime.now(UTC))
+            meta = await self.check()
+        assert meta is not None
+        if meta.complete:
+            return
+        initial = InitialPosition.parse(meta.initial_position)
+        started_at = meta.started_at or datetime.now(UTC)
+        graph = await list_shards(self._kinesis, self._stream.arn)
+        for shard_id, shard in graph.shards.items():
+            start = first_start_position(initial, graph, shard_id, started_at)
+            await self._table.create_lease(shard_id, shard.parents, start)
+        await self._table.complete_meta()
+        self._log.info(
+            "leases.bootstrapped", stream=self._stream.name, shards=len(graph.shards), initial_position=str(initial)
+        )
+
+    # ---- later shards -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """ListShards every ``shards.sync_interval_s`` (and when asked): a lease for every shard born
+        since (a split or a merge), read from its own beginning. Until cancelled."""
+        while True:
+            try:
+                await self.sync()
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("shards.sync_failed", error=str(exc), code=exc.code)
+            try:
+                async with asyncio.timeout(self._settings.shards.sync_interval_s):
+                    await self._now.wait()
+            except TimeoutError:
+                pass
+            self._now.clear()
+
+    async def sync(self) -> None:
+        asked_at = self._clock()
+        graph = await list_shards(self._kinesis, self._stream.arn)
+        known = self.leased()
+        if known is None:
+            known = set((await self._table.read()).leases)
+        for shard_id, shard in graph.shards.items():
+            if shard_id not in known and await self._table.create_lease(
+                shard_id, shard.parents, Position("TRIM_HORIZON")
+            ):
+                self._log.info("shard.discovered", shard_id=shard_id, parents=list(shard.parents))
+        self.graph, self.listed_at = graph, asked_at
+        self._on_listed()
+
+
+def first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime) -> Position:
+    if initial.kind == "LATEST":
+        # Closed shards hold only what was written before the first start: nothing to read.
+        # LATEST means "from the first start": kept as that moment, not as the word LATEST,
+        # so that no later claim (a crash, a handover before the first event) starts from a
+        # later "now" and skips what was written in between.
+        return SHARD_END if graph.is_closed(shard_id) else Position("AT_TIMESTAMP", timestamp=now)
+    if initial.kind == "AT_TIMESTAMP":
+        return Position("AT_TIMESTAMP", timestamp=initial.timestamp)
+    return Position("TRIM_HORIZON")
