@@ -152,8 +152,15 @@ class LeaseSettings(_Section):
     sync_interval_s: float = Field(
         1.0,
         gt=0,
-        description="How often the lease table is read (one Query): leases taken by others are dropped, "
+        description="How often the lease cycle runs: one small Query of the heartbeats and the lease "
+        "version (the lease rows only when the version moved); leases taken by others are dropped, "
         "free ones claimed, handovers and resets applied, shards balanced.",
+    )
+    full_read_interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="Every lease row is read at least this often, even when the version did not move "
+        "(a safety net for a change whose version write was lost).",
     )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(

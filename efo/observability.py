@@ -201,6 +201,7 @@ class Metrics:
     handoff_chunks: Gauge
     leases_held: Gauge
     lease_changes: Counter
+    lease_reads: Counter
     workers_live: Gauge
     shards_unowned: Gauge
     checkpoint_writes: Counter
@@ -332,6 +333,13 @@ class Metrics:
                 ["reason"],
                 registry=registry,
             ),
+            lease_reads=Counter(
+                "efo_lease_table_reads_total",
+                "Reads of the lease table by the lease cycle, by what they read: control (the heartbeats "
+                "and the version, every cycle) or leases (every lease row: when the version moved).",
+                ["rows"],
+                registry=registry,
+            ),
             workers_live=Gauge(
                 "efo_workers_live",
                 "Workers with a live heartbeat in the lease table.",
@@ -398,6 +406,8 @@ class Metrics:
             metrics.lease_changes.labels(reason=reason)
         for outcome in CHECKPOINT_OUTCOMES:
             metrics.checkpoint_writes.labels(outcome=outcome)
+        for rows in ("control", "leases"):
+            metrics.lease_reads.labels(rows=rows)
         return metrics
 
     def shard(self, shard_id: str) -> ShardSeries:

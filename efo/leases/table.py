@@ -1,13 +1,20 @@
 """The lease and checkpoint table in DynamoDB.
 
-Every row of one application and stream shares the partition key ``<app>|<stream ARN>``, so the
-whole state is read with one paginated, strongly consistent Query (never a Scan):
+Every row of one application and stream shares the partition key ``<app>|<stream ARN>``, read
+with paginated Queries (never a Scan):
 
 - ``sk = meta``: the stream's creation time (a stream deleted and recreated under the same name
   has the same ARN but a new creation time) and the initial position of the first start.
-- ``sk = worker|<id>``: one heartbeat row per worker; liveness costs writes per worker, not per shard.
 - ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting position, or
   :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
+- ``sk = version``: a counter that every change of a lease other than its checkpoint moves (a
+  claim, a release, SHARD_END, a handover request, a reset, a new lease).
+- ``sk = worker|<id>``: one heartbeat row per worker; liveness costs writes per worker, not per shard.
+
+The version and the heartbeats sort after every lease row, so :meth:`LeaseTable.read_control`
+reads just those (a Query of ``sk > "shard}"``, small whatever the number of shards): a worker
+reads the lease rows themselves only when the version moved, after a write of its own, or as a
+slow safety net.
 
 Ownership changes and checkpoint writes are conditional on the owner and the lease counter
 (fencing): a worker whose lease was taken gets :class:`LeaseLost` instead of writing.
@@ -16,9 +23,10 @@ Ownership changes and checkpoint writes are conditional on the owner and the lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +44,9 @@ WORKER_PREFIX = "worker|"
 #: The registry partition: one row per application partition of the table (``sk = <app>|<stream ARN>``).
 REGISTRY_PK = "efo:partitions"
 SHARD_PREFIX = "shard|"
+VERSION_KEY = "version"
+#: Sorts after every ``shard|`` key and before ``version`` and ``worker|``: the control rows follow it.
+AFTER_SHARDS = "shard}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +103,7 @@ class TableState:
     meta: Meta | None = None
     workers: dict[str, WorkerRow] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
+    version: int = 0  # the version row's counter (0: none yet)
 
     @property
     def heartbeats(self) -> dict[str, int]:
@@ -122,6 +134,22 @@ def _position_of(item: dict[str, Any], prefix: str = "") -> Position:
         item.get(f"{prefix}sequence_number", {}).get("S"),
         int(sub) if sub is not None else None,
         datetime.fromtimestamp(float(stamp), UTC) if stamp is not None else None,
+    )
+
+
+def _lease_of(item: dict[str, Any]) -> Lease:
+    reset_id = item.get("reset_id", {}).get("S")
+    lag = item.get("lag_ms", {}).get("N")
+    return Lease(
+        shard_id=item["sk"]["S"].removeprefix(SHARD_PREFIX),
+        parents=tuple(p["S"] for p in item.get("parents", {}).get("L", [])),
+        owner=item.get("lease_owner", {}).get("S"),
+        counter=int(item.get("lease_counter", {}).get("N", "0")),
+        checkpoint=_position_of(item),
+        updated_at=_datetime(item.get("updated_at", {}).get("S")),
+        wanted_by=item.get("wanted_by", {}).get("S"),
+        reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
+        lag_ms=int(lag) if lag is not None else None,
     )
 
 
@@ -190,6 +218,11 @@ class LeaseTable:
         self.consumer_arn = consumer_arn
         self._heartbeat = 0
         self._started_at = datetime.now(UTC).isoformat()
+        #: Moves at every change of a lease this client made and at every conditional write of it
+        #: that failed (the lease was not as read): what it read of the leases may be out of date.
+        self.changes = 0
+        self._bumps_deferred = 0
+        self._bump_due = False
 
     def _key(self, sort_key: str) -> dict[str, Any]:
         return {"pk": {"S": self.partition}, "sk": {"S": sort_key}}
@@ -237,12 +270,28 @@ class LeaseTable:
 
     async def read(self) -> TableState:
         """Every row of this application and stream: one paginated, strongly consistent Query."""
+        return await self._read_state()
+
+    async def read_leases(self) -> TableState:
+        """The lease rows alone (no meta, no heartbeats): one paginated, strongly consistent Query."""
+        return await self._read_state(prefix=SHARD_PREFIX)
+
+    async def read_control(self) -> TableState:
+        """The version and every heartbeat row, no lease: one small, eventually consistent Query.
+        (An older answer after a newer one is possible: a version only ever grows, and a heartbeat
+        seen again unchanged only delays a failover, never hastens it.)"""
+        return await self._read_state(after=AFTER_SHARDS, consistent=False)
+
+    async def _read_state(
+        self, *, prefix: str | None = None, after: str | None = None, consistent: bool = True
+    ) -> TableState:
         state = TableState()
         try:
-            for item in await _query(self._ddb, self.table, self.partition):
-                self._absorb(state, item)
+            items = await _query(self._ddb, self.table, self.partition, prefix, after=after, consistent=consistent)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
+        for item in items:
+            self._absorb(state, item)
         return state
 
     async def read_meta(self) -> Meta | None:
@@ -298,6 +347,8 @@ class LeaseTable:
                 started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
                 complete=item.get("complete", {}).get("BOOL", True),
             )
+        elif sort_key == VERSION_KEY:
+            state.version = int(item.get("v", {}).get("N", "0"))
         elif sort_key.startswith(WORKER_PREFIX):
             worker_id = sort_key.removeprefix(WORKER_PREFIX)
             state.workers[worker_id] = WorkerRow(
@@ -309,20 +360,8 @@ class LeaseTable:
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
             )
         elif sort_key.startswith(SHARD_PREFIX):
-            shard_id = sort_key.removeprefix(SHARD_PREFIX)
-            reset_id = item.get("reset_id", {}).get("S")
-            lag = item.get("lag_ms", {}).get("N")
-            state.leases[shard_id] = Lease(
-                shard_id=shard_id,
-                parents=tuple(p["S"] for p in item.get("parents", {}).get("L", [])),
-                owner=item.get("lease_owner", {}).get("S"),
-                counter=int(item.get("lease_counter", {}).get("N", "0")),
-                checkpoint=_position_of(item),
-                updated_at=_datetime(item.get("updated_at", {}).get("S")),
-                wanted_by=item.get("wanted_by", {}).get("S"),
-                reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
-                lag_ms=int(lag) if lag is not None else None,
-            )
+            lease = _lease_of(item)
+            state.leases[lease.shard_id] = lease
 
     async def create_meta(self, stream_created_at: datetime, initial_position: str, started_at: datetime) -> bool:
         """Record the first start, incomplete until :meth:`complete_meta`; False when another worker
@@ -358,7 +397,9 @@ class LeaseTable:
             "updated_at": _now(),
             **_position_item(start),
         }
-        return await self._put_new(SHARD_PREFIX + shard_id, item)
+        created = await self._put_new(SHARD_PREFIX + shard_id, item)
+        await self._changed()
+        return created
 
     async def _put_new(self, sort_key: str, attributes: dict[str, Any]) -> bool:
         try:
@@ -382,17 +423,14 @@ class LeaseTable:
         update.values[":me"] = {"S": self.worker_id}
         update.next_counter()
         update.removes.append("wanted_by")
-        checkpoint = lease.checkpoint
         if lease.reset is not None:
             update.apply_reset(lease.reset)
-            checkpoint = lease.reset.position
         else:
             update.values[":end"] = {"S": SHARD_END.kind}
             update.conditions.append("position_kind <> :end")
-        await self._update(lease, update)
-        return replace(
-            lease, owner=self.worker_id, counter=lease.counter + 1, checkpoint=checkpoint, wanted_by=None, reset=None
-        )
+        # The row as it is now: its checkpoint may be newer than the one read (checkpoint writes
+        # do not move the version, so a worker's last read of the leases may not have it).
+        return _lease_of(await self._update(lease, update, returning=True))
 
     async def apply_reset(self, lease: Lease) -> Lease:
         """Apply the lease's pending reset without taking it: the owner's (a new claim of the same
@@ -403,6 +441,7 @@ class LeaseTable:
         update.next_counter()
         update.apply_reset(lease.reset)
         await self._update(lease, update)
+        await self._changed()
         return replace(lease, counter=lease.counter + 1, checkpoint=lease.reset.position, reset=None)
 
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
@@ -430,6 +469,7 @@ class LeaseTable:
         update.removes.append("lease_owner")
         update.next_counter()
         await self._update(lease, update)
+        await self._changed()
         return replace(lease, owner=None, counter=lease.counter + 1, checkpoint=SHARD_END)
 
     async def release(self, lease: Lease) -> None:
@@ -440,6 +480,7 @@ class LeaseTable:
         update.removes.append("lease_owner")
         update.next_counter()
         await self._update(lease, update)
+        await self._changed()
 
     async def want(self, lease: Lease) -> None:
         """Ask the owner to hand the lease over (a steal is a request, not a grab)."""
@@ -449,6 +490,7 @@ class LeaseTable:
         update.values[":me"] = {"S": self.worker_id}
         update.conditions.append("attribute_not_exists(wanted_by)")
         await self._update(lease, update)
+        await self._changed()
 
     async def request_reset(self, shard_ids: Iterable[str], position: Position) -> str:
         """The operator's reset: written on each shard's row as pending; returns its id."""
@@ -460,23 +502,71 @@ class LeaseTable:
             update.values[":reset"] = {"S": reset_id}
             update.conditions.append("attribute_exists(sk)")
             await self._update(Lease(shard_id, (), None, 0, position), update, missing=f"no lease for shard {shard_id}")
+        await self._changed()
         return reset_id
 
-    async def _update(self, lease: Lease, update: _Update, *, missing: str | None = None) -> None:
+    async def _update(
+        self, lease: Lease, update: _Update, *, missing: str | None = None, returning: bool = False
+    ) -> dict[str, Any]:
+        """One conditional UpdateItem of the lease's row; with ``returning``, the row as written."""
         try:
-            await self._ddb.update_item(
+            response = await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(SHARD_PREFIX + lease.shard_id),
                 UpdateExpression=update.expression(),
                 ConditionExpression=" AND ".join(update.conditions),
                 ExpressionAttributeValues=update.values,
+                **({"ReturnValues": "ALL_NEW"} if returning else {}),
             )
         except Exception as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
+                self.changes += 1  # the row was not as read: what was read of it is out of date
                 if missing is not None:
                     raise ResourceNotFound(f"{missing} in {self._resource()}") from None
                 raise LeaseLost(f"lease of shard {lease.shard_id} is no longer held by {self.worker_id}") from None
             raise translate(exc, resource=self._resource()) from None
+        if returning:
+            await self._changed()
+        return dict(response.get("Attributes", {}))
+
+    # ---- the version ------------------------------------------------------------------------
+
+    async def _changed(self) -> None:
+        """A lease changed other than by its checkpoint: move the version (now, or at the end of
+        :meth:`changing`), so that every worker reads the leases again."""
+        self.changes += 1
+        if self._bumps_deferred:
+            self._bump_due = True
+        else:
+            await self._bump()
+
+    @contextlib.asynccontextmanager
+    async def changing(self) -> AsyncIterator[None]:
+        """Changes made inside move the version once, at the end (a cycle's claims: one write, not one each)."""
+        self._bumps_deferred += 1
+        try:
+            yield
+        finally:
+            self._bumps_deferred -= 1
+            if not self._bumps_deferred and self._bump_due:
+                self._bump_due = False
+                await self._bump()
+
+    async def _bump(self) -> None:
+        """The change itself has landed; if the version's write fails, the others learn of the change
+        at their next full read (``lease.full_read_interval_s``) or their next fenced write."""
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key=self._key(VERSION_KEY),
+                UpdateExpression="ADD v :one",
+                ExpressionAttributeValues={":one": {"N": "1"}},
+            )
+        except Exception as exc:
+            error = translate(exc, resource=self._resource())
+            if not error.retriable:
+                raise error from None
+            log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
 
     async def heartbeat(self) -> None:
         self._heartbeat += 1
@@ -561,17 +651,29 @@ async def table_workers(
 
 
 async def _query(
-    dynamodb: Any, table: str, partition: str, prefix: str | None = None, projection: str | None = None
+    dynamodb: Any,
+    table: str,
+    partition: str,
+    prefix: str | None = None,
+    projection: str | None = None,
+    *,
+    after: str | None = None,
+    consistent: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every item of ``partition`` (whose sort key starts with ``prefix``; only the ``projection``
-    attributes if given), strongly consistent, all pages."""
-    condition = "pk = :pk" + (" AND begins_with(sk, :prefix)" if prefix else "")
-    values = {":pk": {"S": partition}, **({":prefix": {"S": prefix}} if prefix else {})}
+    """Every item of ``partition`` whose sort key starts with ``prefix`` (or sorts after ``after``),
+    only the ``projection`` attributes if given, strongly consistent unless told, all pages."""
+    condition, values = "pk = :pk", {":pk": {"S": partition}}
+    if prefix:
+        condition += " AND begins_with(sk, :prefix)"
+        values[":prefix"] = {"S": prefix}
+    elif after:
+        condition += " AND sk > :after"
+        values[":after"] = {"S": after}
     args: dict[str, Any] = {
         "TableName": table,
         "KeyConditionExpression": condition,
         "ExpressionAttributeValues": values,
-        "ConsistentRead": True,
+        "ConsistentRead": consistent,
         **({"ProjectionExpression": projection} if projection else {}),
     }
     items: list[dict[str, Any]] = []

@@ -71,7 +71,11 @@ class LeaseCycle:
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
-        self.state: TableState | None = None  # the last read of the table
+        self.state: TableState | None = None  # the table as the last cycle saw it
+        self._leases: dict[str, Lease] | None = None  # the lease rows as last read
+        self._leases_read_at = 0.0
+        self._leases_version = 0  # the version as of that read
+        self._changes_seen = 0  # this worker's own lease changes as of that read
         self.read_at: float | None = None  # when it was read, for /readyz
         self.cycles = 0  # cycles run (with a read), for readiness
         self._log = log.bind(worker_id=self._me)
@@ -86,9 +90,9 @@ class LeaseCycle:
             try:
                 graph = self._shards.graph
                 if graph is not None and not self._in_doubt():
-                    state = await self._table.read()
-                    self.state, self.read_at = state, self._clock()
-                    await self.cycle(state, graph)
+                    state = await self.read()
+                    async with self._table.changing():  # the cycle's changes move the version once
+                        await self.cycle(state, graph)
             except EfoError as exc:
                 if not exc.retriable:
                     raise
@@ -99,6 +103,31 @@ class LeaseCycle:
             except TimeoutError:
                 pass
             self._now.clear()
+
+    async def read(self) -> TableState:
+        """The table as this cycle sees it: the heartbeats and the version, read now (one small
+        Query); the lease rows read again only when they may have changed: the version moved, this
+        worker changed a lease (or a write of it found the lease not as read), or the last full read
+        is ``lease.full_read_interval_s`` old. Checkpoints move no version, so a lease's checkpoint
+        here may be old: a claim starts from the row it writes, never from this."""
+        control = await self._table.read_control()
+        now = self._clock()
+        leases = self._leases
+        if (
+            leases is None
+            or control.version > self._leases_version
+            or self._table.changes != self._changes_seen
+            or now - self._leases_read_at >= self._settings.lease.full_read_interval_s
+        ):
+            self._changes_seen = self._table.changes  # a change from here on reads them again
+            leases = (await self._table.read_leases()).leases
+            METRICS.lease_reads.labels(rows="leases").inc()
+            self._leases, self._leases_read_at = leases, now
+            self._leases_version = max(self._leases_version, control.version)
+        METRICS.lease_reads.labels(rows="control").inc()
+        self.read_at = now
+        self.state = TableState(workers=control.workers, leases=dict(leases), version=control.version)
+        return self.state
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""

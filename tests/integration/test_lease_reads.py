@@ -1,0 +1,108 @@
+"""What a worker reads of the lease table, against the local stack's DynamoDB: the version moves
+with every change of a lease but its checkpoint, a claim starts from the row as it is (never from
+an older read), and workers at steady state read the heartbeats and the version, not the leases."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from efo.leases.table import LeaseTable
+from efo.observability import METRICS
+from efo.pipeline.records import SHARD_END, Position, after
+
+from .memory_kinesis import MemoryKinesis
+from .test_coordinator import run, running, until, world
+
+pytestmark = pytest.mark.integration
+
+
+def _reads(rows: str) -> float:
+    return METRICS.lease_reads.labels(rows=rows)._value.get()
+
+
+def test_every_change_of_a_lease_but_its_checkpoint_moves_the_version(local_stack: Any) -> None:
+    async def scenario() -> None:
+        async with world(local_stack, MemoryKinesis(2)) as w:
+            table, other = w.table, await w.other_worker("w2")
+
+            async def version() -> int:
+                return (await table.read_control()).version
+
+            before = await version()
+            lease = await table.claim((await table.read()).leases["shard-000"])
+            assert await version() == before + 1, "a claim"
+            lease = await table.checkpoint(lease, after("5"))
+            await table.heartbeat()
+            assert await version() == before + 1, "a checkpoint or a heartbeat moves nothing"
+            await other.want(lease)
+            assert await version() == before + 2, "a handover request"
+            await table.release((await table.read()).leases["shard-000"])
+            assert await version() == before + 3, "a release"
+            lease = await other.claim((await other.read()).leases["shard-000"])
+            await other.finish(lease)
+            assert await version() == before + 5, "a claim and SHARD_END"
+            await table.request_reset(["shard-001"], Position("TRIM_HORIZON"))
+            assert await version() == before + 6, "an operator's reset"
+            await table.create_lease("shard-new", (), Position("TRIM_HORIZON"))
+            assert await version() == before + 7, "a new lease"
+
+    run(scenario())
+
+
+def test_changes_inside_changing_move_the_version_once(local_stack: Any) -> None:
+    async def scenario() -> None:
+        async with world(local_stack, MemoryKinesis(4)) as w:
+            state = await w.table.read()
+            async with w.table.changing():
+                for lease in state.leases.values():
+                    await w.table.claim(lease)
+            assert (await w.table.read_control()).version == state.version + 1
+
+    run(scenario())
+
+
+def test_a_claim_starts_from_the_checkpoint_in_the_row_not_from_an_older_read(local_stack: Any) -> None:
+    """Checkpoints move no version, so a worker's last read of the leases may hold an older one."""
+
+    async def scenario() -> None:
+        async with world(local_stack, MemoryKinesis(1)) as w:
+            dead: LeaseTable = await w.other_worker("w-dead")
+            held = await dead.claim((await dead.read()).leases["shard-000"])
+            seen_by_w1 = (await w.table.read()).leases["shard-000"]  # the checkpoint as of now
+            await dead.checkpoint(held, after("42"))  # later: moves no version
+            claimed = await w.table.claim(seen_by_w1)
+            assert claimed.checkpoint == after("42")
+            assert claimed.owner == "w1" and claimed.counter == seen_by_w1.counter + 1
+
+    run(scenario())
+
+
+def test_two_balanced_workers_read_the_leases_only_when_something_changed(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(6)
+        for i in range(6):
+            kinesis.put(f"shard-{i:03d}", 3)
+        lease = {"heartbeat_interval_s": 0.25, "failover_s": 6.0, "sync_interval_s": 0.1}
+        async with world(local_stack, kinesis, lease=lease) as a:
+            b = await a.worker("w2")
+            async with running(a) as stop_a, running(b) as stop_b:
+                held = lambda: sorted(len(w.coordinator.owned) for w in (a, b))  # noqa: E731
+                await until(lambda: held() == [3, 3], timeout_s=15, what="3 and 3")
+                await asyncio.sleep(2.0)  # handovers done, checkpoints of the first records written
+                control, leases = _reads("control"), _reads("leases")
+                await asyncio.sleep(3.0)  # 30 cycles each at 0.1 s
+                assert _reads("control") - control >= 20  # both workers together, a busy machine
+                assert _reads("leases") - leases <= 2, "lease rows read without a change"
+                # A change is read at once: a split ends the parent (SHARD_END) and adds two leases.
+                children = kinesis.split("shard-000")
+                owned = lambda: {sid for w in (a, b) for sid in w.coordinator.owned}  # noqa: E731
+                await until(lambda: set(children) <= owned(), timeout_s=15, what="both children read")
+                assert _reads("leases") > leases
+                await stop_b()
+                await stop_a()
+            assert (await a.table.read()).leases["shard-000"].checkpoint == SHARD_END
+
+    run(scenario())
