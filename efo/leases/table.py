@@ -84,6 +84,7 @@ class Meta:
     initial_position: str
     started_at: datetime | None = None
     complete: bool = True
+    bootstrapper: str | None = None  # the worker that wrote it, and writes the first start's leases
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +347,7 @@ class LeaseTable:
                 initial_position=item["initial_position"]["S"],
                 started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
                 complete=item.get("complete", {}).get("BOOL", True),
+                bootstrapper=item.get("bootstrapper", {}).get("S"),
             )
         elif sort_key == VERSION_KEY:
             state.version = int(item.get("v", {}).get("N", "0"))
@@ -374,6 +376,7 @@ class LeaseTable:
                 "started_at": {"N": repr(started_at.timestamp())},
                 "complete": {"BOOL": False},
                 "created_at": _now(),
+                "bootstrapper": {"S": self.worker_id},
             },
         )
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from typing import Any
 
 import structlog
 
@@ -27,6 +26,7 @@ from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.leases.view import TableView
 from efo.observability import METRICS
+from efo.worker.concurrency import bounded
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
 from efo.worker.shardsync import ShardSync
@@ -172,7 +172,7 @@ class LeaseCycle:
         elif self._short_since is None:
             self._short_since = self._clock()
         # Fenced on each lease as it is in the table; a bounded number at once.
-        await _bounded(CLAIM_CONCURRENCY, [self._claim(state.leases[lease.shard_id]) for lease in moves.claim])
+        await bounded(CLAIM_CONCURRENCY, [self._claim(state.leases[lease.shard_id]) for lease in moves.claim])
         # Ours in the table but beyond this worker's share: others see them held by a live worker and
         # would never take them (a spread of one asks for nothing), so give them up now.
         for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
@@ -330,21 +330,3 @@ def _parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> boo
         if parent_lease is not None and not parent_lease.finished and parent in graph.shards:
             return False
     return True
-
-
-async def _bounded(limit: int, calls: list[Coroutine[Any, Any, None]]) -> None:
-    """Run ``calls`` with at most ``limit`` under way at once; the first failure cancels the rest
-    (a claim cut short may have landed: the next cycle finds it ours and not running, and takes it
-    back) and is raised as itself."""
-    slots = asyncio.Semaphore(limit)
-
-    async def one(call: Coroutine[Any, Any, None]) -> None:
-        async with slots:
-            await call
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            for call in calls:
-                group.create_task(one(call))
-    except* EfoError as failures:
-        raise failures.exceptions[0] from None

@@ -22,8 +22,12 @@ from efo.kinesis.registration import StreamInfo
 from efo.kinesis.shards import ShardGraph, list_shards
 from efo.leases.table import LeaseTable, Meta
 from efo.pipeline.records import SHARD_END, Position
+from efo.worker.concurrency import bounded
 
 log = structlog.get_logger("efo.worker.shardsync")
+
+#: The first start's lease rows go out this many at once (4,096 one at a time took minutes).
+BOOTSTRAP_CONCURRENCY = 32
 
 
 class ShardSync:
@@ -71,27 +75,57 @@ class ShardSync:
         """At the application's first start, a lease for every shard at the initial position.
 
         Several workers starting at once agree on one bootstrap: the meta row (the first start's
-        position and moment) is written first, conditionally, so one worker's wins and all use it;
-        every lease is written conditionally; the meta row is marked complete last. A worker that
-        dies half-way leaves it incomplete, and the next worker completes it the same way."""
+        position and moment, and who writes its leases) is written first, conditionally, so one
+        worker's wins and all use it. The winner writes every lease (conditionally, a bounded number
+        at once) and marks the meta row complete last; the others wait for that while the winner's
+        heartbeat lives. A bootstrap whose worker died half-way is completed the same way by the next."""
         await self._table.register_partition()  # for the operator CLI's Query of every application's workers
         meta = await self.check()
         if meta is None:
             await self._table.create_meta(self._stream.created_at, str(self._settings.start), datetime.now(UTC))
             meta = await self.check()
         assert meta is not None
+        if not meta.complete and meta.bootstrapper not in (None, self._table.worker_id):
+            meta = await self._wait_for_bootstrap(meta)
         if meta.complete:
             return
         initial = InitialPosition.parse(meta.initial_position)
         started_at = meta.started_at or datetime.now(UTC)
         graph = await list_shards(self._kinesis, self._stream.arn)
-        for shard_id, shard in graph.shards.items():
-            start = first_start_position(initial, graph, shard_id, started_at)
-            await self._table.create_lease(shard_id, shard.parents, start)
+        async with self._table.changing():  # one version move for the whole bootstrap
+            await bounded(
+                BOOTSTRAP_CONCURRENCY,
+                [
+                    self._table.create_lease(
+                        shard_id, shard.parents, first_start_position(initial, graph, shard_id, started_at)
+                    )
+                    for shard_id, shard in graph.shards.items()
+                ],
+            )
         await self._table.complete_meta()
         self._log.info(
             "leases.bootstrapped", stream=self._stream.name, shards=len(graph.shards), initial_position=str(initial)
         )
+
+    async def _wait_for_bootstrap(self, meta: Meta) -> Meta:
+        """Until the bootstrapping worker completed the meta row, or its heartbeat stopped changing for
+        ``lease.failover_s`` (it died half-way: the rest is this worker's to write)."""
+        bootstrapper = meta.bootstrapper
+        self._log.info("leases.waiting_for_bootstrap", bootstrapper=bootstrapper)
+        beat, since = None, self._clock()
+        while True:
+            await asyncio.sleep(self._settings.lease.sync_interval_s)
+            current = await self.check()
+            assert current is not None
+            if current.complete:
+                return current
+            row = (await self._table.read_control()).workers.get(bootstrapper or "")
+            now = self._clock()
+            if row is not None and row.heartbeat != beat:
+                beat, since = row.heartbeat, now
+            elif now - since >= self._settings.lease.failover_s:
+                self._log.warning("leases.bootstrap_abandoned", bootstrapper=bootstrapper)
+                return current
 
     # ---- later shards -------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ requests, live resets, only-live-data starts and a concurrent LATEST bootstrap, 
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -255,6 +257,27 @@ def test_workers_bootstrapping_at_once_under_latest_agree_on_one_bootstrap(local
                 Position("AT_TIMESTAMP", timestamp=state.meta.started_at)
             }
             assert {lease.counter for lease in state.leases.values()} == {0}
+
+    run(scenario())
+
+
+def _requests(local_stack: Any) -> Counter[str]:
+    with urllib.request.urlopen(f"{local_stack.dynamodb_endpoint}/_efo/requests", timeout=5) as response:
+        return Counter(json.loads(response.read()))
+
+
+def test_workers_starting_together_write_the_first_start_s_leases_once_not_once_each(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(40)
+        async with world(local_stack, kinesis, bootstrap=False, lease=PATIENT) as a:
+            workers = [a] + [await a.worker(f"w{i}", bootstrap=False) for i in (2, 3)]
+            before = _requests(local_stack)
+            await asyncio.gather(*(w.coordinator.bootstrap() for w in workers))  # at the same moment
+            puts = _requests(local_stack)["PutItem"] - before["PutItem"]
+            state = await a.table.read()
+            assert state.meta is not None and state.meta.complete and len(state.leases) == 40
+            # 40 leases, and per worker its registry row and its try at the meta row: not 3 x 40 leases
+            assert puts <= 40 + 2 * len(workers), f"{puts} PutItem requests"
 
     run(scenario())
 
