@@ -1,4 +1,13 @@
-"""Fault-injection rules for the conformance proxy (control API: ``/_efo/faults``)."""
+"""Fault-injection rules for the conformance proxy (control API: ``/_efo/faults``).
+
+Besides faults, one rule makes the proxy behave as AWS may where kinesis-local does not:
+``advance_continuation`` moves the ContinuationSequenceNumber on at every event without records of
+a subscription: kinesis-local's number plus how many such events there were so far (kinesis-local
+keeps the number of the shard's last record while the shard is idle; whether AWS moves it there is
+not documented). The numbers are made up, below the shard's next record (kinesis-local's numbers of
+consecutive records are about 10**21 apart): for tests of what a consumer writes, not of where it
+resubscribes.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,13 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
-Action = Literal["error", "exception_frame", "reset", "stall"]
-ACTIONS: tuple[Action, ...] = ("error", "exception_frame", "reset", "stall")
+Action = Literal["error", "exception_frame", "reset", "stall", "advance_continuation"]
+ACTIONS: tuple[Action, ...] = ("error", "exception_frame", "reset", "stall", "advance_continuation")
 # Actions that act inside an event stream only make sense for SubscribeToShard.
-STREAM_ACTIONS: frozenset[str] = frozenset({"exception_frame", "reset", "stall"})
+STREAM_ACTIONS: frozenset[str] = frozenset({"exception_frame", "reset", "stall", "advance_continuation"})
+#: The stream action that rewrites events instead of firing once: every event without records
+#: from ``after_events`` on, for the whole subscription.
+ADVANCE_CONTINUATION: Action = "advance_continuation"
 SUBSCRIBE = "SubscribeToShard"
 
 
@@ -25,7 +37,7 @@ class FaultRule:
     operation: str  # X-Amz-Target operation name (e.g. "PutRecords"), or "*" for any
     action: Action
     shard_id: str | None = None
-    count: int = 1  # remaining firings
+    count: int = 1  # remaining firings (a stream action: subscriptions it applies to)
     after_events: int = 0  # stream actions: events forwarded before the fault fires
     status: int = 400  # error
     error_code: str = "InternalFailure"  # error: __type; exception_frame: :exception-type

@@ -9,7 +9,8 @@ kinesis-local differs from AWS in ways that break real SDK consumers; this proxy
   ContinuationSequenceNumber is sent and the response ends (kinesis-local never does).
 * ``ChildShards: null`` in mid-shard events is dropped (AWS omits the key).
 * Optional subscription lifetime (AWS ends subscriptions after 5 minutes).
-* Fault injection through ``/_efo/faults`` (see ``efo.devstack.faults``).
+* Fault injection through ``/_efo/faults`` (see ``efo.devstack.faults``), and on request a
+  ContinuationSequenceNumber that moves on every event without records (``advance_continuation``).
 * No cap on connections to kinesis-local (each subscription holds one for its life), and every wait
   on it is bounded: a request it does not take or answer in time gets the answer AWS gives when it
   cannot serve one (503 ServiceUnavailable, which the SDKs retry), a subscription it stops feeding
@@ -39,7 +40,7 @@ from botocore.credentials import Credentials
 from multidict import CIMultiDict
 
 from efo.devstack.eventstream import Frame, decode_message, encode_message, frame_length
-from efo.devstack.faults import SUBSCRIBE, FaultRule, FaultRules, RuleError
+from efo.devstack.faults import ADVANCE_CONTINUATION, SUBSCRIBE, FaultRule, FaultRules, RuleError
 from efo.devstack.listings import Shard, ShardListings, StreamKey
 
 log = logging.getLogger("efo.devstack.proxy")
@@ -409,6 +410,10 @@ class ConformanceProxy:
         deadline = started + lifetime if lifetime > 0 else None
         idle_s = self.config.stream_idle_timeout_s
         events = 0
+        advance: FaultRule | None = None  # advance_continuation: applies from rule.after_events on
+        advanced = 0  # how far the continuation of empty events was moved on so far
+        if rule is not None and rule.action == ADVANCE_CONTINUATION:
+            advance, rule = rule, None
         item: tuple[bytes, Frame] | None = first
         while item is not None:
             raw, frame = item
@@ -430,6 +435,17 @@ class ConformanceProxy:
                         _event_frame({"Records": [], "MillisBehindLatest": 0, "ChildShards": sub.children})
                     )
                     return events + 1, "shard closed, final event sent"
+                continuation = payload.get("ContinuationSequenceNumber")
+                if (
+                    advance is not None
+                    and events >= advance.after_events
+                    and not payload.get("Records")
+                    and isinstance(continuation, str)
+                    and continuation.isdigit()
+                ):
+                    advanced += 1
+                    payload["ContinuationSequenceNumber"] = str(int(continuation) + advanced)
+                    raw = _event_frame(payload)
                 events += 1
             await response.write(raw)
             remaining = float("inf") if deadline is None else deadline - time.monotonic()

@@ -3,9 +3,20 @@
 **The checkpoint is the last position whose records were all committed by the sink** (in this
 claim). Chunks are numbered by serial as the subscription hands them on; a commit marks one
 chunk; the committed prefix moves the safe position forward to the resume position of its last
-chunk. An event without records moves the resume position of the last chunk (or, with nothing
-outstanding, the safe position itself). When the shard has ended and its last chunk is committed,
-the safe position is :data:`~efo.pipeline.records.SHARD_END`.
+chunk. When the shard has ended and its last chunk is committed, the safe position is
+:data:`~efo.pipeline.records.SHARD_END`.
+
+**An idle shard writes nothing.** Only three things make a checkpoint due: the pin of a start
+that names no record (LATEST, AT_TIMESTAMP: :meth:`CheckpointLedger.started`), records committed
+past the written checkpoint, and SHARD_END. An event without records that moved the continuation
+is never a reason to write: with chunks outstanding, it moves the resume position of the last one
+(written when that chunk's commit makes it due anyway); with none, it is dropped. That loses
+nothing: no record lies between the safe position and the newer continuation, so a restart from
+the older position reads only the same empty stretch again. Whether AWS moves the continuation of
+an idle shard is not documented; if it does, writing it would cost one DynamoDB write per idle
+shard per ``checkpoint.interval_s``. So what is due is never changed by an empty event, and the
+writes of an idle fleet are its heartbeats alone (the ``lag_ms`` stored with the checkpoint is then
+not refreshed either).
 
 A ledger belongs to exactly one claim of a shard (one lease counter): commits of an earlier claim
 never reach it (:meth:`efo.leases.lifecycle.OwnedShard.committed` routes by claim epoch). It is
@@ -62,12 +73,12 @@ class CheckpointLedger:
         self._chunks.append(_Chunk(serial, resume))
 
     def idle(self, resume: Position) -> None:
-        """An event without records moved the continuation to ``resume``."""
+        """An event without records moved the continuation to ``resume``: the last chunk outstanding
+        resumes there once committed; with none outstanding it is no reason to write (nothing lies
+        between the safe position and ``resume``), and it is dropped."""
         assert not self._ended
         if self._chunks:
             self._chunks[-1].resume = resume
-        else:
-            self._safe = resume
 
     def ended(self) -> None:
         """The shard's last event was handed on; SHARD_END is safe once everything is committed."""

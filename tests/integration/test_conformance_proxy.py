@@ -390,6 +390,38 @@ def test_fault_stall(local_stack: StackEndpoints, kinesis_client: Any, aio_kines
     run(scenario())
 
 
+def test_advance_continuation_moves_the_continuation_of_every_event_without_records(
+    local_stack: StackEndpoints, kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    """kinesis-local keeps an idle shard's continuation at its last record; with the rule, each
+    empty event carries a newer one, below the next record, and records pass unchanged."""
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 1)
+    add_fault(local_stack, {"operation": "SubscribeToShard", "shard_id": SHARD0, "action": "advance_continuation"})
+    events: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            event_stream = aiter(await subscribe(client, stream))
+            async with asyncio.timeout(15):
+                while len(events) < 4:
+                    events.append((await anext(event_stream))["SubscribeToShardEvent"])
+                sent.extend(put(kinesis_client, stream, "b", 1))
+                while not events[-1]["Records"]:
+                    events.append((await anext(event_stream))["SubscribeToShardEvent"])
+
+    run(scenario())
+    first, *idle, last = events
+    assert first["ContinuationSequenceNumber"] == first["Records"][-1]["SequenceNumber"]
+    continuations = [int(e["ContinuationSequenceNumber"]) for e in [first, *idle]]
+    assert all(not e["Records"] for e in idle) and len(idle) >= 3
+    assert continuations == sorted(set(continuations)), f"not moved on at every empty event: {continuations}"
+    assert int(last["Records"][0]["SequenceNumber"]) > continuations[-1]
+    assert last["ContinuationSequenceNumber"] == last["Records"][-1]["SequenceNumber"]
+    assert records_of(events) == sent
+    assert list_faults(local_stack) == []  # one subscription: its one firing taken
+
+
 def test_subscribe_to_already_closed_shard_ends_after_its_records(
     kinesis_client: Any, aio_kinesis_client: AioFactory
 ) -> None:

@@ -101,14 +101,63 @@ def test_idle_with_outstanding_chunks_moves_the_resume_position_of_the_last_chun
     assert ledger.due == after("25")
 
 
-def test_idle_without_outstanding_chunks_makes_the_continuation_due_at_once() -> None:
+def test_an_idle_shard_with_nothing_committed_has_nothing_due_however_far_the_continuation_moves() -> None:
+    ledger = CheckpointLedger(Position("TRIM_HORIZON"))
+    ledger.started(after("40"))
+    for continuation in ("40", "41", "42"):
+        ledger.idle(after(continuation))
+        assert ledger.due is None, "an empty event's continuation alone is never a reason to write"
+    assert not ledger.urgent and ledger.uncheckpointed_records == 0
+
+
+def test_an_idle_shard_whose_checkpoint_is_written_has_nothing_due_however_far_the_continuation_moves() -> None:
     ledger = CheckpointLedger(Position("TRIM_HORIZON"))
     _enqueue(ledger, "10")
-    ledger.committed(1, 1)
+    ledger.committed(1, 3)
+    ledger.wrote(after("10"), 3)
+    for continuation in ("40", "45"):
+        ledger.idle(after(continuation))
+        assert ledger.due is None, "no record lies between the written checkpoint and the continuation"
+    assert ledger.written == after("10") and ledger.uncheckpointed_records == 0
+
+
+def test_an_idle_shard_writes_its_pin_and_nothing_after_it() -> None:
+    ledger = CheckpointLedger(Position("LATEST"))
+    ledger.started(after("100"))
+    assert ledger.due == after("100") and ledger.urgent
+    ledger.idle(after("101"))  # the next empty event, before the pin is written
+    pin = ledger.due
+    assert pin is not None
+    ledger.wrote(pin, 0)
+    ledger.idle(after("102"))
+    assert ledger.due is None and not ledger.urgent
+
+
+def test_an_empty_event_during_a_checkpoint_write_makes_nothing_due_after_it() -> None:
+    ledger = CheckpointLedger(Position("TRIM_HORIZON"))
+    _enqueue(ledger, "10")
+    ledger.committed(1, 2)
+    due, counted = ledger.due, ledger.uncheckpointed_records
+    assert due == after("10")
+    ledger.idle(after("40"))  # lands while the write is under way
+    ledger.wrote(due, counted)
+    assert ledger.due is None
+    assert ledger.uncheckpointed_records == 0
+
+
+def test_a_committed_chunk_is_still_due_after_empty_events_and_records_after_them_are_due_again() -> None:
+    ledger = CheckpointLedger(Position("TRIM_HORIZON"))
+    _enqueue(ledger, "10")
+    ledger.committed(1, 2)
     ledger.idle(after("40"))
-    assert ledger.due == after("40")
-    ledger.idle(after("45"))
-    assert ledger.due == after("45")
+    due = ledger.due
+    assert due is not None, "records were committed: their position must be written"
+    ledger.wrote(due, 2)
+    _enqueue(ledger, "50")
+    ledger.idle(after("55"))
+    ledger.committed(2, 1)
+    assert ledger.due == after("55")
+    assert ledger.uncheckpointed_records == 1
 
 
 # ---- started: the pin of LATEST and AT_TIMESTAMP -----------------------------------------
@@ -138,7 +187,8 @@ def test_started_does_not_pin_trim_horizon_or_sequence_number_starts(start: Posi
 
 def test_started_does_not_overwrite_a_position_already_safe() -> None:
     ledger = CheckpointLedger(Position("LATEST"))
-    ledger.idle(after("50"))
+    _enqueue(ledger, "50")
+    ledger.committed(1, 1)
     ledger.started(Position("AT_SEQUENCE_NUMBER", "40"))
     assert ledger.due == after("50")
 

@@ -3,13 +3,16 @@
 Hypothesis drives a shard (records put, the shard closed) and a worker's claims of it: records
 handed on in chunks, events without records, the end of the shard, commits by the sink in any
 order (also late ones, of earlier claims), checkpoint writes, and the claim given up (released
-with its checkpoint, or lost without one) and taken again. The sink's commits are routed by claim
-epoch exactly as the coordinator routes them (``OwnedShard.committed``).
+with its checkpoint, or lost without one) and taken again. An event without records may move the
+continuation past the last record (as AWS may on an idle shard); later records come after it. The
+sink's commits are routed by claim epoch exactly as the coordinator routes them
+(``OwnedShard.committed``).
 
 Invariant: no checkpoint, written or due, ever passes a record that the sink has not committed;
-SHARD_END only once every record is committed. (Under LATEST, records written before a claim that
-starts at LATEST are not expected: that is what LATEST means. A claim's first event pins it to a
-sequence number, so after that no claim starts at LATEST again.)
+SHARD_END only once every record is committed. And an event without records never makes a
+checkpoint due where none was: an idle shard writes nothing. (Under LATEST, records written
+before a claim that starts at LATEST are not expected: that is what LATEST means. A claim's first
+event pins it to a sequence number, so after that no claim starts at LATEST again.)
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class ShardCheckpoints(RuleBasedStateMachine):
     @initialize(latest=st.booleans(), already=st.integers(0, 3))
     def start(self, latest: bool, already: int) -> None:
         self.records: list[int] = list(range(1, already + 1))  # sequence numbers in the shard
+        self.floor = 0  # the newest continuation an event without records carried: later records come after it
         self.closed = False
         self.committed: set[int] = set()
         self.in_flight: list[Chunk] = []
@@ -63,7 +67,7 @@ class ShardCheckpoints(RuleBasedStateMachine):
     @precondition(lambda self: not self.closed)
     @rule(count=st.integers(1, 5))
     def put(self, count: int) -> None:
-        last = self.records[-1] if self.records else 0
+        last = max(self.records[-1] if self.records else 0, self.floor)
         self.records.extend(range(last + 1, last + 1 + count))
 
     @precondition(lambda self: not self.closed and len(self.records) >= 6)
@@ -103,9 +107,13 @@ class ShardCheckpoints(RuleBasedStateMachine):
         assert self.owned is not None
         if self._unread() or not self.records:
             return
-        continuation = after(str(self.records[-1]))
+        self.floor = max(self.floor, self.records[-1]) + 1  # the server moved the continuation on
+        continuation = after(str(self.floor))
         self._first(continuation)
+        before = self.owned.ledger.due
         self.owned.ledger.idle(continuation)
+        if before is None:
+            assert self.owned.ledger.due is None, f"an event without records made {self.owned.ledger.due} due"
 
     @precondition(lambda self: self.owned is not None and self.owned.phase.reading and self.closed)
     @rule()
