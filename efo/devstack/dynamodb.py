@@ -359,7 +359,8 @@ class Serialized:
     def _metered(self, operation: str, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """Serve the request and record its cost. Metering never fails a request: if it cannot
         make sense of one, the request counts at no cost and the server's log says why."""
-        body = _body(environ)
+        chunked = bool(environ.get("wsgi.input_terminated"))  # no Content-Length: read to the end
+        body = bytes(environ["wsgi.input"].read()) if chunked else _body(environ)
         environ["wsgi.input"] = io.BytesIO(body)  # for moto, which reads it again
         meter: _Meter | None = None
         try:
