@@ -57,6 +57,12 @@ class StreamRecreated(EfoError):
     exit_code = EXIT_CONFIG
 
 
+class LayoutOutdated(EfoError):
+    """The lease table holds an application's rows in an older layout: migrate it first."""
+
+    exit_code = EXIT_CONFIG
+
+
 class LeaseLost(EfoError):
     """A conditional write found another owner or a newer lease counter (fencing). It stops the one
     shard whose lease it was, never the process: the coordinator catches it wherever it arises."""

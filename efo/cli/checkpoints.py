@@ -248,3 +248,53 @@ def _delete_all(scope: Scope, *, yes: bool, force: bool, as_json: bool) -> int:
             f"{record['stream']!r} from table {record['table']!r}"
         )
     return EXIT_OK
+
+
+@checkpoints.command(
+    "migrate",
+    short_help="Move leases of an older table layout to lease partitions.",
+    epilog=examples("efo checkpoints migrate --stream orders --app billing --yes"),
+)
+@scoped(need_app=True)
+@click.option("--yes", is_flag=True, help="Do not ask (scripts); without a terminal it is required.")
+@click.option("--force", is_flag=True, help="Migrate even though workers' heartbeat rows are there.")
+@json_option
+def migrate_command(scope: Scope, yes: bool, force: bool, as_json: bool) -> int:
+    """Move the application's leases from the table layout of efo before lease partitions (every row
+    under one partition key) to lease partitions, checkpoints untouched. Stop every worker of the
+    application first; running it again after an interruption completes it."""
+    refuse_without_terminal("migrate the lease table", yes=yes)
+
+    async def body(conn: Connection) -> dict[str, Any]:
+        table = await conn.lease_table()
+        running = sorted((await table.read_control()).workers)  # heartbeat rows: removed by a clean stop
+        if running and not force:
+            raise EfoError(
+                f"worker(s) {', '.join(running)} of application {scope.app!r} have heartbeat rows in table "
+                f"{table.table!r}: stop them first, or pass --force if they are gone"
+            )
+        confirm(
+            f"Move the leases of application {scope.app!r} on stream {conn.stream.name!r} in table "
+            f"{table.table!r} to lease partitions?",
+            yes=yes,
+        )
+        moved = await table.migrate()
+        return {
+            "moved_leases": moved,
+            "lease_partitions": table.lease_partitions,
+            "table": table.table,
+            "app": scope.app,
+            "stream": conn.stream.name,
+        }
+
+    record = with_stream(scope, body)
+    if as_json:
+        print_json(record)
+    elif record["moved_leases"]:
+        say(
+            f"moved {record['moved_leases']} lease(s) of application {scope.app!r} on stream {record['stream']!r} "
+            f"to {record['lease_partitions']} lease partitions of table {record['table']!r}"
+        )
+    else:
+        say(f"nothing to move: application {scope.app!r} already uses lease partitions")
+    return EXIT_OK

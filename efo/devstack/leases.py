@@ -6,21 +6,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from efo.leases.table import SHARD_PREFIX
+from efo.leases.table import META_KEY, SHARD_PREFIX
 
 
 def shard_leases(dynamodb: Any, table: str, app: str, stream_arn: str) -> dict[str, dict[str, Any]]:
-    """Shard id -> its lease row, strongly consistent, all pages; {} while the table does not exist."""
-    pages = dynamodb.get_paginator("query").paginate(
-        TableName=table,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues={":pk": {"S": f"{app}|{stream_arn}"}},
-        ConsistentRead=True,
-    )
+    """Shard id -> its lease row, strongly consistent, all pages, from every lease partition that
+    the meta row names; {} while the table or the application's first start does not exist."""
+    control = f"{app}|{stream_arn}"
     try:
-        items = [item for page in pages for item in page["Items"]]
+        meta = dynamodb.get_item(
+            TableName=table, Key={"pk": {"S": control}, "sk": {"S": META_KEY}}, ConsistentRead=True
+        ).get("Item")
     except dynamodb.exceptions.ResourceNotFoundException:
         return {}  # the first worker has not created it yet
-    return {
-        item["sk"]["S"].removeprefix(SHARD_PREFIX): item for item in items if item["sk"]["S"].startswith(SHARD_PREFIX)
-    }
+    if meta is None or "lease_partitions" not in meta:
+        return {}
+    items = []
+    for partition in range(int(meta["lease_partitions"]["N"])):
+        pages = dynamodb.get_paginator("query").paginate(
+            TableName=table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :shard)",
+            ExpressionAttributeValues={":pk": {"S": f"{control}#{partition}"}, ":shard": {"S": SHARD_PREFIX}},
+            ConsistentRead=True,
+        )
+        items += [item for page in pages for item in page["Items"]]
+    return {item["sk"]["S"].removeprefix(SHARD_PREFIX): item for item in items}

@@ -1,20 +1,29 @@
 """The lease and checkpoint table in DynamoDB.
 
-Every row of one application and stream shares the partition key ``<app>|<stream ARN>``, read
-with paginated Queries (never a Scan):
+An application on a stream has one control partition, ``pk = <app>|<stream ARN>``, and its lease
+rows spread over ``lease_partitions`` more, ``pk = <app>|<stream ARN>#<n>`` (``n`` = CRC-32 of the
+shard id modulo ``lease_partitions``, fixed at the first start from the shard count: about 128
+shards a partition, at least 8), so that no partition key carries every checkpoint write of a
+large stream. All of it is read with paginated Queries (never a Scan):
 
-- ``sk = meta``: the stream's creation time (a stream deleted and recreated under the same name
-  has the same ARN but a new creation time) and the initial position of the first start.
-- ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting position, or
-  :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
-- ``sk = version``: a counter that every change of a lease other than its checkpoint moves (a
-  claim, a release, SHARD_END, a handover request, a reset, a new lease).
-- ``sk = worker|<id>``: one heartbeat row per worker; liveness costs writes per worker, not per shard.
+- control ``sk = meta``: the stream's creation time (a stream deleted and recreated under the same
+  name has the same ARN but a new creation time), the initial position of the first start, the
+  worker that bootstraps it, and ``lease_partitions``.
+- control ``sk = version``: one counter per lease partition, ``p<n>``, moved by every change of a
+  lease of that partition other than its checkpoint (a claim, a release, SHARD_END, a handover
+  request, a reset, a new lease).
+- control ``sk = worker|<id>``: one heartbeat row per worker; liveness costs writes per worker, not
+  per shard.
+- lease partition ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting
+  position, or :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
 
-The version and the heartbeats sort after every lease row, so :meth:`LeaseTable.read_control`
-reads just those (a Query of ``sk > "shard}"``, small whatever the number of shards): a worker
-reads the lease rows themselves only when the version moved, after a write of its own, or as a
-slow safety net.
+The version and the heartbeats sort after ``meta``, so :meth:`LeaseTable.read_control` reads just
+those (a Query of ``sk > "shard}"``, small whatever the number of shards): a worker reads a lease
+partition only when its version moved, after a write of its own there, or as a slow safety net.
+
+A table written by efo before lease partitions (every lease row in the control partition; its
+meta row has no ``lease_partitions``) is refused with :class:`~efo.errors.LayoutOutdated` until
+``efo checkpoints migrate`` (:meth:`LeaseTable.migrate`) moves the rows, checkpoints untouched.
 
 Ownership changes and checkpoint writes are conditional on the owner and the lease counter
 (fencing): a worker whose lease was taken gets :class:`LeaseLost` instead of writing.
@@ -24,9 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+import zlib
+from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -34,7 +45,7 @@ from typing import Any
 import structlog
 
 from efo import __version__
-from efo.errors import LeaseLost, ResourceNotFound, error_code, translate
+from efo.errors import ConfigError, LayoutOutdated, LeaseLost, ResourceNotFound, error_code, translate
 from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.leases.table")
@@ -45,8 +56,27 @@ WORKER_PREFIX = "worker|"
 REGISTRY_PK = "efo:partitions"
 SHARD_PREFIX = "shard|"
 VERSION_KEY = "version"
-#: Sorts after every ``shard|`` key and before ``version`` and ``worker|``: the control rows follow it.
+#: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
 AFTER_SHARDS = "shard}"
+#: Lease partitions at the first start: one per this many shards, at least MIN_LEASE_PARTITIONS. A
+#: partition key serves 1,000 writes a second: 128 busy shards checkpointing every 5 s write 26.
+SHARDS_PER_LEASE_PARTITION = 128
+MIN_LEASE_PARTITIONS = 8
+#: The lease partitions of one read go out this many at once.
+READ_CONCURRENCY = 8
+
+
+def lease_partitions_for(shards: int) -> int:
+    return max(MIN_LEASE_PARTITIONS, math.ceil(shards / SHARDS_PER_LEASE_PARTITION))
+
+
+def lease_partition_of(shard_id: str, partitions: int) -> int:
+    """Which lease partition holds ``shard_id``'s row: stable across processes and releases."""
+    return zlib.crc32(shard_id.encode()) % partitions
+
+
+def _version_attribute(partition: int) -> str:
+    return f"p{partition}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +115,7 @@ class Meta:
     started_at: datetime | None = None
     complete: bool = True
     bootstrapper: str | None = None  # the worker that wrote it, and writes the first start's leases
+    lease_partitions: int | None = None  # None: a table written before lease partitions (to migrate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +135,12 @@ class TableState:
     meta: Meta | None = None
     workers: dict[str, WorkerRow] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
-    version: int = 0  # the version row's counter (0: none yet)
+    versions: dict[int, int] = field(default_factory=dict)  # lease partition -> its version (none yet: 0)
+
+    @property
+    def version(self) -> int:
+        """Every lease partition's version together: moves whenever any of them does."""
+        return sum(self.versions.values())
 
     @property
     def heartbeats(self) -> dict[str, int]:
@@ -219,14 +255,53 @@ class LeaseTable:
         self.consumer_arn = consumer_arn
         self._heartbeat = 0
         self._started_at = datetime.now(UTC).isoformat()
-        #: Moves at every change of a lease this client made and at every conditional write of it
-        #: that failed (the lease was not as read): what it read of the leases may be out of date.
-        self.changes = 0
+        self.lease_partitions: int | None = None  # from the meta row, once read
+        #: Lease partitions where this client changed a lease, or where a conditional write of it
+        #: failed (the lease was not as read), since :meth:`take_changed`: what it read there may be old.
+        self._changed_partitions: set[int] = set()
         self._bumps_deferred = 0
-        self._bump_due = False
+        self._bumps_due: set[int] = set()
 
     def _key(self, sort_key: str) -> dict[str, Any]:
         return {"pk": {"S": self.partition}, "sk": {"S": sort_key}}
+
+    def lease_partition_key(self, partition: int) -> str:
+        return f"{self.partition}#{partition}"
+
+    async def layout(self) -> int:
+        """The number of lease partitions (read from the meta row once); ResourceNotFound before the
+        application's first start, LayoutOutdated for a table of the layout before lease partitions."""
+        if self.lease_partitions is None:
+            meta = await self.read_meta()
+            if meta is None:
+                raise self._not_started()
+            self.adopt(meta)
+        assert self.lease_partitions is not None
+        return self.lease_partitions
+
+    def _not_started(self) -> ResourceNotFound:
+        return ResourceNotFound(
+            f"application {self.app!r} has no rows for stream {self.stream_arn} in {self._resource()} "
+            "(it has not started yet)"
+        )
+
+    def adopt(self, meta: Meta) -> None:
+        """Take the lease partitions from ``meta``, or refuse a table of the layout before them."""
+        if meta.lease_partitions is None:
+            raise LayoutOutdated(
+                f"{self._resource()} holds the leases of application {self.app!r} in the layout of efo before "
+                "lease partitions (every row under one partition key): stop every worker of the application, "
+                "then run 'efo checkpoints migrate' with the same configuration (it moves the rows; nothing "
+                "checkpointed is lost), and start them again"
+            )
+        self.lease_partitions = meta.lease_partitions
+
+    async def _lease_key(self, shard_id: str) -> dict[str, Any]:
+        partition = lease_partition_of(shard_id, await self.layout())
+        return {"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": SHARD_PREFIX + shard_id}}
+
+    async def _partition(self, shard_id: str) -> int:
+        return lease_partition_of(shard_id, await self.layout())
 
     def _resource(self) -> str:
         return f"DynamoDB table {self.table!r}"
@@ -234,7 +309,11 @@ class LeaseTable:
     async def ensure_table(self, *, create: bool = True, timeout_s: float = 60.0) -> None:
         """Create the table (PAY_PER_REQUEST) if missing and wait until it is ACTIVE."""
         try:
-            status = (await self._ddb.describe_table(TableName=self.table))["Table"]["TableStatus"]
+            description = (await self._ddb.describe_table(TableName=self.table))["Table"]
+            self._check_key_schema(description)
+            status = description["TableStatus"]
+        except ConfigError:
+            raise
         except Exception as exc:
             if error_code(exc) != "ResourceNotFoundException":
                 raise translate(exc, resource=self._resource()) from None
@@ -269,26 +348,59 @@ class LeaseTable:
             await asyncio.sleep(0.5)
             status = (await self._ddb.describe_table(TableName=self.table))["Table"]["TableStatus"]
 
-    async def read(self) -> TableState:
-        """Every row of this application and stream: one paginated, strongly consistent Query."""
-        return await self._read_state()
+    def _check_key_schema(self, description: dict[str, Any]) -> None:
+        """The table must be keyed as efo keys it: ``pk`` (string) HASH, ``sk`` (string) RANGE."""
+        kinds = {a["AttributeName"]: a["AttributeType"] for a in description.get("AttributeDefinitions", [])}
+        found = [
+            (k["AttributeName"], k["KeyType"], kinds.get(k["AttributeName"], "?")) for k in description["KeySchema"]
+        ]
+        if found != [("pk", "HASH", "S"), ("sk", "RANGE", "S")]:
+            keys = ", ".join(f"{name} ({kind}, {type_})" for name, kind, type_ in found)
+            raise ConfigError(
+                f"{self._resource()} is keyed {keys}, not pk (HASH, S), sk (RANGE, S) as efo's lease tables are: "
+                "it belongs to something else (a KCL application's lease table?); set EFO_TABLE (table) to "
+                "another name, and efo creates its own"
+            )
 
-    async def read_leases(self) -> TableState:
-        """The lease rows alone (no meta, no heartbeats): one paginated, strongly consistent Query."""
-        return await self._read_state(prefix=SHARD_PREFIX)
+    async def read(self) -> TableState:
+        """Every row of this application and stream, strongly consistent: the meta row, the control
+        rows and every lease partition (none before the first start)."""
+        meta = await self.read_meta()
+        state = await self._read_state(self.partition, after=AFTER_SHARDS)
+        state.meta = meta
+        if meta is not None:
+            self.adopt(meta)
+            state.leases = (await self.read_leases()).leases
+        return state
+
+    async def read_leases(self, partitions: Collection[int] | None = None) -> TableState:
+        """The lease rows of ``partitions`` (default: all), strongly consistent: one paginated Query
+        each, a few at once."""
+        count = await self.layout()
+        wanted = sorted(range(count) if partitions is None else partitions)
+        state = TableState()
+        slots = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def one(partition: int) -> TableState:
+            async with slots:
+                return await self._read_state(self.lease_partition_key(partition), prefix=SHARD_PREFIX)
+
+        for part in await asyncio.gather(*(one(partition) for partition in wanted)):
+            state.leases.update(part.leases)
+        return state
 
     async def read_control(self) -> TableState:
         """The version and every heartbeat row, no lease: one small, eventually consistent Query.
         (An older answer after a newer one is possible: a version only ever grows, and a heartbeat
         seen again unchanged only delays a failover, never hastens it.)"""
-        return await self._read_state(after=AFTER_SHARDS, consistent=False)
+        return await self._read_state(self.partition, after=AFTER_SHARDS, consistent=False)
 
     async def _read_state(
-        self, *, prefix: str | None = None, after: str | None = None, consistent: bool = True
+        self, partition: str, *, prefix: str | None = None, after: str | None = None, consistent: bool = True
     ) -> TableState:
         state = TableState()
         try:
-            items = await _query(self._ddb, self.table, self.partition, prefix, after=after, consistent=consistent)
+            items = await _query(self._ddb, self.table, partition, prefix, after=after, consistent=consistent)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
         for item in items:
@@ -323,7 +435,7 @@ class LeaseTable:
         after another subscriber took the shard over)."""
         try:
             response = await self._ddb.get_item(
-                TableName=self.table, Key=self._key(SHARD_PREFIX + shard_id), ConsistentRead=True
+                TableName=self.table, Key=await self._lease_key(shard_id), ConsistentRead=True
             )
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
@@ -348,9 +460,14 @@ class LeaseTable:
                 started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
                 complete=item.get("complete", {}).get("BOOL", True),
                 bootstrapper=item.get("bootstrapper", {}).get("S"),
+                lease_partitions=int(item["lease_partitions"]["N"]) if "lease_partitions" in item else None,
             )
         elif sort_key == VERSION_KEY:
-            state.version = int(item.get("v", {}).get("N", "0"))
+            state.versions = {
+                int(name[1:]): int(value["N"])
+                for name, value in item.items()
+                if name.startswith("p") and name[1:].isdigit() and "N" in value
+            }
         elif sort_key.startswith(WORKER_PREFIX):
             worker_id = sort_key.removeprefix(WORKER_PREFIX)
             state.workers[worker_id] = WorkerRow(
@@ -365,12 +482,19 @@ class LeaseTable:
             lease = _lease_of(item)
             state.leases[lease.shard_id] = lease
 
-    async def create_meta(self, stream_created_at: datetime, initial_position: str, started_at: datetime) -> bool:
+    async def create_meta(
+        self,
+        stream_created_at: datetime,
+        initial_position: str,
+        started_at: datetime,
+        lease_partitions: int = MIN_LEASE_PARTITIONS,
+    ) -> bool:
         """Record the first start, incomplete until :meth:`complete_meta`; False when another worker
         did it first (its start is the one: read it back)."""
         return await self._put_new(
-            META_KEY,
+            self._key(META_KEY),
             {
+                "lease_partitions": {"N": str(lease_partitions)},
                 "stream_created_at": {"N": repr(stream_created_at.timestamp())},
                 "initial_position": {"S": initial_position},
                 "started_at": {"N": repr(started_at.timestamp())},
@@ -400,16 +524,14 @@ class LeaseTable:
             "updated_at": _now(),
             **_position_item(start),
         }
-        created = await self._put_new(SHARD_PREFIX + shard_id, item)
-        await self._changed()
+        created = await self._put_new(await self._lease_key(shard_id), item)
+        await self._changed(await self._partition(shard_id))
         return created
 
-    async def _put_new(self, sort_key: str, attributes: dict[str, Any]) -> bool:
+    async def _put_new(self, key: dict[str, Any], attributes: dict[str, Any]) -> bool:
         try:
             await self._ddb.put_item(
-                TableName=self.table,
-                Item={**self._key(sort_key), **attributes},
-                ConditionExpression="attribute_not_exists(pk)",
+                TableName=self.table, Item={**key, **attributes}, ConditionExpression="attribute_not_exists(pk)"
             )
             return True
         except Exception as exc:
@@ -444,7 +566,7 @@ class LeaseTable:
         update.next_counter()
         update.apply_reset(lease.reset)
         await self._update(lease, update)
-        await self._changed()
+        await self._changed(await self._partition(lease.shard_id))
         return replace(lease, counter=lease.counter + 1, checkpoint=lease.reset.position, reset=None)
 
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
@@ -472,7 +594,7 @@ class LeaseTable:
         update.removes.append("lease_owner")
         update.next_counter()
         await self._update(lease, update)
-        await self._changed()
+        await self._changed(await self._partition(lease.shard_id))
         return replace(lease, owner=None, counter=lease.counter + 1, checkpoint=SHARD_END)
 
     async def release(self, lease: Lease) -> None:
@@ -483,7 +605,7 @@ class LeaseTable:
         update.removes.append("lease_owner")
         update.next_counter()
         await self._update(lease, update)
-        await self._changed()
+        await self._changed(await self._partition(lease.shard_id))
 
     async def want(self, lease: Lease) -> None:
         """Ask the owner to hand the lease over (a steal is a request, not a grab)."""
@@ -493,11 +615,12 @@ class LeaseTable:
         update.values[":me"] = {"S": self.worker_id}
         update.conditions.append("attribute_not_exists(wanted_by)")
         await self._update(lease, update)
-        await self._changed()
+        await self._changed(await self._partition(lease.shard_id))
 
     async def request_reset(self, shard_ids: Iterable[str], position: Position) -> str:
         """The operator's reset: written on each shard's row as pending; returns its id."""
         reset_id = uuid.uuid4().hex
+        shard_ids = list(shard_ids)
         for shard_id in shard_ids:
             update = _Update()
             update.set_position(position, RESET_PREFIX)
@@ -505,17 +628,19 @@ class LeaseTable:
             update.values[":reset"] = {"S": reset_id}
             update.conditions.append("attribute_exists(sk)")
             await self._update(Lease(shard_id, (), None, 0, position), update, missing=f"no lease for shard {shard_id}")
-        await self._changed()
+        for partition in {await self._partition(shard_id) for shard_id in shard_ids}:
+            await self._changed(partition)
         return reset_id
 
     async def _update(
         self, lease: Lease, update: _Update, *, missing: str | None = None, returning: bool = False
     ) -> dict[str, Any]:
         """One conditional UpdateItem of the lease's row; with ``returning``, the row as written."""
+        key = await self._lease_key(lease.shard_id)
         try:
             response = await self._ddb.update_item(
                 TableName=self.table,
-                Key=self._key(SHARD_PREFIX + lease.shard_id),
+                Key=key,
                 UpdateExpression=update.expression(),
                 ConditionExpression=" AND ".join(update.conditions),
                 ExpressionAttributeValues=update.values,
@@ -523,46 +648,54 @@ class LeaseTable:
             )
         except Exception as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
-                self.changes += 1  # the row was not as read: what was read of it is out of date
+                # The row was not as read: what was read of its partition is out of date.
+                self._changed_partitions.add(await self._partition(lease.shard_id))
                 if missing is not None:
                     raise ResourceNotFound(f"{missing} in {self._resource()}") from None
                 raise LeaseLost(f"lease of shard {lease.shard_id} is no longer held by {self.worker_id}") from None
             raise translate(exc, resource=self._resource()) from None
         if returning:
-            await self._changed()
+            await self._changed(await self._partition(lease.shard_id))
         return dict(response.get("Attributes", {}))
 
     # ---- the version ------------------------------------------------------------------------
 
-    async def _changed(self) -> None:
-        """A lease changed other than by its checkpoint: move the version (now, or at the end of
-        :meth:`changing`), so that every worker reads the leases again."""
-        self.changes += 1
+    def take_changed(self) -> set[int]:
+        """The lease partitions changed through this client (or found not as read) since the last call."""
+        changed, self._changed_partitions = self._changed_partitions, set()
+        return changed
+
+    async def _changed(self, partition: int) -> None:
+        """A lease of ``partition`` changed other than by its checkpoint: move its version (now, or
+        at the end of :meth:`changing`), so that every worker reads that partition again."""
+        self._changed_partitions.add(partition)
         if self._bumps_deferred:
-            self._bump_due = True
+            self._bumps_due.add(partition)
         else:
-            await self._bump()
+            await self._bump({partition})
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:
-        """Changes made inside move the version once, at the end (a cycle's claims: one write, not one each)."""
+        """Changes made inside move each partition's version once, at the end (a cycle's claims, a
+        bootstrap: one write, not one each)."""
         self._bumps_deferred += 1
         try:
             yield
         finally:
             self._bumps_deferred -= 1
-            if not self._bumps_deferred and self._bump_due:
-                self._bump_due = False
-                await self._bump()
+            if not self._bumps_deferred and self._bumps_due:
+                due, self._bumps_due = self._bumps_due, set()
+                await self._bump(due)
 
-    async def _bump(self) -> None:
+    async def _bump(self, partitions: Collection[int]) -> None:
         """The change itself has landed; if the version's write fails, the others learn of the change
         at their next full read (``lease.full_read_interval_s``) or their next fenced write."""
+        names = sorted(partitions)
         try:
             await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
-                UpdateExpression="ADD v :one",
+                UpdateExpression="ADD " + ", ".join(f"{_version_attribute(p)} :one" for p in names),
                 ExpressionAttributeValues={":one": {"N": "1"}},
             )
         except Exception as exc:
@@ -612,14 +745,63 @@ class LeaseTable:
 
     async def delete_all(self) -> int:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
+        meta = await self.read_meta()
+        partitions = [self.partition]
+        if meta is not None and meta.lease_partitions is not None:
+            partitions += [self.lease_partition_key(n) for n in range(meta.lease_partitions)]
+        deleted = 0
         try:
-            items = await _query(self._ddb, self.table, self.partition, projection="sk")
-            state_keys = [item["sk"]["S"] for item in items]
-            for sort_key in state_keys:
-                await self._ddb.delete_item(TableName=self.table, Key=self._key(sort_key))
+            for partition in partitions:
+                for item in await _query(self._ddb, self.table, partition, projection="pk, sk"):
+                    await self._ddb.delete_item(TableName=self.table, Key={"pk": item["pk"], "sk": item["sk"]})
+                    deleted += 1
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        return len(state_keys)
+        self.lease_partitions = None
+        return deleted
+
+    async def migrate(self) -> int:
+        """Move the lease rows of a table of the layout before lease partitions (every row in the
+        control partition) to lease partitions; returns how many moved (0: nothing to move). Every
+        worker of the application must be stopped. Safe to run again after a crash at any step:
+        each row is copied as it is (its owner cleared: nobody runs), then the meta row names the
+        partitions (from then on the copies are the leases), then the old rows are deleted."""
+        meta = await self.read_meta()
+        if meta is None:
+            raise ResourceNotFound(
+                f"application {self.app!r} has no rows for stream {self.stream_arn} in {self._resource()}"
+            )
+        try:
+            old = await _query(self._ddb, self.table, self.partition, SHARD_PREFIX)
+            partitions = meta.lease_partitions or lease_partitions_for(len(old))
+            if meta.lease_partitions is None:
+                slots = asyncio.Semaphore(READ_CONCURRENCY)
+
+                async def copy(item: dict[str, Any]) -> None:
+                    shard_id = item["sk"]["S"].removeprefix(SHARD_PREFIX)
+                    row = {name: value for name, value in item.items() if name not in ("pk", "lease_owner")}
+                    row["pk"] = {"S": self.lease_partition_key(lease_partition_of(shard_id, partitions))}
+                    row["lease_counter"] = {"N": str(int(item.get("lease_counter", {}).get("N", "0")) + 1)}
+                    async with slots:
+                        await self._ddb.put_item(TableName=self.table, Item=row)
+
+                await asyncio.gather(*(copy(item) for item in old))
+                await self._ddb.update_item(
+                    TableName=self.table,
+                    Key=self._key(META_KEY),
+                    UpdateExpression="SET lease_partitions = :n",
+                    ConditionExpression="attribute_not_exists(lease_partitions)",
+                    ExpressionAttributeValues={":n": {"N": str(partitions)}},
+                )
+            for item in old:  # the copies are the leases now
+                await self._ddb.delete_item(TableName=self.table, Key={"pk": item["pk"], "sk": item["sk"]})
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        self.lease_partitions = partitions
+        if old:
+            await self._bump(range(partitions))
+        log.info("table.migrated", table=self.table, app=self.app, leases=len(old), lease_partitions=partitions)
+        return len(old)
 
 
 @dataclass(frozen=True, slots=True)

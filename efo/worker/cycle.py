@@ -23,7 +23,7 @@ from efo.errors import EfoError, LeaseLost
 from efo.kinesis.shards import ShardGraph
 from efo.leases.balance import plan
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import Lease, LeaseTable, TableState
+from efo.leases.table import Lease, LeaseTable, TableState, lease_partition_of
 from efo.leases.view import TableView
 from efo.observability import METRICS
 from efo.worker.concurrency import bounded
@@ -72,10 +72,10 @@ class LeaseCycle:
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self.state: TableState | None = None  # the table as the last cycle saw it
-        self._leases: dict[str, Lease] | None = None  # the lease rows as last read
-        self._leases_read_at = 0.0
-        self._leases_version = 0  # the version as of that read
-        self._changes_seen = 0  # this worker's own lease changes as of that read
+        self._leases: dict[int, dict[str, Lease]] = {}  # lease partition -> its rows, as last read
+        self._leases_read_at = 0.0  # the last read of every partition
+        self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
+        self._stale: set[int] = set()  # lease partitions found out of date: read them next cycle
         self.read_at: float | None = None  # when it was read, for /readyz
         self.cycles = 0  # cycles run (with a read), for readiness
         self._log = log.bind(worker_id=self._me)
@@ -105,29 +105,37 @@ class LeaseCycle:
             self._now.clear()
 
     async def read(self) -> TableState:
-        """The table as this cycle sees it: the heartbeats and the version, read now (one small
-        Query); the lease rows read again only when they may have changed: the version moved, this
-        worker changed a lease (or a write of it found the lease not as read), or the last full read
-        is ``lease.full_read_interval_s`` old. Checkpoints move no version, so a lease's checkpoint
-        here may be old: a claim starts from the row it writes, never from this."""
+        """The table as this cycle sees it: the heartbeats and the versions, read now (one small
+        Query); a lease partition read again only when its leases may have changed: its version
+        moved, this worker changed a lease there (or a write found one not as read), or the last
+        full read is ``lease.full_read_interval_s`` old. Checkpoints move no version, so a lease's
+        checkpoint here may be old: a claim starts from the row it writes, never from this."""
         control = await self._table.read_control()
         now = self._clock()
-        leases = self._leases
-        if (
-            leases is None
-            or control.version > self._leases_version
-            or self._table.changes != self._changes_seen
-            or now - self._leases_read_at >= self._settings.lease.full_read_interval_s
-        ):
-            self._changes_seen = self._table.changes  # a change from here on reads them again
-            leases = (await self._table.read_leases()).leases
-            METRICS.lease_reads.labels(rows="leases").inc()
-            self._leases, self._leases_read_at = leases, now
-            self._leases_version = max(self._leases_version, control.version)
+        stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
+        self._stale = set()
+        if not self._leases or now - self._leases_read_at >= self._settings.lease.full_read_interval_s:
+            stale = set(range(await self._table.layout()))
+            self._leases_read_at = now
+        stale |= {p for p, version in control.versions.items() if version > self._versions.get(p, 0)}
+        if stale:
+            fresh = (await self._table.read_leases(stale)).leases
+            for partition in stale:
+                self._leases[partition] = {}
+            for shard_id, lease in fresh.items():
+                self._leases[self._table_partition(shard_id)][shard_id] = lease
+            METRICS.lease_reads.labels(rows="leases").inc(len(stale))
+        for partition, version in control.versions.items():
+            self._versions[partition] = max(self._versions.get(partition, 0), version)
         METRICS.lease_reads.labels(rows="control").inc()
         self.read_at = now
-        self.state = TableState(workers=control.workers, leases=dict(leases), version=control.version)
+        leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}
+        self.state = TableState(workers=control.workers, leases=leases, versions=control.versions)
         return self.state
+
+    def _table_partition(self, shard_id: str) -> int:
+        assert self._table.lease_partitions is not None
+        return lease_partition_of(shard_id, self._table.lease_partitions)
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
@@ -230,12 +238,25 @@ class LeaseCycle:
         self._owned.forget(owned)
         owned.log.info("shard.reset", position=str(lease.reset.position))
         state.leases[lease.shard_id] = reset
-        if self._readable(reset, state, graph):
+        if self._readable(reset, state, graph) and await self._parents_finished_now(reset):
             self._runner.start(reset)
         else:  # its parents are to be read again first
             await self._table.release(reset)
 
+    async def _parents_finished_now(self, lease: Lease) -> bool:
+        """The parents of a lease with a reset, read now (strongly consistent): an operator's reset of
+        every shard writes parents before children, and this cycle's read of the parents' partition
+        may be older than its read of the child's. Resets are rare; nothing else can un-finish a shard."""
+        for parent in lease.parents:
+            row = await self._table.read_lease(parent)
+            if row is not None and (not row.finished or row.reset is not None):
+                self._stale.add(self._table_partition(parent))  # read it again next cycle
+                return False
+        return True
+
     async def _claim(self, lease: Lease) -> None:
+        if lease.reset is not None and not await self._parents_finished_now(lease):
+            return  # the claim would apply the reset and start it before its parents
         try:
             claimed = await self._table.claim(lease)
         except LeaseLost:

@@ -20,7 +20,8 @@ from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, StreamRecreated
 from efo.kinesis.registration import StreamInfo
 from efo.kinesis.shards import ShardGraph, list_shards
-from efo.leases.table import LeaseTable, Meta
+from efo.kinesis.subscription import Backoff
+from efo.leases.table import LeaseTable, Meta, lease_partitions_for
 from efo.pipeline.records import SHARD_END, Position
 from efo.worker.concurrency import bounded
 
@@ -60,18 +61,36 @@ class ShardSync:
     # ---- the first start ----------------------------------------------------------------------
 
     async def check(self) -> Meta | None:
-        """Refuse a table that belongs to an earlier stream of the same name."""
+        """Refuse a table that belongs to an earlier stream of the same name, or whose layout is older
+        than lease partitions (it names the command that migrates it)."""
         meta = await self._table.read_meta()
-        if meta is not None and abs(meta.stream_created_at.timestamp() - self._stream.created_at.timestamp()) > 1e-3:
+        if meta is None:
+            return None
+        if abs(meta.stream_created_at.timestamp() - self._stream.created_at.timestamp()) > 1e-3:
             raise StreamRecreated(
                 f"stream {self._stream.name!r} was created at {self._stream.created_at.isoformat()}, "
                 f"but the checkpoints in table {self._table.table!r} belong to the stream created at "
                 f"{meta.stream_created_at.isoformat()} (deleted and recreated?); to start over run "
                 f"'efo checkpoints reset --delete-all --yes' with the same configuration"
             )
+        self._table.adopt(meta)
         return meta
 
     async def bootstrap(self) -> None:
+        """:meth:`bootstrap_once` until it succeeds or fails for a reason that is not retriable (a
+        throttled or unreachable DynamoDB at start-up is waited out: the heartbeat runs meanwhile)."""
+        subscription = self._settings.subscription
+        backoff = Backoff(subscription.backoff_initial_s, subscription.backoff_max_s)
+        while True:
+            try:
+                return await self.bootstrap_once()
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("leases.bootstrap_failed", error=str(exc), code=exc.code)
+                await asyncio.sleep(backoff.next_delay_s())
+
+    async def bootstrap_once(self) -> None:
         """At the application's first start, a lease for every shard at the initial position.
 
         Several workers starting at once agree on one bootstrap: the meta row (the first start's
@@ -81,8 +100,16 @@ class ShardSync:
         heartbeat lives. A bootstrap whose worker died half-way is completed the same way by the next."""
         await self._table.register_partition()  # for the operator CLI's Query of every application's workers
         meta = await self.check()
+        if meta is not None and meta.complete:
+            return
+        graph = await list_shards(self._kinesis, self._stream.arn)
         if meta is None:
-            await self._table.create_meta(self._stream.created_at, str(self._settings.start), datetime.now(UTC))
+            await self._table.create_meta(
+                self._stream.created_at,
+                str(self._settings.start),
+                datetime.now(UTC),
+                lease_partitions=lease_partitions_for(len(graph.shards)),
+            )
             meta = await self.check()
         assert meta is not None
         if not meta.complete and meta.bootstrapper not in (None, self._table.worker_id):
@@ -91,7 +118,6 @@ class ShardSync:
             return
         initial = InitialPosition.parse(meta.initial_position)
         started_at = meta.started_at or datetime.now(UTC)
-        graph = await list_shards(self._kinesis, self._stream.arn)
         async with self._table.changing():  # one version move for the whole bootstrap
             await bounded(
                 BOOTSTRAP_CONCURRENCY,

@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
+from efo.devstack.leases import shard_leases
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME
 
@@ -236,15 +237,15 @@ def test_shards_shows_the_tree_across_a_split_with_hash_ranges(
 def test_shards_with_an_application_shows_released_leases_and_the_lag_their_owner_wrote(
     ran_once: RanOnce, dynamodb_client: Any
 ) -> None:
-    key = {"pk": {"S": f"{ran_once.app}|{ran_once.stream_arn}"}}
+    rows = shard_leases(dynamodb_client, ran_once.app, ran_once.app, ran_once.stream_arn)
     lagging, other = ran_once.shard_ids
     dynamodb_client.update_item(  # as an owner writes it with a checkpoint: MillisBehindLatest 4.2 s
         TableName=ran_once.app,
-        Key={**key, "sk": {"S": f"shard|{lagging}"}},
+        Key={"pk": rows[lagging]["pk"], "sk": rows[lagging]["sk"]},
         UpdateExpression="SET lag_ms = :lag",
         ExpressionAttributeValues={":lag": {"N": "4200"}},
     )
-    row = dynamodb_client.get_item(TableName=ran_once.app, Key={**key, "sk": {"S": f"shard|{other}"}})["Item"]
+    row = rows[other]
     other_lag_ms = int(row["lag_ms"]["N"]) if "lag_ms" in row else None  # what efo run wrote, if anything
 
     as_json = efo(ran_once.env, "shards", "--json")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Collection
 from typing import Any
 
 import pytest
 
 from efo.config import Settings, load_settings
-from efo.leases.table import Lease, TableState, WorkerRow
+from efo.leases.table import Lease, TableState, WorkerRow, lease_partition_of
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
 from efo.worker.cycle import LeaseCycle
@@ -18,22 +19,42 @@ from efo.worker.owned import OwnedLeases
 
 
 class FakeTable:
+    """Two lease partitions, one lease: shard-1, in partition HOME."""
+
     worker_id = "me"
+    lease_partitions = 2
 
     def __init__(self) -> None:
-        self.version = 0
-        self.changes = 0
-        self.lease_reads = 0
+        self.versions = {0: 0, 1: 0}
+        self.changed: set[int] = set()
+        self.partitions_read: list[int] = []
         self.control_reads = 0
         self.owner: str | None = None
 
+    async def layout(self) -> int:
+        return self.lease_partitions
+
+    def take_changed(self) -> set[int]:
+        changed, self.changed = self.changed, set()
+        return changed
+
     async def read_control(self) -> TableState:
         self.control_reads += 1
-        return TableState(workers={"me": WorkerRow("me", self.control_reads, None)}, version=self.version)
+        workers = {"me": WorkerRow("me", self.control_reads, None)}
+        return TableState(workers=workers, versions=dict(self.versions))
 
-    async def read_leases(self) -> TableState:
-        self.lease_reads += 1
-        return TableState(leases={"shard-1": Lease("shard-1", (), self.owner, 1, Position("TRIM_HORIZON"))})
+    async def read_leases(self, partitions: Collection[int]) -> TableState:
+        self.partitions_read += sorted(partitions)
+        leases = {"shard-1": Lease("shard-1", (), self.owner, 1, Position("TRIM_HORIZON"))}
+        return TableState(leases=leases if HOME in partitions else {})
+
+    @property
+    def lease_reads(self) -> int:
+        return len(self.partitions_read)
+
+
+HOME = lease_partition_of("shard-1", 2)
+OTHER = 1 - HOME
 
 
 class Clock:
@@ -69,38 +90,39 @@ def _read(cycle: LeaseCycle) -> TableState:
     return asyncio.run(cycle.read())
 
 
-def test_the_lease_rows_are_read_once_and_then_only_the_heartbeats_and_the_version(settings: Settings) -> None:
+def test_the_lease_partitions_are_read_once_and_then_only_the_heartbeats_and_the_versions(settings: Settings) -> None:
     table, clock = FakeTable(), Clock()
     cycle = _cycle(settings, table, clock)
     for _ in range(20):
         state = _read(cycle)
         clock.now += 1.0
-    assert (table.control_reads, table.lease_reads) == (20, 1)
+    assert table.control_reads == 20 and table.partitions_read == [0, 1]
     assert set(state.leases) == {"shard-1"} and state.workers["me"].heartbeat == 20  # heartbeats are fresh
 
 
-def test_a_moved_version_reads_the_lease_rows_again_and_an_older_answer_does_not(settings: Settings) -> None:
+def test_a_moved_version_reads_that_lease_partition_again_and_an_older_answer_does_not(settings: Settings) -> None:
     table, clock = FakeTable(), Clock()
     cycle = _cycle(settings, table, clock)
     _read(cycle)
-    table.version, table.owner = 3, "other"
+    table.versions[HOME], table.owner = 3, "other"
     assert _read(cycle).leases["shard-1"].owner == "other"
-    assert table.lease_reads == 2
-    table.version = 2  # an eventually consistent answer older than one already seen
+    assert table.partitions_read == [0, 1, HOME], "only the partition whose version moved"
+    table.versions[HOME] = 2  # an eventually consistent answer older than one already seen
     _read(cycle)
-    table.version = 3
+    table.versions[HOME] = 3
     _read(cycle)
-    assert table.lease_reads == 2
+    assert table.partitions_read == [0, 1, HOME]
 
 
-def test_a_change_of_this_worker_reads_the_lease_rows_again(settings: Settings) -> None:
+def test_a_change_of_this_worker_reads_that_lease_partition_again(settings: Settings) -> None:
     table, clock = FakeTable(), Clock()
     cycle = _cycle(settings, table, clock)
     _read(cycle)
-    table.changes += 1  # a claim, a release, or a conditional write that found the lease moved on
+    table.changed.add(OTHER)  # a claim, a release, or a conditional write that found a lease moved on
     _read(cycle)
     _read(cycle)
-    assert table.lease_reads == 2
+    assert table.partitions_read == [0, 1, OTHER]
+    assert "shard-1" in _read(cycle).leases, "a partition read again keeps the others' leases"
 
 
 def test_the_lease_rows_are_read_at_least_every_full_read_interval(settings: Settings) -> None:
@@ -109,10 +131,10 @@ def test_the_lease_rows_are_read_at_least_every_full_read_interval(settings: Set
     _read(cycle)
     clock.now += 29.9
     _read(cycle)
-    assert table.lease_reads == 1
+    assert table.lease_reads == 2
     clock.now += 0.1
     _read(cycle)
-    assert table.lease_reads == 2
+    assert table.lease_reads == 4
 
 
 def test_the_cycle_state_is_a_copy_so_a_cycle_changing_it_leaves_the_last_read_as_it_was(settings: Settings) -> None:
@@ -120,4 +142,4 @@ def test_the_cycle_state_is_a_copy_so_a_cycle_changing_it_leaves_the_last_read_a
     cycle = _cycle(settings, table, clock)
     first: Any = _read(cycle)
     del first.leases["shard-1"]
-    assert "shard-1" in _read(cycle).leases and table.lease_reads == 1
+    assert "shard-1" in _read(cycle).leases and table.lease_reads == 2

@@ -1,0 +1,76 @@
+"""The lease table's faults at start-up, against the local stack's DynamoDB: a fleet starting while
+every kind of request is throttled past the SDK's retries waits it out and loses nothing; a table
+keyed as something else's is refused, naming the table and what to do."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiobotocore.session import get_session
+
+from efo.devstack.faults import FaultClient
+from efo.errors import ConfigError
+from efo.leases.table import LeaseTable
+
+from .memory_kinesis import MemoryKinesis
+from .service import unique
+from .test_coordinator import run, running, until, world
+from .test_workers import PATIENT
+
+pytestmark = pytest.mark.integration
+
+OPERATIONS = ("PutItem", "UpdateItem", "Query", "GetItem")
+
+
+def test_two_workers_starting_while_dynamodb_throttles_every_request_kind_wait_it_out_and_lose_nothing(
+    local_stack: Any,
+) -> None:
+    faults = FaultClient(local_stack.dynamodb_endpoint)
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(4)
+        puts = sorted(seq for i in range(4) for seq in kinesis.put(f"shard-{i:03d}", 5))
+        async with world(local_stack, kinesis, bootstrap=False, lease=PATIENT) as a:
+            b = await a.worker("w2", bootstrap=False)
+            for operation in OPERATIONS:  # more than the SDK's own retries of one call
+                faults.add(operation=operation, action="error", count=12)
+            async with running(a) as stop_a, running(b) as stop_b:
+                await until(lambda: not faults.pending(), timeout_s=60, what="every throttle answered")
+                await until(lambda: a.coordinator.ready and b.coordinator.ready, timeout_s=60, what="both ready")
+                written = lambda: sorted(seq for w in (a, b) for _, seq in w.driver.written)  # noqa: E731
+                await until(lambda: written() == puts, timeout_s=30, what="every record, once")
+                assert not a.coordinator.liveness.in_doubt and not b.coordinator.liveness.in_doubt
+                await stop_b()
+                await stop_a()
+
+    try:
+        run(scenario())
+    finally:
+        faults.clear()
+
+
+def test_a_table_keyed_as_something_else_s_is_refused_naming_it_and_what_to_do(local_stack: Any) -> None:
+    async def scenario() -> None:
+        name = unique("kcl-like")
+        async with get_session().create_client(
+            "dynamodb",
+            endpoint_url=local_stack.dynamodb_endpoint,
+            region_name=local_stack.region,
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        ) as ddb:
+            await ddb.create_table(
+                TableName=name,
+                BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
+                KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}],
+            )
+            table = LeaseTable(ddb, table=name, app="app", stream_arn="arn:stream", worker_id="w1")
+            with pytest.raises(ConfigError) as refused:
+                await table.ensure_table()
+            message = str(refused.value)
+            assert repr(name) in message and "leaseKey (HASH, S)" in message and "EFO_TABLE" in message
+
+    asyncio.run(scenario())
