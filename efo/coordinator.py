@@ -158,13 +158,10 @@ class Coordinator:
             async with asyncio.TaskGroup() as group:
                 self.runner.spawn = lambda coroutine, name: group.create_task(coroutine, name=name)
                 heartbeat = group.create_task(self.liveness.run(), name="heartbeat")
-                await self.bootstrap()
                 checkpoints = group.create_task(self.checkpointer.run(), name="checkpoints")
-                intake = [
-                    group.create_task(self.shards.run(), name="shard-discovery"),
-                    group.create_task(self.cycle.run(), name="lease-cycle"),
-                ]
-                await stop.wait()
+                intake: list[asyncio.Task[None]] = []
+                intake.append(group.create_task(self._start_intake(group, intake), name="bootstrap"))
+                await stop.wait()  # also during the bootstrap, which a stop cuts short
                 stop_at = self._clock()
                 self._log.info("service.stopping", shards=len(self.owned))
                 await self._stop_intake(intake)
@@ -178,6 +175,12 @@ class Coordinator:
             raise
         finally:
             self.liveness.close()
+
+    async def _start_intake(self, group: asyncio.TaskGroup, intake: list[asyncio.Task[None]]) -> None:
+        """The leases bootstrapped, then shard discovery and the lease cycle (added to ``intake``)."""
+        await self.bootstrap()
+        intake.append(group.create_task(self.shards.run(), name="shard-discovery"))
+        intake.append(group.create_task(self.cycle.run(), name="lease-cycle"))
 
     async def _stop_intake(self, intake: list[asyncio.Task[None]]) -> None:
         """Nothing is claimed from here on, and every subscription stops reading."""

@@ -5,6 +5,8 @@ keyed as something else's is refused, naming the table and what to do."""
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -74,3 +76,32 @@ def test_a_table_keyed_as_something_else_s_is_refused_naming_it_and_what_to_do(l
             assert repr(name) in message and "leaseKey (HASH, S)" in message and "EFO_TABLE" in message
 
     asyncio.run(scenario())
+
+
+def test_a_stop_during_a_bootstrap_that_waits_for_another_worker_ends_the_run_at_once(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, bootstrap=False, lease=PATIENT) as a:
+            other = await a.other_worker("w-other")  # started the bootstrap, alive, never finishing it
+            await other.create_meta(datetime(2026, 1, 1, tzinfo=UTC), "TRIM_HORIZON", datetime.now(UTC))
+
+            async def beating() -> None:
+                while True:
+                    await other.heartbeat()
+                    await asyncio.sleep(0.1)
+
+            beats = asyncio.ensure_future(beating())
+            stop, driver_done = asyncio.Event(), asyncio.Event()
+            service = asyncio.ensure_future(a.coordinator.run(stop, driver_done))
+            await until(lambda: bool(a.coordinator.liveness.landed_at), what="w1's first heartbeat")
+            await asyncio.sleep(1.0)  # waiting for w-other's bootstrap
+            assert not a.coordinator.cycle.cycles
+            stop.set()
+            driver_done.set()
+            started = time.monotonic()
+            await asyncio.wait_for(service, timeout=10)
+            assert time.monotonic() - started < 6, "the stop waited for the bootstrap"
+            beats.cancel()
+            assert (await a.table.read_meta()) is not None and not (await a.table.read_meta()).complete  # type: ignore[union-attr]
+
+    run(scenario())
