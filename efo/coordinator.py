@@ -43,7 +43,7 @@ from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.cycle import LeaseCycle
-from efo.worker.liveness import HeartbeatWriter, Liveness
+from efo.worker.liveness import HeartbeatWriter, Liveness, Trust
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import HANDOVER_POLL_S, ShardRunner
 from efo.worker.shardsync import ShardSync
@@ -136,6 +136,10 @@ class Coordinator:
             after_cycle=self._check_ready,
             clock=clock,
         )
+        # What each part learns of another, wired here rather than inside either.
+        self.owned.on_forget = self.checkpointer.apply_backlog_bound
+        self.shards.leased = lambda: None if self.cycle.state is None else self.cycle.state.leases.keys()
+        self._heartbeat: asyncio.Task[None] | None = None
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -157,7 +161,7 @@ class Coordinator:
         try:
             async with asyncio.TaskGroup() as group:
                 self.runner.spawn = lambda coroutine, name: group.create_task(coroutine, name=name)
-                heartbeat = group.create_task(self.liveness.run(), name="heartbeat")
+                self._heartbeat = heartbeat = group.create_task(self.liveness.run(), name="heartbeat")
                 checkpoints = group.create_task(self.checkpointer.run(), name="checkpoints")
                 intake: list[asyncio.Task[None]] = []
                 intake.append(group.create_task(self._start_intake(group, intake), name="bootstrap"))
@@ -236,6 +240,8 @@ class Coordinator:
             async with asyncio.timeout(FINAL_WRITES_TIMEOUT_S):
                 released = sum(await asyncio.gather(*(release(owned) for owned in list(self.owned.values()))))
                 released += await self.cycle.release_untracked()
+                if self._heartbeat is not None:  # a beat in flight would write the row again
+                    await _cancelled(self._heartbeat)
                 await self.table.remove_worker()
         except (TimeoutError, EfoError) as exc:
             self._log.warning("leases.release_failed", error=str(exc) or type(exc).__name__)
@@ -274,6 +280,8 @@ class Coordinator:
     def shards_problem(self) -> str | None:
         """/readyz: None once every shard this worker reads has a subscription (none to own is fine)."""
         owned_now = self.owned.snapshot()  # this runs on the HTTP server's thread
+        if self.liveness.trust is Trust.UNPROVEN:
+            return "no heartbeat has landed yet: nothing is claimed until one does"
         if self.liveness.in_doubt:
             return "no heartbeat landed for the lease validity: every lease was dropped until one does"
         if not self._ready:

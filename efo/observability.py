@@ -336,7 +336,7 @@ class Metrics:
             lease_reads=Counter(
                 "efo_lease_table_reads_total",
                 "Reads of the lease table by the lease cycle, by what they read: control (the heartbeats "
-                "and the version, every cycle) or leases (every lease row: when the version moved).",
+                "and the versions, every cycle) or leases (one lease partition: when its version moved).",
                 ["rows"],
                 registry=registry,
             ),

@@ -45,6 +45,7 @@ from typing import Any
 import structlog
 
 from efo import __version__
+from efo.concurrency import bounded
 from efo.errors import ConfigError, LayoutOutdated, LeaseLost, ResourceNotFound, error_code, translate
 from efo.pipeline.records import SHARD_END, Position
 
@@ -136,11 +137,6 @@ class TableState:
     workers: dict[str, WorkerRow] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # lease partition -> its version (none yet: 0)
-
-    @property
-    def version(self) -> int:
-        """Every lease partition's version together: moves whenever any of them does."""
-        return sum(self.versions.values())
 
     @property
     def heartbeats(self) -> dict[str, int]:
@@ -296,12 +292,18 @@ class LeaseTable:
             )
         self.lease_partitions = meta.lease_partitions
 
-    async def _lease_key(self, shard_id: str) -> dict[str, Any]:
-        partition = lease_partition_of(shard_id, await self.layout())
-        return {"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": SHARD_PREFIX + shard_id}}
+    def partition_of(self, shard_id: str) -> int:
+        """The lease partition of ``shard_id`` (the layout is known: :meth:`layout` was awaited)."""
+        assert self.lease_partitions is not None, "the layout has not been read"
+        return lease_partition_of(shard_id, self.lease_partitions)
 
     async def _partition(self, shard_id: str) -> int:
-        return lease_partition_of(shard_id, await self.layout())
+        await self.layout()
+        return self.partition_of(shard_id)
+
+    async def _lease_key(self, shard_id: str) -> dict[str, Any]:
+        partition = await self._partition(shard_id)
+        return {"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": SHARD_PREFIX + shard_id}}
 
     def _resource(self) -> str:
         return f"DynamoDB table {self.table!r}"
@@ -390,10 +392,10 @@ class LeaseTable:
         return state
 
     async def read_control(self) -> TableState:
-        """The version and every heartbeat row, no lease: one small, eventually consistent Query.
-        (An older answer after a newer one is possible: a version only ever grows, and a heartbeat
-        seen again unchanged only delays a failover, never hastens it.)"""
-        return await self._read_state(self.partition, after=AFTER_SHARDS, consistent=False)
+        """The version and every heartbeat row, no lease: one small, strongly consistent Query (an
+        eventually consistent one could show a live worker's heartbeat unchanged for long enough to
+        call it dead: fencing would keep that safe, but two workers would read its shards)."""
+        return await self._read_state(self.partition, after=AFTER_SHARDS)
 
     async def _read_state(
         self, partition: str, *, prefix: str | None = None, after: str | None = None, consistent: bool = True
@@ -409,14 +411,11 @@ class LeaseTable:
 
     async def read_meta(self) -> Meta | None:
         """The application's meta row (its first start), strongly consistent; None before the first start."""
-        try:
-            response = await self._ddb.get_item(TableName=self.table, Key=self._key(META_KEY), ConsistentRead=True)
-        except Exception as exc:
-            raise translate(exc, resource=self._resource()) from None
-        if "Item" not in response:
+        item = await self._meta_item()
+        if item is None:
             return None
         state = TableState()
-        self._absorb(state, response["Item"])
+        self._absorb(state, item)
         return state.meta
 
     def with_client(self, dynamodb: Any) -> LeaseTable:
@@ -525,7 +524,8 @@ class LeaseTable:
             **_position_item(start),
         }
         created = await self._put_new(await self._lease_key(shard_id), item)
-        await self._changed(await self._partition(shard_id))
+        if created:  # not when another worker created it first (and moved the version)
+            await self._changed(await self._partition(shard_id))
         return created
 
     async def _put_new(self, key: dict[str, Any], attributes: dict[str, Any]) -> bool:
@@ -567,7 +567,13 @@ class LeaseTable:
         update.apply_reset(lease.reset)
         await self._update(lease, update)
         await self._changed(await self._partition(lease.shard_id))
-        return replace(lease, counter=lease.counter + 1, checkpoint=lease.reset.position, reset=None)
+        return replace(
+            lease,
+            counter=lease.counter + 1,
+            checkpoint=lease.reset.position,
+            reset=None,
+            updated_at=datetime.now(UTC),  # as written: skip_older_than counts from the reset
+        )
 
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
         """Store where the shard resumes (or SHARD_END), and how far behind the owner's last event
@@ -620,16 +626,16 @@ class LeaseTable:
     async def request_reset(self, shard_ids: Iterable[str], position: Position) -> str:
         """The operator's reset: written on each shard's row as pending; returns its id."""
         reset_id = uuid.uuid4().hex
-        shard_ids = list(shard_ids)
-        for shard_id in shard_ids:
-            update = _Update()
-            update.set_position(position, RESET_PREFIX)
-            update.sets.append("reset_id = :reset")
-            update.values[":reset"] = {"S": reset_id}
-            update.conditions.append("attribute_exists(sk)")
-            await self._update(Lease(shard_id, (), None, 0, position), update, missing=f"no lease for shard {shard_id}")
-        for partition in {await self._partition(shard_id) for shard_id in shard_ids}:
-            await self._changed(partition)
+        async with self.changing():  # every partition's version moves once, at the end, together
+            for shard_id in shard_ids:
+                update = _Update()
+                update.set_position(position, RESET_PREFIX)
+                update.sets.append("reset_id = :reset")
+                update.values[":reset"] = {"S": reset_id}
+                update.conditions.append("attribute_exists(sk)")
+                lease = Lease(shard_id, (), None, 0, position)
+                await self._update(lease, update, missing=f"no lease for shard {shard_id}")
+                await self._changed(await self._partition(shard_id))
         return reset_id
 
     async def _update(
@@ -745,10 +751,10 @@ class LeaseTable:
 
     async def delete_all(self) -> int:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
-        meta = await self.read_meta()
+        meta = await self._meta_item()
         partitions = [self.partition]
-        if meta is not None and meta.lease_partitions is not None:
-            partitions += [self.lease_partition_key(n) for n in range(meta.lease_partitions)]
+        count = _number(meta, "lease_partitions") or _number(meta, "migrating_to")  # a migration cut short too
+        partitions += [self.lease_partition_key(n) for n in range(count or 0)]
         deleted = 0
         try:
             for partition in partitions:
@@ -762,37 +768,24 @@ class LeaseTable:
 
     async def migrate(self) -> int:
         """Move the lease rows of a table of the layout before lease partitions (every row in the
-        control partition) to lease partitions; returns how many moved (0: nothing to move). Every
-        worker of the application must be stopped. Safe to run again after a crash at any step:
-        each row is copied as it is (its owner cleared: nobody runs), then the meta row names the
+        control partition) to lease partitions; returns how many were copied (0: nothing to move).
+        Every worker of the application must be stopped. Safe to run again after a crash at any
+        step: the meta row names the partitions to come (``migrating_to``) before any copy, each row
+        is copied as it is (its owner cleared: nobody runs), then the meta row names them as the
         partitions (from then on the copies are the leases), then the old rows are deleted."""
-        meta = await self.read_meta()
+        meta = await self._meta_item()
         if meta is None:
-            raise ResourceNotFound(
-                f"application {self.app!r} has no rows for stream {self.stream_arn} in {self._resource()}"
-            )
+            raise self._not_started()
         try:
             old = await _query(self._ddb, self.table, self.partition, SHARD_PREFIX)
-            partitions = meta.lease_partitions or lease_partitions_for(len(old))
-            if meta.lease_partitions is None:
-                slots = asyncio.Semaphore(READ_CONCURRENCY)
-
-                async def copy(item: dict[str, Any]) -> None:
-                    shard_id = item["sk"]["S"].removeprefix(SHARD_PREFIX)
-                    row = {name: value for name, value in item.items() if name not in ("pk", "lease_owner")}
-                    row["pk"] = {"S": self.lease_partition_key(lease_partition_of(shard_id, partitions))}
-                    row["lease_counter"] = {"N": str(int(item.get("lease_counter", {}).get("N", "0")) + 1)}
-                    async with slots:
-                        await self._ddb.put_item(TableName=self.table, Item=row)
-
-                await asyncio.gather(*(copy(item) for item in old))
-                await self._ddb.update_item(
-                    TableName=self.table,
-                    Key=self._key(META_KEY),
-                    UpdateExpression="SET lease_partitions = :n",
-                    ConditionExpression="attribute_not_exists(lease_partitions)",
-                    ExpressionAttributeValues={":n": {"N": str(partitions)}},
-                )
+            copied = 0
+            partitions = _number(meta, "lease_partitions")
+            if partitions is None:
+                partitions = _number(meta, "migrating_to") or lease_partitions_for(len(old))
+                await self._set_meta("SET migrating_to = :n", partitions)
+                await bounded(READ_CONCURRENCY, [self._copy_lease(item, partitions) for item in old])
+                await self._set_meta("SET lease_partitions = :n REMOVE migrating_to", partitions)
+                copied = len(old)
             for item in old:  # the copies are the leases now
                 await self._ddb.delete_item(TableName=self.table, Key={"pk": item["pk"], "sk": item["sk"]})
         except Exception as exc:
@@ -801,7 +794,37 @@ class LeaseTable:
         if old:
             await self._bump(range(partitions))
         log.info("table.migrated", table=self.table, app=self.app, leases=len(old), lease_partitions=partitions)
-        return len(old)
+        return copied
+
+    async def _copy_lease(self, item: dict[str, Any], partitions: int) -> None:
+        shard_id = item["sk"]["S"].removeprefix(SHARD_PREFIX)
+        row = {name: value for name, value in item.items() if name not in ("pk", "lease_owner")}
+        row["pk"] = {"S": self.lease_partition_key(lease_partition_of(shard_id, partitions))}
+        row["lease_counter"] = {"N": str(int(item.get("lease_counter", {}).get("N", "0")) + 1)}
+        await self._ddb.put_item(TableName=self.table, Item=row)
+
+    async def _set_meta(self, expression: str, partitions: int) -> None:
+        """``expression`` on the meta row, while it names no lease partitions yet."""
+        await self._ddb.update_item(
+            TableName=self.table,
+            Key=self._key(META_KEY),
+            UpdateExpression=expression,
+            ConditionExpression="attribute_not_exists(lease_partitions)",
+            ExpressionAttributeValues={":n": {"N": str(partitions)}},
+        )
+
+    async def _meta_item(self) -> dict[str, Any] | None:
+        try:
+            response = await self._ddb.get_item(TableName=self.table, Key=self._key(META_KEY), ConsistentRead=True)
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        item = response.get("Item")
+        return dict(item) if item is not None else None
+
+
+def _number(item: dict[str, Any] | None, name: str) -> int | None:
+    value = (item or {}).get(name, {}).get("N")
+    return int(value) if value is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,6 @@ class Checkpointer:
         self._now = asyncio.Event()
         self.batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
         self._log = log.bind(worker_id=table.worker_id)
-        owned.on_forget = self.apply_backlog_bound
 
     # ---- the sink's side ----------------------------------------------------------------------
 

@@ -18,15 +18,15 @@ from dataclasses import replace
 
 import structlog
 
+from efo.concurrency import bounded
 from efo.config import Settings
 from efo.errors import EfoError, LeaseLost
 from efo.kinesis.shards import ShardGraph
 from efo.leases.balance import plan
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import Lease, LeaseTable, TableState, lease_partition_of
+from efo.leases.table import Lease, LeaseTable, TableState
 from efo.leases.view import TableView
 from efo.observability import METRICS
-from efo.worker.concurrency import bounded
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
 from efo.worker.shardsync import ShardSync
@@ -79,7 +79,6 @@ class LeaseCycle:
         self.read_at: float | None = None  # when it was read, for /readyz
         self.cycles = 0  # cycles run (with a read), for readiness
         self._log = log.bind(worker_id=self._me)
-        shards.leased = lambda: None if self.state is None else self.state.leases.keys()
 
     def run_now(self) -> None:
         self._now.set()
@@ -114,17 +113,23 @@ class LeaseCycle:
         now = self._clock()
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
-        if not self._leases or now - self._leases_read_at >= self._settings.lease.full_read_interval_s:
+        full = not self._leases or now - self._leases_read_at >= self._settings.lease.full_read_interval_s
+        if full:
             stale = set(range(await self._table.layout()))
-            self._leases_read_at = now
         stale |= {p for p, version in control.versions.items() if version > self._versions.get(p, 0)}
         if stale:
-            fresh = (await self._table.read_leases(stale)).leases
+            try:
+                fresh = (await self._table.read_leases(stale)).leases
+            except EfoError:
+                self._stale |= stale  # still to be read: a failed read forgets nothing
+                raise
             for partition in stale:
                 self._leases[partition] = {}
             for shard_id, lease in fresh.items():
-                self._leases[self._table_partition(shard_id)][shard_id] = lease
+                self._leases[self._table.partition_of(shard_id)][shard_id] = lease
             METRICS.lease_reads.labels(rows="leases").inc(len(stale))
+        if full:
+            self._leases_read_at = now
         for partition, version in control.versions.items():
             self._versions[partition] = max(self._versions.get(partition, 0), version)
         METRICS.lease_reads.labels(rows="control").inc()
@@ -132,10 +137,6 @@ class LeaseCycle:
         leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}
         self.state = TableState(workers=control.workers, leases=leases, versions=control.versions)
         return self.state
-
-    def _table_partition(self, shard_id: str) -> int:
-        assert self._table.lease_partitions is not None
-        return lease_partition_of(shard_id, self._table.lease_partitions)
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
@@ -186,7 +187,9 @@ class LeaseCycle:
         for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
             await self._release_stranded(state.leases[shard_id])
         for shard_id in moves.shed:
-            self._runner.hand_over(self._owned[shard_id], f"above this worker's share of {moves.target}")
+            owned = self._owned.get(shard_id)  # lost meanwhile (the claims above awaited): nothing to shed
+            if owned is not None:
+                self._runner.hand_over(owned, f"above this worker's share of {moves.target}")
         for lease in moves.ask:
             await self._ask(lease)
         await self._take_overdue(state, asked_now={lease.shard_id for lease in moves.ask})
@@ -250,7 +253,7 @@ class LeaseCycle:
         for parent in lease.parents:
             row = await self._table.read_lease(parent)
             if row is not None and (not row.finished or row.reset is not None):
-                self._stale.add(self._table_partition(parent))  # read it again next cycle
+                self._stale.add(self._table.partition_of(parent))  # read it again next cycle
                 return False
         return True
 

@@ -2,9 +2,15 @@
 
 Others take a worker's leases ``lease.failover_s`` after they last saw its heartbeat counter
 change. So a worker trusts its own leases for ``failover_s`` minus one heartbeat interval after
-its last heartbeat that landed (counted from when it was sent); past that it is **in doubt**:
-``on_expired`` drops every lease (stop reading, stop checkpointing), and once a heartbeat lands
-again ``on_recovered`` lets the lease cycle claim again.
+its last heartbeat that landed (counted from when it was sent)::
+
+    UNPROVEN ──first heartbeat landed──▶ TRUSTED ◀──a heartbeat landed── IN_DOUBT
+                                            └──none landed for the validity──▶┘
+
+Until its first heartbeat lands a worker claims nothing (others would see a lease owner without a
+heartbeat row, and take its leases). Past the validity it is **in doubt**: ``on_expired`` drops
+every lease (stop reading, stop checkpointing), and once a heartbeat lands again ``on_recovered``
+lets the lease cycle claim again.
 
 The heartbeat goes out on a DynamoDB client of its own (its own connections), with its own
 deadline: no amount of lease or checkpoint traffic delays it.
@@ -13,6 +19,7 @@ deadline: no amount of lease or checkpoint traffic delays it.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -25,6 +32,19 @@ from efo.errors import EfoError
 log = structlog.get_logger("efo.worker.liveness")
 
 Scheduler = Callable[[float, Callable[[], None]], Any]  # loop.call_later's shape: (delay_s, callback) -> handle
+
+
+class Trust(enum.Enum):
+    UNPROVEN = "unproven"  # no heartbeat has landed yet
+    TRUSTED = "trusted"  # the last one landed within the validity
+    IN_DOUBT = "in_doubt"  # none landed for the validity: others may hold these leases by now
+
+
+TRANSITIONS: dict[Trust, frozenset[Trust]] = {
+    Trust.UNPROVEN: frozenset({Trust.TRUSTED}),
+    Trust.TRUSTED: frozenset({Trust.IN_DOUBT}),
+    Trust.IN_DOUBT: frozenset({Trust.TRUSTED}),
+}
 
 
 class HeartbeatWriter(Protocol):
@@ -54,7 +74,7 @@ class Liveness:
         self._call_later = call_later
         self._deadline: Any = None
         self.landed_at: float | None = None  # when the last heartbeat that landed was sent
-        self.in_doubt = False
+        self.trust = Trust.UNPROVEN
         self._log = log.bind(worker_id=writer.worker_id)
 
     @property
@@ -63,8 +83,22 @@ class Liveness:
         return self._settings.failover_s - self._settings.heartbeat_interval_s
 
     @property
+    def in_doubt(self) -> bool:
+        """This worker may not claim or hold leases now: no heartbeat landed yet, or not lately."""
+        return self.trust is not Trust.TRUSTED
+
+    @property
     def valid(self) -> bool:
-        return not self.in_doubt and self.landed_at is not None and self._clock() - self.landed_at < self.validity_s
+        """It may write to the leases it holds: trusted, and within the validity of the last heartbeat."""
+        return (
+            self.trust is Trust.TRUSTED
+            and self.landed_at is not None
+            and self._clock() - self.landed_at < self.validity_s
+        )
+
+    def _enter(self, trust: Trust) -> None:
+        assert trust in TRANSITIONS[self.trust], f"{self.trust.name} -> {trust.name}"
+        self.trust = trust
 
     async def beat(self) -> bool:
         """One heartbeat, waited for at most the lease validity; True if it landed."""
@@ -98,14 +132,16 @@ class Liveness:
         delay_s = max(0.0, sent_at + self.validity_s - self._clock())
         call_later = self._call_later or asyncio.get_running_loop().call_later
         self._deadline = call_later(delay_s, self._expire)
-        if self.in_doubt:
-            self.in_doubt = False
+        previous = self.trust
+        if previous is not Trust.TRUSTED:
+            self._enter(Trust.TRUSTED)
+        if previous is Trust.IN_DOUBT:
             self._log.info("lease.heartbeat_recovered")
             self._on_recovered()
 
     def _expire(self) -> None:
         """No heartbeat landed for the lease validity: others may own these shards by now."""
-        self.in_doubt = True
+        self._enter(Trust.IN_DOUBT)
         self._log.warning("lease.in_doubt", validity_s=self.validity_s)
         self._on_expired()
 

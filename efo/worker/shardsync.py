@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
+from efo.concurrency import bounded
 from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, StreamRecreated
 from efo.kinesis.registration import StreamInfo
@@ -23,12 +25,20 @@ from efo.kinesis.shards import ShardGraph, list_shards
 from efo.kinesis.subscription import Backoff
 from efo.leases.table import LeaseTable, Meta, lease_partitions_for
 from efo.pipeline.records import SHARD_END, Position
-from efo.worker.concurrency import bounded
 
 log = structlog.get_logger("efo.worker.shardsync")
 
 #: The first start's lease rows go out this many at once (4,096 one at a time took minutes).
 BOOTSTRAP_CONCURRENCY = 32
+#: A worker waits at most this long for another's bootstrap, then writes the missing leases itself.
+BOOTSTRAP_WAIT_MAX_S = 120.0
+
+
+@dataclass(slots=True)
+class _Waiting:
+    began_at: float
+    beat: int | None  # the bootstrapping worker's heartbeat as last seen, and since when
+    beat_since: float
 
 
 class ShardSync:
@@ -53,6 +63,7 @@ class ShardSync:
         self.listed_at = 0.0  # when the listing behind ``graph`` was asked for
         #: The shards with a lease, as of the lease cycle's last read (None: not read yet).
         self.leased: Callable[[], Collection[str] | None] = lambda: None
+        self._waiting: _Waiting | None = None  # for another worker's bootstrap
         self._log = log.bind(worker_id=table.worker_id)
 
     def list_now(self) -> None:
@@ -134,23 +145,31 @@ class ShardSync:
         )
 
     async def _wait_for_bootstrap(self, meta: Meta) -> Meta:
-        """Until the bootstrapping worker completed the meta row, or its heartbeat stopped changing for
-        ``lease.failover_s`` (it died half-way: the rest is this worker's to write)."""
-        bootstrapper = meta.bootstrapper
-        self._log.info("leases.waiting_for_bootstrap", bootstrapper=bootstrapper)
-        beat, since = None, self._clock()
+        """Until the bootstrapping worker completed the meta row; or its heartbeat stopped changing for
+        ``lease.failover_s`` (it died half-way), or BOOTSTRAP_WAIT_MAX_S passed since this worker
+        began to wait (it is stuck): then the rest is this worker's to write. What it saw of the other's
+        heartbeat survives a retried attempt (a throttled read does not restart the count)."""
+        bootstrapper = meta.bootstrapper or ""
+        if self._waiting is None:
+            self._log.info("leases.waiting_for_bootstrap", bootstrapper=bootstrapper)
+            now = self._clock()
+            self._waiting = _Waiting(began_at=now, beat=None, beat_since=now)
+        waiting = self._waiting
         while True:
             await asyncio.sleep(self._settings.lease.sync_interval_s)
             current = await self.check()
             assert current is not None
             if current.complete:
                 return current
-            row = (await self._table.read_control()).workers.get(bootstrapper or "")
+            row = (await self._table.read_control()).workers.get(bootstrapper)
             now = self._clock()
-            if row is not None and row.heartbeat != beat:
-                beat, since = row.heartbeat, now
-            elif now - since >= self._settings.lease.failover_s:
-                self._log.warning("leases.bootstrap_abandoned", bootstrapper=bootstrapper)
+            if row is not None and row.heartbeat != waiting.beat:
+                waiting.beat, waiting.beat_since = row.heartbeat, now
+            elif now - waiting.beat_since >= self._settings.lease.failover_s:
+                self._log.warning("leases.bootstrap_abandoned", bootstrapper=bootstrapper, reason="heartbeat stopped")
+                return current
+            if now - waiting.began_at >= BOOTSTRAP_WAIT_MAX_S:
+                self._log.warning("leases.bootstrap_abandoned", bootstrapper=bootstrapper, reason="too long")
                 return current
 
     # ---- later shards -------------------------------------------------------------------------

@@ -54,14 +54,24 @@ class World:
     def written(self, shard_id: str) -> list[int]:
         return [seq for shard, seq in self.driver.written if shard == shard_id]
 
-    async def worker(self, worker_id: str, *, bootstrap: bool = True) -> World:
+    async def worker(
+        self, worker_id: str, *, bootstrap: bool = True, heartbeats: Callable[[LeaseTable], Any] | None = None
+    ) -> World:
         """Another worker of the same application on the same stream (its own coordinator, pool,
-        handoff and driver), as another pod would be."""
-        return await _worker(self.kinesis, self.ddb, self.settings, worker_id, bootstrap=bootstrap)
+        handoff and driver), as another pod would be; ``heartbeats`` wraps its heartbeat writer."""
+        return await _worker(
+            self.kinesis, self.ddb, self.settings, worker_id, bootstrap=bootstrap, heartbeats=heartbeats
+        )
 
 
 async def _worker(
-    kinesis: MemoryKinesis, ddb: Any, config: Settings, worker_id: str, *, bootstrap: bool = True
+    kinesis: MemoryKinesis,
+    ddb: Any,
+    config: Settings,
+    worker_id: str,
+    *,
+    bootstrap: bool = True,
+    heartbeats: Callable[[LeaseTable], Any] | None = None,
 ) -> World:
     table = LeaseTable(ddb, table=config.table_name, app=config.app, stream_arn=STREAM_ARN, worker_id=worker_id)
     handoff = Handoff()
@@ -74,6 +84,7 @@ async def _worker(
         table=table,
         pool=PendingPool(10_000, 1 << 26, reserved_records=100, reserved_bytes=1 << 20),
         handoff=handoff,
+        heartbeats=heartbeats(table) if heartbeats else None,
     )
     if bootstrap:
         await coordinator.bootstrap()

@@ -13,7 +13,7 @@ import pytest
 from aiobotocore.session import get_session
 
 from efo.devstack.faults import FaultClient
-from efo.errors import ConfigError
+from efo.errors import ConfigError, Retriable
 from efo.leases.table import LeaseTable
 
 from .memory_kinesis import MemoryKinesis
@@ -103,5 +103,37 @@ def test_a_stop_during_a_bootstrap_that_waits_for_another_worker_ends_the_run_at
             assert time.monotonic() - started < 6, "the stop waited for the bootstrap"
             beats.cancel()
             assert (await a.table.read_meta()) is not None and not (await a.table.read_meta()).complete  # type: ignore[union-attr]
+
+    run(scenario())
+
+
+class FlakyHeartbeats:
+    """A heartbeat writer that fails (throttled past the SDK's retries) until ``ok``."""
+
+    def __init__(self, table: LeaseTable) -> None:
+        self.worker_id = table.worker_id
+        self._table = table
+        self.ok = False
+
+    async def heartbeat(self) -> None:
+        if not self.ok:
+            raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'app'")
+        await self._table.heartbeat()
+
+
+def test_a_worker_claims_nothing_and_is_not_ready_until_its_first_heartbeat_lands(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=PATIENT) as a:
+            flaky: list[FlakyHeartbeats] = []
+            b = await a.worker("w2", heartbeats=lambda table: flaky.append(FlakyHeartbeats(table)) or flaky[-1])
+            async with running(b) as stop:
+                await asyncio.sleep(10 * b.settings.lease.sync_interval_s)
+                assert not b.coordinator.owned, "claimed leases with no heartbeat row behind them"
+                assert not b.coordinator.ready
+                assert "no heartbeat has landed yet" in (b.coordinator.shards_problem() or "")
+                flaky[0].ok = True
+                await until(lambda: b.coordinator.ready and len(b.coordinator.owned) == 2, what="ready with both")
+                await stop()
 
     run(scenario())

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from efo.config import Settings, load_settings
+from efo.errors import Retriable
 from efo.leases.table import Lease, TableState, WorkerRow, lease_partition_of
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
@@ -33,6 +34,9 @@ class FakeTable:
 
     async def layout(self) -> int:
         return self.lease_partitions
+
+    def partition_of(self, shard_id: str) -> int:
+        return lease_partition_of(shard_id, self.lease_partitions)
 
     def take_changed(self) -> set[int]:
         changed, self.changed = self.changed, set()
@@ -135,6 +139,24 @@ def test_the_lease_rows_are_read_at_least_every_full_read_interval(settings: Set
     clock.now += 0.1
     _read(cycle)
     assert table.lease_reads == 4
+
+
+def test_a_failed_read_of_a_changed_partition_is_read_again_next_cycle(settings: Settings) -> None:
+    table, clock = FakeTable(), Clock()
+    cycle = _cycle(settings, table, clock)
+    _read(cycle)
+    table.changed.add(HOME)  # this worker claimed shard-1
+    table.owner = "me"
+    real = table.read_leases
+
+    async def throttled(partitions: Collection[int]) -> TableState:
+        raise Retriable("ProvisionedThroughputExceededException")
+
+    table.read_leases = throttled  # type: ignore[method-assign]
+    with pytest.raises(Retriable):
+        _read(cycle)
+    table.read_leases = real  # type: ignore[method-assign]
+    assert _read(cycle).leases["shard-1"].owner == "me", "the claim's partition was forgotten"
 
 
 def test_the_cycle_state_is_a_copy_so_a_cycle_changing_it_leaves_the_last_read_as_it_was(settings: Settings) -> None:

@@ -1,4 +1,4 @@
-"""Bounded concurrency for a worker's bursts of DynamoDB writes (a bootstrap's leases, a cycle's claims)."""
+"""Bounded concurrency for bursts of DynamoDB writes (a bootstrap's leases, a cycle's claims, a migration)."""
 
 from __future__ import annotations
 
