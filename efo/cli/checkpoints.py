@@ -219,18 +219,23 @@ async def _wait_applied(table: LeaseTable, reset_id: str, wait_s: float) -> bool
     return done
 
 
+async def _refuse_while_running(table: LeaseTable, scope: Scope, force: bool, why: str) -> None:
+    """Unless ``force``: refuse while any worker of the application has a heartbeat row (a clean
+    stop removes it). Reads no lease, so a table of an older layout is no obstacle."""
+    running = sorted((await table.read_control()).workers)
+    if running and not force:
+        raise EfoError(
+            f"worker(s) {', '.join(running)} of application {scope.app!r} have heartbeat rows in table "
+            f"{table.table!r}: stop them first ({why}), or pass --force if they are gone"
+        )
+
+
 def _delete_all(scope: Scope, *, yes: bool, force: bool, as_json: bool) -> int:
     refuse_without_terminal("delete every lease and checkpoint", yes=yes)
 
     async def body(conn: Connection) -> dict[str, Any]:
         table = await conn.lease_table()
-        running = sorted((await table.read()).workers)  # heartbeat rows: removed by a clean stop
-        if running and not force:
-            raise EfoError(
-                f"worker(s) {', '.join(running)} of application {scope.app!r} have heartbeat rows in table "
-                f"{table.table!r}: stop them first (deleting under running workers makes them re-read the whole "
-                "stream), or pass --force if they are gone"
-            )
+        await _refuse_while_running(table, scope, force, "deleting under running workers makes them re-read the stream")
         confirm(
             f"Delete every lease and checkpoint of application {scope.app!r} on stream {conn.stream.name!r} "
             f"from table {table.table!r}? The next start applies EFO_INITIAL_POSITION.",
@@ -267,12 +272,7 @@ def migrate_command(scope: Scope, yes: bool, force: bool, as_json: bool) -> int:
 
     async def body(conn: Connection) -> dict[str, Any]:
         table = await conn.lease_table()
-        running = sorted((await table.read_control()).workers)  # heartbeat rows: removed by a clean stop
-        if running and not force:
-            raise EfoError(
-                f"worker(s) {', '.join(running)} of application {scope.app!r} have heartbeat rows in table "
-                f"{table.table!r}: stop them first, or pass --force if they are gone"
-            )
+        await _refuse_while_running(table, scope, force, "they would keep writing where the leases were")
         confirm(
             f"Move the leases of application {scope.app!r} on stream {conn.stream.name!r} in table "
             f"{table.table!r} to lease partitions?",

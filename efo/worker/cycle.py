@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import structlog
 
-from efo.concurrency import bounded
+from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import EfoError, LeaseLost
 from efo.kinesis.shards import ShardGraph
@@ -85,23 +85,20 @@ class LeaseCycle:
 
     async def run(self) -> None:
         """A cycle every ``lease.sync_interval_s`` (sooner when asked), until cancelled."""
-        while True:
-            try:
-                graph = self._shards.graph
-                if graph is not None and not self._in_doubt():
-                    state = await self.read()
-                    async with self._table.changing():  # the cycle's changes move the version once
-                        await self.cycle(state, graph)
-            except EfoError as exc:
-                if not exc.retriable:
-                    raise
-                self._log.warning("leases.cycle_failed", error=str(exc), code=exc.code)
-            try:
-                async with asyncio.timeout(self._settings.lease.sync_interval_s):
-                    await self._now.wait()
-            except TimeoutError:
-                pass
-            self._now.clear()
+        await periodically(
+            self._turn,
+            interval_s=self._settings.lease.sync_interval_s,
+            wake=self._now,
+            log=self._log,
+            failed="leases.cycle_failed",
+        )
+
+    async def _turn(self) -> None:
+        graph = self._shards.graph
+        if graph is not None and not self._in_doubt():
+            state = await self.read()
+            async with self._table.changing():  # the cycle's changes move each partition's version once
+                await self.cycle(state, graph)
 
     async def read(self) -> TableState:
         """The table as this cycle sees it: the heartbeats and the versions, read now (one small

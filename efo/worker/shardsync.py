@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from efo.concurrency import bounded
+from efo.concurrency import bounded, periodically
 from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, StreamRecreated
 from efo.kinesis.registration import StreamInfo
@@ -177,19 +177,13 @@ class ShardSync:
     async def run(self) -> None:
         """ListShards every ``shards.sync_interval_s`` (and when asked): a lease for every shard born
         since (a split or a merge), read from its own beginning. Until cancelled."""
-        while True:
-            try:
-                await self.sync()
-            except EfoError as exc:
-                if not exc.retriable:
-                    raise
-                self._log.warning("shards.sync_failed", error=str(exc), code=exc.code)
-            try:
-                async with asyncio.timeout(self._settings.shards.sync_interval_s):
-                    await self._now.wait()
-            except TimeoutError:
-                pass
-            self._now.clear()
+        await periodically(
+            self.sync,
+            interval_s=self._settings.shards.sync_interval_s,
+            wake=self._now,
+            log=self._log,
+            failed="shards.sync_failed",
+        )
 
     async def sync(self) -> None:
         asked_at = self._clock()

@@ -123,3 +123,28 @@ def test_a_table_of_the_old_layout_is_refused_then_migrated_and_read_from_its_ch
     rows = wait_for_rows(tmp_path / "out", len(expected), run)
     assert run.stop() == EXIT_OK, run.tail()
     assert_exactly(rows, expected)
+
+
+def test_delete_all_removes_a_table_of_the_old_layout_without_a_migration(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    """A stream deleted and recreated under an old table: starting over needs no migration first."""
+    stream, app = unique("layout"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    summary = kinesis_client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+    shard_id = kinesis_client.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
+    control = _old_layout_table(
+        dynamodb_client,
+        app=app,
+        stream_arn=summary["StreamARN"],
+        created=summary["StreamCreationTimestamp"],
+        checkpoints={shard_id: {"position_kind": {"S": "TRIM_HORIZON"}}},
+    )
+    env = arrow_env(local_stack, stream=stream, app=app, sink_dir=tmp_path / "out", initial_position="LATEST")
+    deleted = efo(env, "checkpoints", "reset", "--delete-all", "--yes")
+    assert deleted.code == EXIT_OK, deleted.stderr
+    assert "removed 2 rows" in deleted.stdout
+    rows = dynamodb_client.query(
+        TableName=app, KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": {"S": control}}
+    )
+    assert rows["Items"] == []
