@@ -33,7 +33,9 @@ class FleetStream:
         self._kinesis = kinesis
         self.shard_id = shard_id
         self._interval_s = interval_s
-        self._next = time.monotonic() + random.random() * interval_s  # spread the fleet's ticks
+        # The first event at once, as AWS sends it; then a tick every interval, spread over the fleet.
+        self._next = time.monotonic()
+        self._phase_s = random.random() * interval_s
         self.closed = False
 
     def __aiter__(self) -> FleetStream:
@@ -43,7 +45,8 @@ class FleetStream:
         if self.closed:
             raise StopAsyncIteration
         delay_s = self._next - time.monotonic()
-        self._next = max(self._next + self._interval_s, time.monotonic())
+        self._next = max(self._next + self._interval_s + self._phase_s, time.monotonic())
+        self._phase_s = 0.0
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         if self.closed:
