@@ -170,13 +170,16 @@ class Tap:
     def _before(self, model: Any, params: dict[str, Any], context: dict[str, Any], **kwargs: Any) -> None:
         operation = str(model.name)
         kind = operation
-        if operation == "UpdateItem":
+        if operation in ("UpdateItem", "Query"):
             try:
-                expression = str(json.loads(params.get("body") or b"{}").get("UpdateExpression", ""))
+                body = json.loads(params.get("body") or b"{}")
             except ValueError:
-                expression = ""
+                body = {}
+            expression = str(body.get("UpdateExpression", ""))
             if "position_kind" in expression and "lease_counter" not in expression:
                 kind = "checkpoint"
+            elif operation == "Query":
+                kind = "Query (consistent)" if body.get("ConsistentRead") else "Query (eventually consistent)"
         elif operation == "PutItem" and b'"heartbeat"' in (params.get("body") or b""):
             kind = "heartbeat"
         context["fleet"] = (operation, kind, time.perf_counter())
@@ -524,6 +527,9 @@ def summarize(
         "loop_lag_p50_ms": 1e3 * percentile(lags, 50),
         "loop_lag_p99_ms": 1e3 * percentile(lags, 99),
         "loop_lag_max_ms": 1e3 * (lags[-1] if lags else float("nan")),
+        "claims": events["shard.started"],
+        "handovers": events["lease.handed_over"],
+        "asked": events["lease.asked"],
         "in_doubt": events["lease.in_doubt"],
         "lost": events["lease.lost"],
         "heartbeat_failed": events["lease.heartbeat_failed"],
@@ -659,7 +665,8 @@ async def run_case(shards: int, workers: int, endpoint: str, server_pid: int, ar
 
         for mode in ("busy", "idle"):
             fleet.kinesis.busy = mode == "busy"
-            await asyncio.sleep(args.settle)
+            # Idle: the busy window's last checkpoints are written first (at most one interval later).
+            await asyncio.sleep(args.settle if mode == "busy" else max(args.settle, settings.checkpoint.interval_s + 1))
             await probe.begin()
             await asyncio.sleep(args.window)
             window = await probe.end()
@@ -802,11 +809,11 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
     )
     print(f"**Balance and takeover** (seconds; takeover goal: `failover_s` + 2 = {failover_s + 2:g} s)\n")
     print(
-        "| shards × workers | bootstrap (S leases) | start → balanced | in doubt / lost at start | join → balanced | "
-        "in doubt / lost at join | takeover (shards) | in doubt / lost at takeover | KCL 2.x model: takeover, join | "
-        "KCL 3.x model: takeover |"
+        "| shards × workers | bootstrap (S leases) | start → balanced | claims / handovers at start | "
+        "in doubt / lost at start | join → balanced | claims / handovers at join | in doubt / lost at join | "
+        "takeover (shards) | in doubt / lost at takeover | KCL 2.x model: takeover, join | KCL 3.x model: takeover |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for case in cases:
         times = kcl_times(case.shards, case.workers)
         s, j, t = case.start, case.join, case.takeover
@@ -814,9 +821,13 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
         def doubt(window: dict[str, Any]) -> str:
             return f"{window['in_doubt']} / {window['lost']}" if window else "-"
 
+        def moves(window: dict[str, Any]) -> str:
+            return f"{window['claims']:,} / {window['handovers']:,}" if window else "-"
+
         print(
-            f"| {case.size} | {case.bootstrap_s:.1f} | {_n(s.get('balanced_s'), 1)} | {doubt(s)} | "
-            f"{_n(j.get('balanced_s'), 1)} | {doubt(j)} | {_n(t.get('takeover_s'), 1)} ({t.get('shards', '-')}) | "
+            f"| {case.size} | {case.bootstrap_s:.1f} | {_n(s.get('balanced_s'), 1)} | {moves(s)} | {doubt(s)} | "
+            f"{_n(j.get('balanced_s'), 1)} | {moves(j)} | {doubt(j)} | "
+            f"{_n(t.get('takeover_s'), 1)} ({t.get('shards', '-')}) | "
             f"{doubt(t)} | {times['takeover_2x']}, {times['join_2x']} | {times['takeover_3x']} |"
         )
     print(
@@ -881,7 +892,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="256x4,1024x16,4096x64", help="comma-separated SHARDSxWORKERS")
     parser.add_argument("--window", type=float, default=60.0, help="seconds of each steady window (busy, idle)")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before a window (and before the join)")
-    parser.add_argument("--phase-timeout", type=float, default=180.0, help="at most this long to balance")
+    parser.add_argument("--phase-timeout", type=float, default=120.0, help="at most this long to balance")
     parser.add_argument("--failover-s", type=float, default=10.0, help="lease.failover_s (heartbeat: 1/5 of it)")
     parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
