@@ -686,8 +686,10 @@ async def run_case(shards: int, workers: int, endpoint: str, server_pid: int, ar
         if balanced_s is None:
             case.notes.append(f"join: not balanced within {phase_s:g} s: {seen}")
 
-        victim = fleet.live[0]
+        victim = max(fleet.live, key=lambda worker: len(worker.reading()[0]))  # the one that reads the most
         held = victim.reading()[0]
+        if not held:
+            case.notes.append("takeover: no worker read any shard to be taken over")
         await probe.begin()
         await fleet.kill(victim)
         taken_s, left = await fleet.until_read_again(held, 4 * failover_s + 30)
