@@ -105,6 +105,20 @@ BENCHMARKS = [
         "`failover_s` + 2 s; SIGTERM release to the new owner's first event at most 2 s; DynamoDB writes at "
         "most 1/3 of a KCL-style request pattern measured against the same server.",
     ),
+    Benchmark(
+        "fleet",
+        "7. A fleet: lease-plane cost, balance and takeover at scale",
+        "fleet.py",
+        ["--sizes", "256x4,1024x16,4096x64", "--window", "60", "--settle", "10"],
+        ["--sizes", "16x2", "--window", "5", "--settle", "2", "--failover-s", "3", "--phase-timeout", "30"],
+        "W real coordinators in one process against the local DynamoDB, with a fake Kinesis of S shards, idle "
+        "and busy: DynamoDB requests and units at the wire (fleet and busiest partition key), ListShards calls, "
+        "time to balance after the start and after a join, takeover after a worker dies, leases in doubt; beside "
+        "the KCL 2.x and 3.x request models at their defaults. Goals: at 1,024 x 16 the lease plane at most 1/10 "
+        "of the KCL 2.x model's cost and below the KCL 3.x model's (a write unit = 5 read units); at 4,096 x 64 "
+        "busy the busiest partition key under 1/3 of its limits, balanced within 30 s of the start, takeover "
+        "within `failover_s` + 2 s; an idle fleet writes its heartbeats and nothing else.",
+    ),
 ]
 
 
@@ -236,12 +250,102 @@ def workers_goals(figures: dict[str, Any]) -> list[Verdict]:
     return verdicts
 
 
+def _fleet_case(cases: list[dict[str, Any]], shards: int, workers: int) -> tuple[dict[str, Any], str]:
+    """The case of that size, or (a quick run) the largest one run, named as it is."""
+    case = next((c for c in cases if (c["shards"], c["workers"]) == (shards, workers)), None)
+    if case is None:
+        case = max(cases, key=lambda c: (c["shards"], c["workers"]))
+    return case, f"{case['shards']:,} x {case['workers']}"
+
+
+def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
+    cases = figures["cases"]
+    verdicts = []
+    case, size = _fleet_case(cases, 1024, 16)
+    windows = [case[mode] for mode in ("idle", "busy") if case.get(mode, {}).get("lease_plane")]
+    if windows:
+        worst_2x = max(w["ratio_2x"] for w in windows)
+        worst_3x = max(w["ratio_3x"] for w in windows)
+        cost = max(w["lease_plane"]["cost_per_s"] for w in windows)
+        verdicts.append(
+            Verdict(
+                f"fleet {size}: lease-plane cost <= 1/10 of the KCL 2.x model's (write = 5 reads)",
+                f"{worst_2x:.3f} ({cost:,.1f} vs {windows[0]['models']['2.x']['cost_per_s']:,.1f} read units/s)",
+                worst_2x <= 0.1,
+            )
+        )
+        verdicts.append(
+            Verdict(
+                f"fleet {size}: lease-plane cost below the KCL 3.x model's",
+                f"{worst_3x:.3f} ({cost:,.1f} vs {windows[0]['models']['3.x']['cost_per_s']:,.1f} read units/s)",
+                worst_3x < 1,
+            )
+        )
+    else:
+        verdicts.append(Verdict(f"fleet {size}: lease-plane cost against the KCL models", "not measured", False))
+    case, size = _fleet_case(cases, 4096, 64)
+    busy = case.get("busy") or {}
+    busiest = busy.get("busiest", {})
+    if busiest:
+        reads = busiest.get("read_units", {}).get("read_units_per_s", 0.0)
+        writes = busiest.get("write_units", {}).get("write_units_per_s", 0.0)
+        verdicts.append(
+            Verdict(
+                f"fleet {size} busy: busiest partition key under 1/3 of 3,000 read / 1,000 write units/s",
+                f"{reads:,.1f} read, {writes:,.1f} write units/s",
+                reads < 1000 and writes < 1000 / 3,
+            )
+        )
+    else:
+        verdicts.append(Verdict(f"fleet {size} busy: busiest partition key", "not measured", False))
+    balanced = (case.get("start") or {}).get("balanced_s")
+    verdicts.append(
+        Verdict(
+            f"fleet {size}: balanced within 30 s of the start",
+            "not balanced" if balanced is None else f"{balanced:.1f} s",
+            balanced is not None and balanced <= 30,
+        )
+    )
+    takeover = (case.get("takeover") or {}).get("takeover_s")
+    goal = figures["failover_s"] + 2
+    verdicts.append(
+        Verdict(
+            f"fleet {size}: takeover within failover_s + 2 = {goal:g} s",
+            "not taken over" if takeover is None else f"{takeover:.1f} s",
+            takeover is not None and takeover <= goal,
+        )
+    )
+    for case in cases:
+        idle = case.get("idle")
+        if not idle:
+            continue
+        other = idle["write_requests_per_min"] - idle["heartbeats_per_min"]
+        verdicts.append(
+            Verdict(
+                f"fleet {case['shards']:,} x {case['workers']} idle: writes = heartbeats only",
+                f"{idle['write_requests_per_min']:,.0f} writes/min, {idle['heartbeats_per_min']:,.0f} heartbeats/min",
+                abs(other) < 0.5,
+            )
+        )
+    for case in cases:
+        if not case["kept_up"]:
+            verdicts.append(
+                Verdict(
+                    f"fleet {case['shards']:,} x {case['workers']}: the local stack kept up",
+                    case["why"][:300],
+                    False,
+                )
+            )
+    return verdicts
+
+
 GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "ingest": ingest_goals,
     "bridge": bridge_goals,
     "latency": latency_goals,
     "memory": memory_goals,
     "workers": workers_goals,
+    "fleet": fleet_goals,
 }
 
 

@@ -21,6 +21,7 @@ SECTIONS = {
     "## 3. Latency, arrival to commit": "bench/latency.py",
     "## 4. Memory with a stalled sink": "bench/memory_bound.py",
     "## 5 and 6. Failover, handoff and DynamoDB cost with two workers": "bench/workers.py",
+    "## 7. A fleet: lease-plane cost, balance and takeover at scale": "bench/fleet.py",
 }
 
 
