@@ -8,6 +8,8 @@ In one cycle a worker:
 1. **claims** free leases (unowned, or held by a dead worker) up to its share (and
    ``max_leases_per_worker``), and beyond it up to ``ceil(n / w)`` only when more is free than all
    the shares still missing; a free lease another live worker asked for is left to that worker;
+   each worker takes the free leases from its own place in the list (its rank in name order), so
+   that workers claiming at once (a start, a takeover) do not all race for the same ones;
 2. **sheds** what it holds above its share when that is above ``ceil(n / w)`` or another worker
    holds less than ``floor(n / w)``, handing those leases over gracefully (in-flight records
    committed, checkpoint written, lease released) so that the worker short of its share claims
@@ -75,7 +77,12 @@ def plan(
         for lease in leases
         if lease.owner not in workers and (lease.wanted_by == me or lease.shard_id not in reserved_for_others)
     ]
-    free.sort(key=lambda lease: (lease.wanted_by != me, lease.shard_id))  # what this worker asked for first
+    # What this worker asked for first; then from its own place in the list (its rank's share of
+    # the way along), so that workers claiming at once do not all race for the same leases.
+    asked_for = sorted((lease for lease in free if lease.wanted_by == me), key=lambda lease: lease.shard_id)
+    rest = sorted((lease for lease in free if lease.wanted_by != me), key=lambda lease: lease.shard_id)
+    start = workers.index(me) * len(rest) // width
+    free = asked_for + rest[start:] + rest[:start]
     missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
     cap = target if len(free) <= missing else max(target, min(ceiling, max_leases) if max_leases else ceiling)
     claim = free[: max(0, cap - mine)]

@@ -44,11 +44,20 @@ def test_the_newcomer_claims_the_shed_leases_and_nobody_steals_at_a_spread_of_on
     for sid in ("s04", "s05", "s06", "s07"):
         owners[sid] = None
     moves = plan("b", leases(owners), ["a", "b"])
-    assert [lease.shard_id for lease in moves.claim] == ["s04", "s05", "s06", "s07"]
+    assert sorted(lease.shard_id for lease in moves.claim) == ["s04", "s05", "s06", "s07"]
     settled = {**owners, "s04": "b", "s05": "b", "s06": "b", "s07": "b"}
     for worker in ("a", "b"):
         moves = plan(worker, leases(settled), ["a", "b"])
         assert not moves.claim and not moves.shed and not moves.ask
+
+
+def test_workers_claiming_at_once_from_the_same_read_pick_different_leases() -> None:
+    """A start (or a takeover): every worker sees the same free leases; each takes them from its own
+    place in the list, so no claim races another (before, all three tried s00, s01, ... first)."""
+    owners = shards(12)
+    claims = [{lease.shard_id for lease in plan(w, leases(owners), ["a", "b", "c"]).claim} for w in "abc"]
+    assert [len(c) for c in claims] == [4, 4, 4]
+    assert len(claims[0] | claims[1] | claims[2]) == 12
 
 
 def test_three_workers_settle_at_three_three_two_and_then_nothing_moves() -> None:
