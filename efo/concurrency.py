@@ -5,26 +5,29 @@ shard discovery)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from efo.errors import EfoError
 
+T = TypeVar("T")
 
-async def bounded(limit: int, calls: list[Coroutine[Any, Any, object]]) -> None:
-    """Run ``calls`` with at most ``limit`` under way at once; the first failure cancels the rest
-    (a claim cut short may have landed: the next cycle finds it ours and not running, and takes it
-    back) and is raised as itself."""
+
+async def bounded(limit: int, call: Callable[[T], Awaitable[object]], items: Iterable[T]) -> None:
+    """``call(item)`` for every item, at most ``limit`` under way at once; the first failure cancels
+    the rest (a write cut short may have landed: every one is fenced or idempotent) and is raised as
+    itself. Each call is made only once it has a slot, so a cancelled burst leaves no coroutine
+    that was never awaited."""
     slots = asyncio.Semaphore(limit)
 
-    async def one(call: Coroutine[Any, Any, object]) -> None:
+    async def one(item: T) -> None:
         async with slots:
-            await call
+            await call(item)
 
     try:
         async with asyncio.TaskGroup() as group:
-            for call in calls:
-                group.create_task(one(call))
+            for item in items:
+                group.create_task(one(item))
     except* EfoError as failures:
         raise failures.exceptions[0] from None
 

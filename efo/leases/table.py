@@ -783,7 +783,7 @@ class LeaseTable:
             if partitions is None:
                 partitions = _number(meta, "migrating_to") or lease_partitions_for(len(old))
                 await self._set_meta("SET migrating_to = :n", partitions)
-                await bounded(READ_CONCURRENCY, [self._copy_lease(item, partitions) for item in old])
+                await bounded(READ_CONCURRENCY, lambda item: self._copy_lease(item, partitions), old)
                 await self._set_meta("SET lease_partitions = :n REMOVE migrating_to", partitions)
                 copied = len(old)
             for item in old:  # the copies are the leases now

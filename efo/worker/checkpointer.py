@@ -129,7 +129,7 @@ class Checkpointer:
         if not self._lease_valid():
             return
         due = [owned for owned in self.owned.values() if force or owned.ledger.urgent]
-        await bounded(WRITE_CONCURRENCY, [self.write(owned) for owned in due])
+        await bounded(WRITE_CONCURRENCY, self.write, due)
 
     async def write(self, owned: OwnedShard) -> None:
         """The claim's due checkpoint, fenced by its lease; a lost lease loses the claim."""

@@ -178,7 +178,7 @@ class LeaseCycle:
         elif self._short_since is None:
             self._short_since = self._clock()
         # Fenced on each lease as it is in the table; a bounded number at once.
-        await bounded(CLAIM_CONCURRENCY, [self._claim(state.leases[lease.shard_id]) for lease in moves.claim])
+        await bounded(CLAIM_CONCURRENCY, self._claim, [state.leases[lease.shard_id] for lease in moves.claim])
         # Ours in the table but beyond this worker's share: others see them held by a live worker and
         # would never take them (a spread of one asks for nothing), so give them up now.
         for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):

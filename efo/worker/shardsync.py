@@ -132,12 +132,10 @@ class ShardSync:
         async with self._table.changing():  # one version move for the whole bootstrap
             await bounded(
                 BOOTSTRAP_CONCURRENCY,
-                [
-                    self._table.create_lease(
-                        shard_id, shard.parents, first_start_position(initial, graph, shard_id, started_at)
-                    )
-                    for shard_id, shard in graph.shards.items()
-                ],
+                lambda shard: self._table.create_lease(
+                    shard.shard_id, shard.parents, first_start_position(initial, graph, shard.shard_id, started_at)
+                ),
+                graph.shards.values(),
             )
         await self._table.complete_meta()
         self._log.info(
