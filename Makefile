@@ -31,7 +31,8 @@ $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
 demo: install
 	$(BIN)/python devstack/demo.py
 
-# Every benchmark in one run (about 15 minutes here), written to docs/benchmarks.md; the quick one
+# Every benchmark in one run (about 15 minutes here, and the fleet section as long again or more: its
+# larger sizes are bounded by per-phase timeouts), written to docs/benchmarks.md; the quick one
 # runs tiny sizes in about a minute (its figures mean nothing) to check that the chain works.
 bench: install
 	$(BIN)/python bench/run_all.py
