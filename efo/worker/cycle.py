@@ -20,9 +20,10 @@ import structlog
 
 from efo.concurrency import bounded, periodically
 from efo.config import Settings
-from efo.errors import EfoError, LeaseLost
+from efo.errors import LeaseLost
 from efo.kinesis.shards import ShardGraph
 from efo.leases.balance import plan
+from efo.leases.cache import LeaseCache
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.leases.view import TableView
@@ -71,11 +72,8 @@ class LeaseCycle:
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
+        self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock)
         self.state: TableState | None = None  # the table as the last cycle saw it
-        self._leases: dict[int, dict[str, Lease]] = {}  # lease partition -> its rows, as last read
-        self._leases_read_at = 0.0  # the last read of every partition
-        self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
-        self._stale: set[int] = set()  # lease partitions found out of date: read them next cycle
         self.read_at: float | None = None  # when it was read, for /readyz
         self.cycles = 0  # cycles run (with a read), for readiness
         self._log = log.bind(worker_id=self._me)
@@ -101,38 +99,10 @@ class LeaseCycle:
                 await self.cycle(state, graph)
 
     async def read(self) -> TableState:
-        """The table as this cycle sees it: the heartbeats and the versions, read now (one small
-        Query); a lease partition read again only when its leases may have changed: its version
-        moved, this worker changed a lease there (or a write found one not as read), or the last
-        full read is ``lease.full_read_interval_s`` old. Checkpoints move no version, so a lease's
-        checkpoint here may be old: a claim starts from the row it writes, never from this."""
-        control = await self._table.read_control()
-        now = self._clock()
-        stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
-        self._stale = set()
-        full = not self._leases or now - self._leases_read_at >= self._settings.lease.full_read_interval_s
-        if full:
-            stale = set(range(await self._table.layout()))
-        stale |= {p for p, version in control.versions.items() if version > self._versions.get(p, 0)}
-        if stale:
-            try:
-                fresh = (await self._table.read_leases(stale)).leases
-            except EfoError:
-                self._stale |= stale  # still to be read: a failed read forgets nothing
-                raise
-            for partition in stale:
-                self._leases[partition] = {}
-            for shard_id, lease in fresh.items():
-                self._leases[self._table.partition_of(shard_id)][shard_id] = lease
-            METRICS.lease_reads.labels(rows="leases").inc(len(stale))
-        if full:
-            self._leases_read_at = now
-        for partition, version in control.versions.items():
-            self._versions[partition] = max(self._versions.get(partition, 0), version)
+        """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
+        self.state = await self._cache.read()
         METRICS.lease_reads.labels(rows="control").inc()
-        self.read_at = now
-        leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}
-        self.state = TableState(workers=control.workers, leases=leases, versions=control.versions)
+        self.read_at = self._clock()
         return self.state
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
@@ -250,7 +220,7 @@ class LeaseCycle:
         for parent in lease.parents:
             row = await self._table.read_lease(parent)
             if row is not None and (not row.finished or row.reset is not None):
-                self._stale.add(self._table.partition_of(parent))  # read it again next cycle
+                self._cache.stale(parent)  # read its partition again next cycle
                 return False
         return True
 

@@ -1,22 +1,18 @@
-"""The lease cycle alone, with a fake table and a fake clock: it reads the heartbeats and the
-version every cycle, and the lease rows only when they may have changed."""
+"""The lease cache alone, with a fake table and a fake clock: every read takes the heartbeats and
+the versions, and a lease partition only when its leases may have changed."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Collection
 from typing import Any
 
 import pytest
 
-from efo.config import Settings, load_settings
 from efo.errors import Retriable
+from efo.leases.cache import LeaseCache
 from efo.leases.table import Lease, TableState, WorkerRow, lease_partition_of
-from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
-from efo.worker.cycle import LeaseCycle
-from efo.worker.owned import OwnedLeases
 
 
 class FakeTable:
@@ -69,82 +65,65 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for name in list(os.environ):
-        if name.startswith("EFO_"):
-            monkeypatch.delenv(name)
-    return load_settings(stream="s", app="a", sink="console", lease={"full_read_interval_s": 30})
+def _cache(table: FakeTable, clock: Clock) -> LeaseCache:
+    return LeaseCache(table, full_read_interval_s=30.0, clock=clock)  # type: ignore[arg-type]
 
 
-def _cycle(settings: Settings, table: FakeTable, clock: Clock) -> LeaseCycle:
-    return LeaseCycle(
-        settings=settings,
-        table=table,  # type: ignore[arg-type]
-        owned=OwnedLeases("me", PendingPool(10, 1 << 20)),
-        runner=None,  # type: ignore[arg-type]
-        shards=type("Shards", (), {"leased": None})(),  # type: ignore[arg-type]
-        stopping=asyncio.Event(),
-        in_doubt=lambda: False,
-        clock=clock,
-    )
+def _read(cache: LeaseCache) -> TableState:
+    return asyncio.run(cache.read())
 
 
-def _read(cycle: LeaseCycle) -> TableState:
-    return asyncio.run(cycle.read())
-
-
-def test_the_lease_partitions_are_read_once_and_then_only_the_heartbeats_and_the_versions(settings: Settings) -> None:
+def test_the_lease_partitions_are_read_once_and_then_only_the_heartbeats_and_the_versions() -> None:
     table, clock = FakeTable(), Clock()
-    cycle = _cycle(settings, table, clock)
+    cache = _cache(table, clock)
     for _ in range(20):
-        state = _read(cycle)
+        state = _read(cache)
         clock.now += 1.0
     assert table.control_reads == 20 and table.partitions_read == [0, 1]
     assert set(state.leases) == {"shard-1"} and state.workers["me"].heartbeat == 20  # heartbeats are fresh
 
 
-def test_a_moved_version_reads_that_lease_partition_again_and_an_older_answer_does_not(settings: Settings) -> None:
+def test_a_moved_version_reads_that_lease_partition_again_and_an_older_answer_does_not() -> None:
     table, clock = FakeTable(), Clock()
-    cycle = _cycle(settings, table, clock)
-    _read(cycle)
+    cache = _cache(table, clock)
+    _read(cache)
     table.versions[HOME], table.owner = 3, "other"
-    assert _read(cycle).leases["shard-1"].owner == "other"
+    assert _read(cache).leases["shard-1"].owner == "other"
     assert table.partitions_read == [0, 1, HOME], "only the partition whose version moved"
     table.versions[HOME] = 2  # an eventually consistent answer older than one already seen
-    _read(cycle)
+    _read(cache)
     table.versions[HOME] = 3
-    _read(cycle)
+    _read(cache)
     assert table.partitions_read == [0, 1, HOME]
 
 
-def test_a_change_of_this_worker_reads_that_lease_partition_again(settings: Settings) -> None:
+def test_a_change_of_this_worker_reads_that_lease_partition_again() -> None:
     table, clock = FakeTable(), Clock()
-    cycle = _cycle(settings, table, clock)
-    _read(cycle)
+    cache = _cache(table, clock)
+    _read(cache)
     table.changed.add(OTHER)  # a claim, a release, or a conditional write that found a lease moved on
-    _read(cycle)
-    _read(cycle)
+    _read(cache)
+    _read(cache)
     assert table.partitions_read == [0, 1, OTHER]
-    assert "shard-1" in _read(cycle).leases, "a partition read again keeps the others' leases"
+    assert "shard-1" in _read(cache).leases, "a partition read again keeps the others' leases"
 
 
-def test_the_lease_rows_are_read_at_least_every_full_read_interval(settings: Settings) -> None:
+def test_the_lease_rows_are_read_at_least_every_full_read_interval() -> None:
     table, clock = FakeTable(), Clock()
-    cycle = _cycle(settings, table, clock)
-    _read(cycle)
+    cache = _cache(table, clock)
+    _read(cache)
     clock.now += 29.9
-    _read(cycle)
+    _read(cache)
     assert table.lease_reads == 2
     clock.now += 0.1
-    _read(cycle)
+    _read(cache)
     assert table.lease_reads == 4
 
 
-def test_a_failed_read_of_a_changed_partition_is_read_again_next_cycle(settings: Settings) -> None:
+def test_a_failed_read_of_a_changed_partition_is_read_again_next_time() -> None:
     table, clock = FakeTable(), Clock()
-    cycle = _cycle(settings, table, clock)
-    _read(cycle)
+    cache = _cache(table, clock)
+    _read(cache)
     table.changed.add(HOME)  # this worker claimed shard-1
     table.owner = "me"
     real = table.read_leases
@@ -154,14 +133,14 @@ def test_a_failed_read_of_a_changed_partition_is_read_again_next_cycle(settings:
 
     table.read_leases = throttled  # type: ignore[method-assign]
     with pytest.raises(Retriable):
-        _read(cycle)
+        _read(cache)
     table.read_leases = real  # type: ignore[method-assign]
-    assert _read(cycle).leases["shard-1"].owner == "me", "the claim's partition was forgotten"
+    assert _read(cache).leases["shard-1"].owner == "me", "the claim's partition was forgotten"
 
 
-def test_the_cycle_state_is_a_copy_so_a_cycle_changing_it_leaves_the_last_read_as_it_was(settings: Settings) -> None:
+def test_a_read_is_a_copy_so_a_cycle_changing_it_leaves_the_cache_as_it_was() -> None:
     table, clock = FakeTable(), Clock()
-    cycle = _cycle(settings, table, clock)
-    first: Any = _read(cycle)
+    cache = _cache(table, clock)
+    first: Any = _read(cache)
     del first.leases["shard-1"]
-    assert "shard-1" in _read(cycle).leases and table.lease_reads == 2
+    assert "shard-1" in _read(cache).leases and table.lease_reads == 2

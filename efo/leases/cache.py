@@ -1,0 +1,65 @@
+"""This worker's copy of the lease table, read as little as it can be.
+
+Every read takes the heartbeats and the versions of the lease partitions (one small Query of the
+control partition); a lease partition is read again only when its leases may have changed: its
+version moved, this worker changed a lease there (or a write found one not as read: both from
+:meth:`efo.leases.table.LeaseTable.take_changed`), it was found out of date (:meth:`LeaseCache.stale`),
+or the last read of every partition is ``full_read_interval_s`` old (a safety net for a change
+whose version write was lost). Checkpoints move no version, so a lease's checkpoint here may be
+old: a claim starts from the row it writes, never from this.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from efo.errors import EfoError
+from efo.leases.table import Lease, LeaseTable, TableState
+from efo.observability import METRICS
+
+
+class LeaseCache:
+    def __init__(
+        self, table: LeaseTable, full_read_interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._table = table
+        self._full_read_interval_s = full_read_interval_s
+        self._clock = clock
+        self._leases: dict[int, dict[str, Lease]] = {}  # lease partition -> its rows, as last read
+        self._read_all_at = 0.0  # the last read of every partition
+        self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
+        self._stale: set[int] = set()  # lease partitions found out of date: read them next time
+
+    def stale(self, shard_id: str) -> None:
+        """``shard_id``'s row was found not as cached: read its partition at the next read."""
+        self._stale.add(self._table.partition_of(shard_id))
+
+    async def read(self) -> TableState:
+        """The heartbeats and versions now, and every lease as fresh as it needs to be. A copy: the
+        caller may change it."""
+        control = await self._table.read_control()
+        now = self._clock()
+        stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
+        self._stale = set()
+        everything = not self._leases or now - self._read_all_at >= self._full_read_interval_s
+        if everything:
+            stale = set(range(await self._table.layout()))
+        stale |= {p for p, version in control.versions.items() if version > self._versions.get(p, 0)}
+        if stale:
+            try:
+                fresh = (await self._table.read_leases(stale)).leases
+            except EfoError:
+                self._stale |= stale  # still to be read: a failed read forgets nothing
+                raise
+            for partition in stale:
+                self._leases[partition] = {}
+            for shard_id, lease in fresh.items():
+                self._leases[self._table.partition_of(shard_id)][shard_id] = lease
+            METRICS.lease_reads.labels(rows="leases").inc(len(stale))
+        if everything:
+            self._read_all_at = now
+        for partition, version in control.versions.items():  # an older answer never moves one back
+            self._versions[partition] = max(self._versions.get(partition, 0), version)
+        leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}
+        return TableState(workers=control.workers, leases=leases, versions=control.versions)
