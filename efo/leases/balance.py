@@ -50,6 +50,7 @@ def plan(
     *,
     moved_recently: AbstractSet[str] = frozenset(),
     reserved_for_others: AbstractSet[str] = frozenset(),
+    stranded: AbstractSet[str] = frozenset(),
     asked: int = 0,
     may_ask: bool = True,
     max_leases: int = 0,
@@ -57,7 +58,8 @@ def plan(
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
-    leases another live worker asked for, still fresh; ``asked``: this worker's requests still open;
+    leases another live worker asked for, still fresh; ``stranded``: free leases that are still this
+    worker's in the table (taken back first: no move); ``asked``: this worker's requests still open;
     ``may_ask``: this worker has been short for long enough that the others had their chance to shed."""
     leases = sorted(readable, key=lambda lease: lease.shard_id)
     workers = sorted(set(live) | {me})
@@ -77,12 +79,17 @@ def plan(
         for lease in leases
         if lease.owner not in workers and (lease.wanted_by == me or lease.shard_id not in reserved_for_others)
     ]
-    # What this worker asked for first; then from its own place in the list (its rank's share of
-    # the way along), so that workers claiming at once do not all race for the same leases.
-    asked_for = sorted((lease for lease in free if lease.wanted_by == me), key=lambda lease: lease.shard_id)
-    rest = sorted((lease for lease in free if lease.wanted_by != me), key=lambda lease: lease.shard_id)
+    # What this worker asked for or still holds in the table first; then from its own place in the
+    # list (its rank's share of the way along), so that workers claiming at once do not all race
+    # for the same leases.
+    first = sorted(
+        (lease for lease in free if lease.wanted_by == me or lease.shard_id in stranded),
+        key=lambda lease: (lease.wanted_by != me, lease.shard_id),
+    )
+    taken_first = {lease.shard_id for lease in first}
+    rest = sorted((lease for lease in free if lease.shard_id not in taken_first), key=lambda lease: lease.shard_id)
     start = workers.index(me) * len(rest) // width
-    free = asked_for + rest[start:] + rest[:start]
+    free = first + rest[start:] + rest[:start]
     missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
     cap = target if len(free) <= missing else max(target, min(ceiling, max_leases) if max_leases else ceiling)
     claim = free[: max(0, cap - mine)]

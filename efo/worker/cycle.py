@@ -138,6 +138,7 @@ class LeaseCycle:
             self.view.live,
             moved_recently=self.view.moved_within(SETTLE_CYCLES * interval_s) | busy,
             reserved_for_others=self.view.reserved_for_others() | handing_over,
+            stranded=stranded,
             asked=len(self.asked),
             may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * interval_s,
             max_leases=self._settings.lease.max_leases_per_worker,

@@ -60,6 +60,15 @@ def test_workers_claiming_at_once_from_the_same_read_pick_different_leases() -> 
     assert len(claims[0] | claims[1] | claims[2]) == 12
 
 
+def test_leases_still_its_own_in_the_table_are_taken_back_before_other_free_ones() -> None:
+    """After its leases were in doubt, a worker's rows still name it: claiming those back moves
+    nothing, where claiming others' would make it release its own afterwards."""
+    owners = shards(12)
+    mine = {"s00", "s01", "s02", "s03"}  # 'c' starts two thirds along the list: not at these
+    moves = plan("c", leases(owners), ["a", "b", "c"], stranded=mine)
+    assert {lease.shard_id for lease in moves.claim} == mine
+
+
 def test_three_workers_settle_at_three_three_two_and_then_nothing_moves() -> None:
     owners = shards(8)
     cycles(owners, ["a", "b", "c"], 3)
