@@ -250,12 +250,7 @@ class Worker:
             kinesis=self.fleet.kinesis,
             subscriber=self.fleet.kinesis,
             table=table,
-            pool=PendingPool(
-                settings.pool.max_pending_records,
-                settings.pool.max_pending_bytes,
-                reserved_records=settings.pool.reserved_records_per_shard,
-                reserved_bytes=settings.pool.reserved_bytes_per_shard,
-            ),
+            pool=PendingPool.of(settings.pool),
             handoff=self.handoff,
             heartbeats=heartbeats,
         )

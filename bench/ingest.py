@@ -267,12 +267,7 @@ async def run_efo(endpoint: str, case: Case, window: Window) -> float:
     pool_settings = PoolSettings()  # type: ignore[call-arg]
     batch_settings = BatchSettings()  # type: ignore[call-arg]
     subscription_settings = SubscriptionSettings()  # type: ignore[call-arg]
-    pool = PendingPool(
-        pool_settings.max_pending_records,
-        pool_settings.max_pending_bytes,
-        reserved_records=pool_settings.reserved_records_per_shard,
-        reserved_bytes=pool_settings.reserved_bytes_per_shard,
-    )
+    pool = PendingPool.of(pool_settings)
     handoff = _CountingHandoff()
     ledgers = {shard_id: CheckpointLedger(Position("LATEST")) for shard_id in case.shard_ids}
     loop = asyncio.get_running_loop()

@@ -173,12 +173,7 @@ class Service:
             kinesis=kinesis,
             subscriber=clients.subscriber(settings.subscription.read_timeout_s),
             table=table,
-            pool=PendingPool(
-                settings.pool.max_pending_records,
-                settings.pool.max_pending_bytes,
-                reserved_records=settings.pool.reserved_records_per_shard,
-                reserved_bytes=settings.pool.reserved_bytes_per_shard,
-            ),
+            pool=PendingPool.of(settings.pool),
             handoff=self.handoff,
             heartbeats=heartbeats,
         )

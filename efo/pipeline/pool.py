@@ -25,6 +25,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from efo.config import PoolSettings
 
 
 @dataclass(slots=True)
@@ -57,6 +61,16 @@ class PendingPool:
         self._registered_count = 0
         self._reserve = self._reserve_for(0)
         self._unused = (0, 0)  # the registered owners' unused reserves, summed (records, bytes)
+
+    @classmethod
+    def of(cls, settings: PoolSettings) -> PendingPool:
+        """The pool ``pool.*`` describes."""
+        return cls(
+            settings.max_pending_records,
+            settings.max_pending_bytes,
+            reserved_records=settings.reserved_records_per_shard,
+            reserved_bytes=settings.reserved_bytes_per_shard,
+        )
 
     # ---- owners and their reserves --------------------------------------------------------
 
