@@ -39,6 +39,7 @@ class LeaseCache:
         """The heartbeats and versions now, and every lease as fresh as it needs to be. A copy: the
         caller may change it."""
         control = await self._table.read_control()
+        METRICS.lease_reads.labels(rows="control").inc()
         now = self._clock()
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()

@@ -101,7 +101,6 @@ class LeaseCycle:
     async def read(self) -> TableState:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
         self.state = await self._cache.read()
-        METRICS.lease_reads.labels(rows="control").inc()
         self.read_at = self._clock()
         return self.state
 

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from aiobotocore.session import get_session
 
 from efo.devstack.faults import FaultClient
 from efo.errors import ConfigError, Retriable
@@ -56,20 +55,14 @@ def test_two_workers_starting_while_dynamodb_throttles_every_request_kind_wait_i
 def test_a_table_keyed_as_something_else_s_is_refused_naming_it_and_what_to_do(local_stack: Any) -> None:
     async def scenario() -> None:
         name = unique("kcl-like")
-        async with get_session().create_client(
-            "dynamodb",
-            endpoint_url=local_stack.dynamodb_endpoint,
-            region_name=local_stack.region,
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-        ) as ddb:
-            await ddb.create_table(
+        async with world(local_stack, MemoryKinesis(1)) as w:
+            await w.ddb.create_table(
                 TableName=name,
                 BillingMode="PAY_PER_REQUEST",
                 AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
                 KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}],
             )
-            table = LeaseTable(ddb, table=name, app="app", stream_arn="arn:stream", worker_id="w1")
+            table = LeaseTable(w.ddb, table=name, app="app", stream_arn="arn:stream", worker_id="w1")
             with pytest.raises(ConfigError) as refused:
                 await table.ensure_table()
             message = str(refused.value)
