@@ -80,19 +80,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_dynamodb(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The local DynamoDB of the stack (efo.devstack.dynamodb) alone, on a free loopback port."""
+def start_dynamodb(workdir: Path, module: str = "efo.devstack.dynamodb") -> tuple[subprocess.Popen[bytes], str]:
+    """A local DynamoDB alone on a free loopback port: the stack's (moto behind a lock, metered), or
+    ``efo.devstack.dynamodb_local`` (DynamoDB Local behind a meter; in a private network namespace)."""
     from efo.devstack.stack import die_with_parent_process
 
     port = free_port()
     log = (workdir / "dynamodb.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "efo.devstack.dynamodb", "--port", str(port)],
+        [sys.executable, "-m", module, "--port", str(port)],
         stdout=log,
         stderr=log,
         preexec_fn=die_with_parent_process,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -104,6 +104,7 @@ from common import command_line, hermetic_aws_environment, percentile, start_dyn
 from efo.aws import Clients, Endpoints
 from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
+from efo.devstack.dynamodb_local import isolated, isolating_command, loopback_up
 from efo.devstack.fleet_kinesis import FleetKinesis
 from efo.devstack.units import Usage, usage
 from efo.kinesis.registration import StreamInfo
@@ -120,6 +121,14 @@ GOAL_COST_SIZE = (1024, 16)
 GOAL_SCALE_SIZE = (4096, 64)
 HOLD_CYCLES = 2  # balanced for this many lease cycles in a row
 LOOP_TICK_S = 0.1
+CORES = os.cpu_count() or 1
+DYNAMODB_MODULES = {"local": "efo.devstack.dynamodb_local", "moto": "efo.devstack.dynamodb"}
+DYNAMODB_NAMES = {
+    "local": "Amazon DynamoDB Local 3.3.1 (behind a meter, in a private network namespace)",
+    "moto": "the local stack's DynamoDB (moto, one request at a time)",
+}
+SERVER_CPUS = {"local": 0.9 * CORES, "moto": 0.9}  # a server this busy is saturated
+DYNAMODB = ["local"]  # which of them this run uses (set by main)
 WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems")
 
 # ---- what the workers log: counted, never printed ------------------------------------------------
@@ -405,6 +414,17 @@ class Fleet:
 # ---- measuring ---------------------------------------------------------------------------------------
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds a process and its live descendants spent (the DynamoDB Local meter and its JVM)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:  # gone
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(tree_cpu_s(int(child)) for child in children)
+
+
 class Probe:
     """What a phase cost and where its time went: the meter (reset at the start), the tap, ListShards,
     the CPU of the DynamoDB server and of this process, and how late the event loop ran."""
@@ -425,8 +445,7 @@ class Probe:
             self.in_flight.append(TAP.in_flight)
 
     def _server_cpu(self) -> float:
-        fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return tree_cpu_s(self.server_pid)
 
     async def begin(self) -> None:
         await asyncio.to_thread(usage, self.endpoint, reset=True, timeout_s=300)
@@ -726,8 +745,13 @@ def kept_up(case: Case) -> tuple[bool, str]:
         if not window:
             symptoms.append(f"{name}: not measured")
             continue
-        if window["server_cpu"] >= 0.9:
+        if window["server_cpu"] >= SERVER_CPUS[DYNAMODB[0]]:
             symptoms.append(f"{name}: DynamoDB server at {window['server_cpu']:.0%} CPU")
+        if window["server_cpu"] + window["own_cpu"] >= 0.9 * CORES:
+            symptoms.append(
+                f"{name}: the machine's {CORES} cores busy (DynamoDB {window['server_cpu']:.0%}, "
+                f"the fleet {window['own_cpu']:.0%})"
+            )
         slowest = max((lat["p99_ms"] for lat in window["latency"].values()), default=0.0)
         if slowest >= 1000:
             symptoms.append(f"{name}: DynamoDB p99 {slowest / 1000:.1f} s at the client")
@@ -743,7 +767,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
     failover_s = args.failover_s
     print(f"command: `{command_line()}`\n")
     print(
-        f"W real coordinators in one process against the local DynamoDB (moto, one request at a time), lease "
+        f"W real coordinators in one process against {DYNAMODB_NAMES[DYNAMODB[0]]}, lease "
         f"defaults{'' if failover_s == 10 else f' but failover {failover_s:g} s, heartbeat {failover_s / 5:g} s'}; "
         f"a fake Kinesis with an event a second per shard (busy: one record in it). Steady windows of "
         f"{args.window:g} s after {args.settle:g} s of settling; units from the server's meter, a minute or a "
@@ -865,6 +889,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
         )
     return {
         "failover_s": failover_s,
+        "dynamodb": DYNAMODB[0],
         "cases": [
             {
                 "shards": c.shards,
@@ -891,8 +916,21 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before a window (and before the join)")
     parser.add_argument("--phase-timeout", type=float, default=120.0, help="at most this long to balance")
     parser.add_argument("--failover-s", type=float, default=10.0, help="lease.failover_s (heartbeat: 1/5 of it)")
+    parser.add_argument(
+        "--dynamodb",
+        choices=sorted(DYNAMODB_MODULES),
+        default="local",
+        help="local: Amazon DynamoDB Local (the jar; this runs itself again in a private network namespace, "
+        "since the jar listens on every interface); moto: the local stack's DynamoDB (one request at a time)",
+    )
     parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
+    if args.dynamodb == "local" and not isolated():
+        command = isolating_command([sys.executable, *sys.argv])
+        os.execv(command[0], command)
+    if args.dynamodb == "local":
+        loopback_up()
+    DYNAMODB[0] = args.dynamodb
     sizes = [tuple(int(n) for n in size.lower().split("x")) for size in args.sizes.split(",") if size]
     hermetic_aws_environment()
     for name in [n for n in os.environ if n.startswith("EFO_")]:
@@ -901,7 +939,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="efo-fleet-"))
     cases = []
     for shards, workers in sizes:
-        server, endpoint = start_dynamodb(workdir)  # a fresh one per size: nothing left of the last
+        server, endpoint = start_dynamodb(workdir, DYNAMODB_MODULES[args.dynamodb])  # fresh: nothing of the last
         try:
             print(f"fleet: {shards} shards x {workers} workers ...", file=sys.stderr, flush=True)
             cases.append(asyncio.run(run_case(shards, workers, endpoint, server.pid, args)))

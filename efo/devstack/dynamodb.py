@@ -83,6 +83,7 @@ from efo.devstack.units import (
     UsageCounters,
     item_size,
     partition_label,
+    query_partition,
     read_units,
     write_units,
 )
@@ -101,7 +102,6 @@ NARROWING_SELECT = frozenset({"COUNT", "SPECIFIC_ATTRIBUTES"})
 SCAN_PARTITION = "(scan)"  # a Scan's units: not any one partition key's
 FALLBACK_HASH_KEY = "pk"  # this project's tables'; used when moto has no such table
 PLACEHOLDER = re.compile(r"[#:][A-Za-z0-9_]+")
-EQUALITY = re.compile(r"(#?[A-Za-z0-9_.]+|:[A-Za-z0-9_]+)\s*=\s*(#?[A-Za-z0-9_.]+|:[A-Za-z0-9_]+)")
 
 StartResponse = Callable[..., Any]
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class _Meter:
         if items and hash_key in items[0]:
             partition = partition_label(items[0][hash_key])
         else:
-            partition = self._condition_partition(hash_key)
+            partition = query_partition(self.request, hash_key)
         return Charge(partition, read_units=units, bytes=size)
 
     def _evaluated(self, app: Callable[..., Any]) -> list[Item]:
@@ -311,17 +311,6 @@ class _Meter:
         if not answered or not answered[0].startswith("200"):
             raise RuntimeError(f"the {self.operation} without narrowing failed: {answered} {body[:200]!r}")
         return list(json.loads(body).get("Items", []))
-
-    def _condition_partition(self, hash_key: str) -> str | None:
-        """The partition key value a Query names: ``hash = :value`` in KeyConditionExpression."""
-        names = self.request.get("ExpressionAttributeNames", {})
-        values = self.request.get("ExpressionAttributeValues", {})
-        for left, right in EQUALITY.findall(str(self.request.get("KeyConditionExpression", ""))):
-            for name, value in ((left, right), (right, left)):
-                if value.startswith(":") and names.get(name, name) == hash_key:
-                    return partition_label(values.get(value))
-        legacy = self.request.get("KeyConditions", {}).get(hash_key, {}).get("AttributeValueList") or [None]
-        return partition_label(legacy[0])
 
 
 class Serialized:

@@ -41,6 +41,7 @@ WRITE_UNIT_BYTES = 1024
 MAX_PARTITIONS = 10_000  # partition keys tracked one by one; the rest are counted together
 OTHER_PARTITIONS = "(other)"
 USAGE_PATH = "/_efo/usage"
+EQUALITY = re.compile(r"(#?[A-Za-z0-9_.]+|:[A-Za-z0-9_]+)\s*=\s*(#?[A-Za-z0-9_.]+|:[A-Za-z0-9_]+)")
 
 AttributeValue = Mapping[str, Any]  # DynamoDB JSON: {"S": "x"}, {"N": "1"}, {"M": {...}}, ...
 Item = Mapping[str, AttributeValue]
@@ -120,6 +121,19 @@ def partition_label(value: AttributeValue | None) -> str | None:
     if kind == "B" and isinstance(inner, bytes | bytearray):
         return base64.b64encode(inner).decode()
     return str(inner) if kind in ("S", "N", "B") else None
+
+
+def query_partition(request: Mapping[str, Any], hash_key: str) -> str | None:
+    """The partition key value a Query names: ``hash = :value`` in its KeyConditionExpression (or
+    its legacy KeyConditions)."""
+    names = request.get("ExpressionAttributeNames", {})
+    values = request.get("ExpressionAttributeValues", {})
+    for left, right in EQUALITY.findall(str(request.get("KeyConditionExpression", ""))):
+        for name, value in ((left, right), (right, left)):
+            if value.startswith(":") and names.get(name, name) == hash_key:
+                return partition_label(values.get(value))
+    legacy = request.get("KeyConditions", {}).get(hash_key, {}).get("AttributeValueList") or [None]
+    return partition_label(legacy[0])
 
 
 @dataclass
