@@ -5,8 +5,9 @@ balances and takes over, at 256 x 4, 1,024 x 16 and 4,096 x 64 (shards x workers
 the default lease settings (failover 10 s, heartbeat 2 s, a lease cycle a second, every lease row
 read at least every 30 s, checkpoints at most every 5 s a shard, ListShards every 10 s), each with
 its own two aiobotocore DynamoDB clients (efo's :class:`efo.aws.Clients`: the lease client and the
-heartbeat's) to the local DynamoDB (moto behind a lock, ``python -m efo.devstack.dynamodb``), and a
-driver that commits at once what each worker's handoff holds, so checkpoints are real. Kinesis is
+heartbeat's) to Amazon DynamoDB Local behind a meter (:mod:`efo.devstack.dynamodb_local`; this
+script runs itself again in a private network namespace for it; ``--dynamodb moto`` for the stack's
+own), and a driver that commits at once what each worker's handoff holds, so checkpoints are real. Kinesis is
 :class:`efo.devstack.fleet_kinesis.FleetKinesis`: S shards listed 1,000 a page as AWS does, each
 subscription an event a second, empty when **idle**, one 100-byte record when **busy**.
 
@@ -70,11 +71,14 @@ below the KCL 3.x model's; at 4,096 x 64 busy, the busiest partition key under 1
 (3,000 read and 1,000 write units a second), balanced within 30 s of the start, takeover within
 ``failover_s`` + 2 s; an idle fleet writes its heartbeats and nothing else.
 
-**Keeping up.** The local DynamoDB serves one request at a time (about 130 conditional writes a
-second); one event loop runs every worker. Each phase is bounded in time, and for each size the
-bench reports where the time went: DynamoDB latency at the client by operation, the most requests
-in flight at once, the CPU share of the DynamoDB server and of this process, and how late this
-event loop ran its timers. A size that did not keep up is marked so and reported as seen, never
+**Keeping up.** One event loop runs every worker, on one core: every DynamoDB request costs it
+the CPU of aiobotocore (signing, serializing, parsing; a few milliseconds), which each pod pays for
+its own workers alone on AWS. DynamoDB Local serves requests concurrently but orders writes (about
+500 conditional writes a second on an idle machine); moto serves one request at a time (about 130).
+Each phase is bounded in time, and for each size the bench reports where the time went: DynamoDB
+latency at the client by operation, the most requests in flight at once, the CPU share of the
+DynamoDB server and of this process, this process's CPU per request, the machine's load, and how
+late this event loop ran its timers. A size that did not keep up is marked so and reported as seen, never
 shrunk.
 """
 
@@ -134,10 +138,15 @@ WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWrit
 # ---- what the workers log: counted, never printed ------------------------------------------------
 
 EVENTS: Counter[str] = Counter()
+TIMED = ("lease.taken", "shard.started")  # and when each happened (monotonic), for the takeover's timeline
+EVENT_TIMES: dict[str, list[float]] = {name: [] for name in TIMED}
 
 
 def _count_event(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-    EVENTS[str(event.get("event"))] += 1
+    name = str(event.get("event"))
+    EVENTS[name] += 1
+    if name in EVENT_TIMES:
+        EVENT_TIMES[name].append(time.monotonic())
     raise structlog.DropEvent
 
 
@@ -371,15 +380,22 @@ class Fleet:
         return balanced, seen
 
     async def until_balanced(self, timeout_s: float) -> tuple[float | None, dict[str, Any]]:
-        """Seconds until balanced (held for HOLD_CYCLES lease cycles); None after ``timeout_s``."""
+        """Seconds until balanced (held for HOLD_CYCLES lease cycles); None after ``timeout_s``.
+        ``seen["ready_s"]``: seconds until the last of the live workers was ready (``service.ready``:
+        its first lease cycle's claims each delivered a first event), None if one was not."""
         started = time.monotonic()
         since: float | None = None
         hold_s = HOLD_CYCLES * self.settings.lease.sync_interval_s
         seen: dict[str, Any] = {}
+        ready_at: dict[str, float] = {}
         while time.monotonic() - started < timeout_s:
             self.check()
             balanced, seen = self.state()
             now = time.monotonic()
+            for worker in self.live:
+                if worker.coordinator is not None and worker.coordinator.ready:
+                    ready_at.setdefault(worker.name, now - started)
+            seen["ready_s"] = max(ready_at.values()) if len(ready_at) == len(self.live) else None
             if not balanced:
                 since = None
             elif since is None:
@@ -469,6 +485,7 @@ class Probe:
             list_calls=self.kinesis.list_calls - self.lists,
             server_cpu=server_cpu / seconds,
             own_cpu=own_cpu / seconds,
+            load=os.getloadavg()[0],
             lags=sorted(self.lags),
             in_flight=self.in_flight,
         )
@@ -486,6 +503,7 @@ def summarize(
     list_calls: int,
     server_cpu: float,
     own_cpu: float,
+    load: float,
     lags: list[float],
     in_flight: list[int],
 ) -> dict[str, Any]:
@@ -538,6 +556,8 @@ def summarize(
         "in_flight_mean": sum(in_flight) / len(in_flight) if in_flight else 0.0,
         "server_cpu": server_cpu,
         "own_cpu": own_cpu,
+        "own_cpu_ms_per_request": 1e3 * own_cpu * seconds / max(1, sum(TAP.kinds.values())),
+        "load": load,
         "loop_lag_p50_ms": 1e3 * percentile(lags, 50),
         "loop_lag_p99_ms": 1e3 * percentile(lags, 99),
         "loop_lag_max_ms": 1e3 * (lags[-1] if lags else float("nan")),
@@ -668,7 +688,7 @@ async def run_case(shards: int, workers: int, endpoint: str, server_pid: int, ar
         await probe.begin()
         await fleet.add(workers)
         balanced_s, seen = await fleet.until_balanced(phase_s)
-        case.start = {**await probe.end(), "balanced_s": balanced_s, "seen": seen}
+        case.start = {**await probe.end(), "balanced_s": balanced_s, "ready_s": seen.pop("ready_s"), "seen": seen}
         say(f"start: balanced after {balanced_s} s ({seen})")
         if balanced_s is None:
             case.notes.append(f"start: not balanced within {phase_s:g} s: {seen}")
@@ -695,7 +715,7 @@ async def run_case(shards: int, workers: int, endpoint: str, server_pid: int, ar
         await probe.begin()
         await fleet.add(1)
         balanced_s, seen = await fleet.until_balanced(phase_s)
-        case.join = {**await probe.end(), "balanced_s": balanced_s, "seen": seen}
+        case.join = {**await probe.end(), "balanced_s": balanced_s, "ready_s": seen.pop("ready_s"), "seen": seen}
         say(f"join: balanced after {balanced_s} s ({seen})")
         if balanced_s is None:
             case.notes.append(f"join: not balanced within {phase_s:g} s: {seen}")
@@ -705,9 +725,20 @@ async def run_case(shards: int, workers: int, endpoint: str, server_pid: int, ar
         if not held:
             case.notes.append("takeover: no worker read any shard to be taken over")
         await probe.begin()
+        last_beat = victim.coordinator.liveness.landed_at if victim.coordinator is not None else None
+        killed_at = time.monotonic()
+        taken_before = len(EVENT_TIMES["lease.taken"])
         await fleet.kill(victim)
         taken_s, left = await fleet.until_read_again(held, 4 * failover_s + 30)
-        case.takeover = {**await probe.end(), "takeover_s": taken_s, "shards": len(held), "left": left}
+        taken = [at - killed_at for at in EVENT_TIMES["lease.taken"][taken_before:]]
+        case.takeover = {
+            **await probe.end(),
+            "takeover_s": taken_s,
+            "shards": len(held),
+            "left": left,
+            "last_beat_s": None if last_beat is None else last_beat - killed_at,
+            "taken_s": (min(taken), max(taken)) if taken else None,
+        }
         say(f"takeover of {len(held)} shards after {taken_s} s")
         if taken_s is None:
             case.notes.append(f"takeover: {left} of {len(held)} shards not read again within {4 * failover_s + 30:g} s")
@@ -830,11 +861,13 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
     )
     print(f"**Balance and takeover** (seconds; takeover goal: `failover_s` + 2 = {failover_s + 2:g} s)\n")
     print(
-        "| shards × workers | bootstrap (S leases) | start → balanced | claims / handovers at start | "
-        "in doubt / lost at start | join → balanced | claims / handovers at join | in doubt / lost at join | "
-        "takeover (shards) | in doubt / lost at takeover | KCL 2.x model: takeover, join | KCL 3.x model: takeover |"
+        "| shards × workers | bootstrap (S leases) | start → every worker ready | start → balanced | "
+        "claims / handovers at start | in doubt / lost at start | join → balanced | claims / handovers at join | "
+        "in doubt / lost at join | takeover (shards) | takeover: last beat, leases taken (s from the kill) | "
+        "in doubt / lost at takeover | KCL 2.x model: takeover, join | "
+        "KCL 3.x model: takeover |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|")
     for case in cases:
         times = kcl_times(case.shards, case.workers)
         s, j, t = case.start, case.join, case.takeover
@@ -842,25 +875,33 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
         def doubt(window: dict[str, Any]) -> str:
             return f"{window['in_doubt']} / {window['lost']}" if window else "-"
 
+        def timeline(window: dict[str, Any]) -> str:
+            taken = window.get("taken_s")
+            if not window or taken is None:
+                return "-"
+            return f"{_n(window.get('last_beat_s'), 1)}; {taken[0]:.1f} to {taken[1]:.1f}"
+
         def moves(window: dict[str, Any]) -> str:
             return f"{window['claims']:,} / {window['handovers']:,}" if window else "-"
 
         print(
-            f"| {case.size} | {case.bootstrap_s:.1f} | {_n(s.get('balanced_s'), 1)} | {moves(s)} | {doubt(s)} | "
+            f"| {case.size} | {case.bootstrap_s:.1f} | {_n(s.get('ready_s'), 1)} | {_n(s.get('balanced_s'), 1)} | "
+            f"{moves(s)} | {doubt(s)} | "
             f"{_n(j.get('balanced_s'), 1)} | {moves(j)} | {doubt(j)} | "
-            f"{_n(t.get('takeover_s'), 1)} ({t.get('shards', '-')}) | "
+            f"{_n(t.get('takeover_s'), 1)} ({t.get('shards', '-')}) | {timeline(t)} | "
             f"{doubt(t)} | {times['takeover_2x']}, {times['join_2x']} | {times['takeover_3x']} |"
         )
     print(
         "\n**Where the time went** (per phase: DynamoDB latency at the client, p50 / p99 ms, for the busiest "
-        "operations; requests in flight, mean / max; CPU of the DynamoDB server and of this process; "
-        "this event loop's lateness, p99 ms)\n"
+        "operations; requests in flight, mean / max; CPU of the DynamoDB server and of this process, and this "
+        "process's CPU-ms per DynamoDB request (all of its work, divided by its requests); the machine's load "
+        "average over the last minute (other processes included); this event loop's lateness, p99 ms)\n"
     )
     print(
         "| shards × workers | phase | seconds | requests/min | latency by operation | in flight | server CPU | "
-        "bench CPU | loop lag p99 | retries, errors |"
+        "bench CPU | bench CPU-ms / request | load | loop lag p99 | retries, errors |"
     )
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
     verdicts = {}
     for case in cases:
         for name in ("start", "busy", "idle", "join", "takeover"):
@@ -874,6 +915,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
             print(
                 f"| {case.size} | {name} | {w['seconds']:.0f} | {_n(w['requests_per_min'])} | {latency} | "
                 f"{w['in_flight_mean']:.1f} / {w['in_flight_max']} | {w['server_cpu']:.0%} | {w['own_cpu']:.0%} | "
+                f"{w['own_cpu_ms_per_request']:.1f} | {w['load']:.1f} | "
                 f"{w['loop_lag_p99_ms']:.0f} | {max(0, retries)}, {errors} |"
             )
         ok, why = kept_up(case)

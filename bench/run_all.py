@@ -306,6 +306,16 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
             balanced is not None and balanced <= 30,
         )
     )
+    case, size = _fleet_case(cases, 1024, 16)
+    ready = (case.get("start") or {}).get("ready_s")
+    verdicts.append(
+        Verdict(
+            f"fleet {size}: every worker ready (service.ready) within 30 s of starting next to the free shards",
+            "not ready" if ready is None else f"{ready:.1f} s",
+            ready is not None and ready <= 30,
+        )
+    )
+    case, size = _fleet_case(cases, 4096, 64)
     takeover = (case.get("takeover") or {}).get("takeover_s")
     goal = figures["failover_s"] + 2
     verdicts.append(
