@@ -45,6 +45,8 @@ class Service:
         self._driver_done: asyncio.Event | None = None
         self._coordinator: Coordinator | None = None
         self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
+        #: A bounded run (run.until) that reached its end: everything read committed and checkpointed.
+        self.completed = False
         self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
         self.health = Health()
         # A finished service has no loop to ask; the process exits on its own within the shutdown bound.
@@ -196,3 +198,10 @@ class Service:
             self.health.ready_check("shards", coordinator.shards_problem)
             self._coordinator = coordinator
             await coordinator.run(self._stop, self._driver_done)
+            self.completed = coordinator.completed
+
+    @property
+    def stopped_before_end(self) -> bool:
+        """A bounded run (run.until) that ended before the stream was read to its end (a SIGTERM):
+        what it read is checkpointed, and a run started again reads on from there."""
+        return self.settings.run.until is not None and not self.completed
