@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from efo import progress
 from efo.aws import Clients, Endpoints
 from efo.config import Settings
 from efo.coordinator import Coordinator
@@ -197,7 +198,15 @@ class Service:
             self.health.ready_check("table", coordinator.table_problem)
             self.health.ready_check("shards", coordinator.shards_problem)
             self._coordinator = coordinator
-            await coordinator.run(self._stop, self._driver_done)
+            display = None
+            if coordinator.bounds is not None and progress.wanted(self.settings.log.format):
+                display = progress.TerminalProgress(str(coordinator.bounds.until)).start()
+                coordinator.bounds.on_progress = display.update
+            try:
+                await coordinator.run(self._stop, self._driver_done)
+            finally:
+                if display is not None:
+                    display.close()
             self.completed = coordinator.completed
 
     @property

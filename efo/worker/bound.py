@@ -274,6 +274,8 @@ class RunEnd:
         self._records_before = 0  # of claims that are gone (released, lost, ended)
         self._bytes_before = 0
         self.finished = asyncio.Event()
+        #: Called with :meth:`snapshot` at every check (a terminal display).
+        self.on_progress: Callable[[dict[str, Any]], None] = lambda fields: None
         self._log = log.bind(worker_id=worker_id, until=str(until))
         self._started_at = clock()
         self._progress_at = clock()
@@ -347,10 +349,11 @@ class RunEnd:
         ``finished`` and return)."""
         while True:
             self._check_timeouts()
+            self.on_progress(self.snapshot())
             if self._clock() - self._progress_at >= self._settings.progress_interval_s:
                 self.progress()
             if self.done():
-                self.progress()
+                self.on_progress(self.progress())
                 self._log.info("run.caught_up", duration_s=round(self._clock() - self._started_at, 3))
                 self.finished.set()
                 return
@@ -378,9 +381,15 @@ class RunEnd:
             )
 
     def progress(self) -> dict[str, Any]:
-        """The ``run.progress`` event (and the remaining-shards gauge): shards done here of the shards
-        here or claimable, records and bytes handed on, the slowest shard's lag."""
+        """The ``run.progress`` event."""
         self._progress_at = self._clock()
+        fields = self.snapshot()
+        self._log.info("run.progress", **fields)
+        return fields
+
+    def snapshot(self) -> dict[str, Any]:
+        """Shards done here of the shards here or claimable, records and bytes handed on, the
+        slowest shard's lag (and the remaining-shards gauge set)."""
         short, done = self.remaining()
         lags = [owned.series.lag_ms for owned in self._owned().values() if owned.series.lag_ms is not None]
         fields = {
@@ -392,5 +401,4 @@ class RunEnd:
             "duration_s": round(self._clock() - self._started_at, 3),
         }
         METRICS.run_shards_remaining.set(len(short))
-        self._log.info("run.progress", **fields)
         return fields

@@ -21,6 +21,7 @@ from efo.errors import EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_OK, EXIT_RUNTIME
 
 from .ledger_check import check, committed_rows
 from .service import efo, split_first_shard
+from .terminal import efo_on_terminal
 from .workers import Workers
 
 pytestmark = pytest.mark.integration
@@ -133,6 +134,20 @@ def test_a_caught_up_run_on_an_idle_stream_exits_0_with_nothing_delivered_and_it
     assert not any(item.get("lease_owner") for item in w.leases().values())
     [progress] = w.events("w1", "run.progress")[-1:]
     assert (progress["shards_done"], progress["shards_total"], progress["records"]) == (3, 3, 0), progress
+
+
+def test_on_a_terminal_the_run_shows_its_progress_with_the_log_lines_above_it(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    w = Workers(local_stack, kinesis_client, dynamodb_client, tmp_path, shards=2)
+    w.producer.put(60)
+    env = {**w.env, "EFO_LOG__FORMAT": "auto", "EFO_WORKER_ID": "tty"}
+    run = efo_on_terminal(env, "run", "--until", "caught-up", timeout_s=EXIT_WITHIN_S)
+    assert run.code == EXIT_OK, run.output
+    assert "efo run --until caught-up" in run.output and "2/2 shards" in run.output, run.output
+    assert "60 records" in run.output, run.output
+    assert "run.caught_up" in run.output and "leases.released" in run.output, "a log line was swallowed"
+    assert len(committed_rows(w.sink)) == 60
 
 
 def test_a_shard_that_never_answers_ends_the_run_with_exit_1_naming_it_and_the_timeout(
