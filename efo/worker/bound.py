@@ -31,7 +31,9 @@ their checkpoints: little or nothing to read) before it stops in turn.
 
 **A shard that never answers**: a claim short of its bound that has received no event for
 ``run.shard_timeout_s`` (not counting time waiting for pool budget) ends the run with
-:class:`~efo.errors.ShardTimeout` (exit 1), naming the shard.
+:class:`~efo.errors.ShardTimeout` (exit 1), naming the shard. So does a lease that can be read and
+stays without a live owner that long (this worker cannot claim it: ``lease.max_leases_per_worker``
+too low for the workers running), so that no wait of a bounded run is without an end.
 """
 
 from __future__ import annotations
@@ -270,6 +272,7 @@ class RunEnd:
         self._clock = clock
         self._bounds: dict[str, ShardBound] = {}  # by shard, the current claim's
         self._done_here: set[str] = set()  # shards that reached the run's end here
+        self._unclaimed_since: dict[str, float] = {}  # readable leases no live worker holds: since when
         self._last_change_at = clock()
         self._records_before = 0  # of claims that are gone (released, lost, ended)
         self._bytes_before = 0
@@ -321,6 +324,7 @@ class RunEnd:
             else:
                 self._done_here.discard(shard_id)  # e.g. found closed: it is read to its end now
                 short.append(shard_id)
+        unclaimed = set()
         if state is not None and graph is not None:
             for lease in state.leases.values():
                 if lease.finished or lease.shard_id not in graph.shards or lease.shard_id in self._owned():
@@ -329,6 +333,9 @@ class RunEnd:
                     continue
                 if lease.owner is None or lease.owner not in live or lease.owner == self._me:
                     short.append(lease.shard_id)
+                    unclaimed.add(lease.shard_id)
+        now = self._clock()
+        self._unclaimed_since = {shard_id: self._unclaimed_since.get(shard_id, now) for shard_id in unclaimed}
         return short, len(self._done_here)
 
     def done(self) -> bool:
@@ -373,6 +380,13 @@ class RunEnd:
                 continue
             if now - bound.activity_at > timeout_s:
                 silent.append(owned.shard_id)
+        unclaimed = sorted(sid for sid, since in self._unclaimed_since.items() if now - since > timeout_s)
+        if unclaimed:
+            raise ShardTimeout(
+                f"{len(unclaimed)} shard(s) stayed without a live owner for {timeout_s:g} s (run.shard_timeout_s) "
+                f"before reaching the run's end ({self.until}): {', '.join(unclaimed[:5])}; is "
+                "lease.max_leases_per_worker too low for the workers running?"
+            )
         if silent:
             raise ShardTimeout(
                 f"{len(silent)} shard(s) received no event for {timeout_s:g} s (run.shard_timeout_s) before "

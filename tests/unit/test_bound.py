@@ -261,3 +261,20 @@ def test_progress_counts_shards_done_records_bytes_and_the_slowest_lag() -> None
     fields = end.progress()
     assert (fields["shards_done"], fields["shards_total"], fields["records"], fields["bytes"]) == (1, 2, 3, 6)
     assert fields["max_lag_ms"] == 7000
+
+
+def test_a_readable_lease_nobody_claims_times_out_too_naming_the_cap() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end(shard_timeout_s=30)
+    view.graph = ShardGraph.of([Shard("a", (), 0, 5), Shard("b", (), 6, 10)])
+    view.owned["a"] = _owned("a")
+    _caught_up(end, view.owned["a"])
+    view.table(Lease("a", (), "me", 1, Position("TRIM_HORIZON")), Lease("b", (), None, 0, Position("TRIM_HORIZON")))
+    end.remaining()
+    clock.now += 29
+    end.remaining()
+    end._check_timeouts()
+    clock.now += 2
+    with pytest.raises(ShardTimeout, match=r"\bb\b.*max_leases_per_worker"):
+        end._check_timeouts()
