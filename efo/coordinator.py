@@ -23,6 +23,10 @@ Stopping (SIGTERM): nothing new is claimed; every subscription stops; the driver
 ``shutdown_timeout_s`` to commit what it holds; the committed positions are checkpointed and every
 lease held is released, so the next worker takes over at once. A fatal error of any task ends the
 group the same way (bounded), then fails.
+
+A bounded run (``run.until``, :mod:`efo.worker.bound`) also stops on its own: once every shard is
+at the run's end, nothing more is read, the sink commits everything handed on, the checkpoints are
+written and the leases released, and :attr:`Coordinator.completed` says the run is whole.
 """
 
 from __future__ import annotations
