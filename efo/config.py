@@ -15,7 +15,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -203,6 +203,84 @@ class LogSettings(_Section):
     )
 
 
+UNTIL_GRAMMAR = (
+    "caught-up, an ISO-8601 UTC time such as 2026-01-31T12:00:00Z, or a duration ago such as 90s, 15m, 2h, 1d"
+)
+CAUGHT_UP = "caught-up"
+
+
+@dataclass(frozen=True, slots=True)
+class Until:
+    """Where a bounded run (``efo run --until``) ends: every shard caught up, or a moment in time."""
+
+    time: datetime | None = None  # None: caught up
+
+    @property
+    def caught_up(self) -> bool:
+        return self.time is None
+
+    @property
+    def time_ms(self) -> int | None:
+        return None if self.time is None else int(self.time.timestamp() * 1000)
+
+    @classmethod
+    def parse(cls, text: str, now: datetime | None = None) -> Until:
+        """``caught-up``; an ISO-8601 time (UTC unless it names its offset), not in the future; or a
+        duration ago (``2h``), resolved against ``now``: the run's bound is that fixed moment."""
+        value = text.strip()
+        now = now or datetime.now(UTC)
+        if value.lower() in (CAUGHT_UP, "caught_up", "caughtup"):
+            return cls()
+        try:
+            stamp = now - timedelta(seconds=parse_duration_s(value))
+        except ValueError:
+            try:
+                stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"allowed: {UNTIL_GRAMMAR}") from None
+            if stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=UTC)
+            stamp = stamp.astimezone(UTC)
+            if stamp > now:
+                raise ValueError(
+                    f"{stamp.isoformat()} is in the future (now {now.isoformat(timespec='seconds')}): a bounded "
+                    "run ends at a moment already past; for a run that keeps reading, leave run.until unset"
+                ) from None
+        return cls(stamp)
+
+    def __str__(self) -> str:
+        return CAUGHT_UP if self.time is None else self.time.isoformat()
+
+
+class RunSettings(_Section):
+    until: str | None = Field(
+        None,
+        description=f"Bounded run (efo run --until): stop once {UNTIL_GRAMMAR} is reached on every shard, "
+        "then checkpoint, release and exit 0. Unset: run until SIGTERM.",
+    )
+    shard_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Bounded run: a shard not at its bound that receives no event for this long "
+        "(never answers) ends the run with exit 1.",
+    )
+    progress_interval_s: float = Field(
+        10.0, gt=0, description="Bounded run: how often the run.progress log event is written."
+    )
+
+    @field_validator("until")
+    @classmethod
+    def _until(cls, value: str | None) -> str | None:
+        if value is None or not str(value).strip():
+            return None
+        return str(Until.parse(str(value)))
+
+    @property
+    def bound(self) -> Until | None:
+        """The run's end, None for a run without one."""
+        return None if self.until is None else Until.parse(self.until)
+
+
 class SparkSettings(_Section):
     master: str = Field("local[2]", description="Spark master for the embedded session.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (YAML map).")
@@ -281,6 +359,7 @@ class Settings(BaseSettings):
     sink_retry: SinkSettings = Field(default_factory=SinkSettings)  # type: ignore[arg-type]
     log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
     spark: SparkSettings = Field(default_factory=SparkSettings)  # type: ignore[arg-type]
+    run: RunSettings = Field(default_factory=RunSettings)  # type: ignore[arg-type]
 
     @classmethod
     def settings_customise_sources(
@@ -380,6 +459,27 @@ class Settings(BaseSettings):
             )
         if self.consumer_arn and not self.consumer_arn.startswith("arn:"):
             raise ValueError(f"consumer_arn (EFO_CONSUMER_ARN) = {self.consumer_arn!r}: allowed: a consumer ARN")
+        return self
+
+    @model_validator(mode="after")
+    def _until_agrees(self) -> Settings:
+        """A bounded run whose window is empty by its own settings is a mistake, not a quick exit."""
+        bound = self.run.bound
+        if bound is None or bound.time is None:
+            return self
+        until = f"run.until (EFO_RUN__UNTIL) = {self.run.until!r}"
+        start = self.start
+        if start.timestamp is not None and start.timestamp >= bound.time:
+            raise ValueError(
+                f"{until} is not after initial_position (EFO_INITIAL_POSITION) = {self.initial_position!r}: "
+                "the replay window [initial_position, until) is empty"
+            )
+        skip_s = self.skip_older_than_s
+        if skip_s is not None and datetime.now(UTC) - timedelta(seconds=skip_s) >= bound.time:
+            raise ValueError(
+                f"{until} is older than skip_older_than (EFO_SKIP_OLDER_THAN) = {self.skip_older_than!r} "
+                "ago: every record before it would be skipped; unset one of them"
+            )
         return self
 
     @property
@@ -541,8 +641,11 @@ def setting_sources(
         in_file: Any = file_values
         for name in location:
             in_file = in_file.get(name, _ABSENT) if isinstance(in_file, dict) else _ABSENT
-        if flags and len(location) == 1 and flags.get(location[0]) is not None:
-            sources[dotted] = SettingSource("flag", "--" + location[0].replace("_", "-"))
+        in_flags: Any = flags or {}
+        for name in location:
+            in_flags = in_flags.get(name) if isinstance(in_flags, Mapping) else None
+        if in_flags is not None:
+            sources[dotted] = SettingSource("flag", "--" + location[-1].replace("_", "-"))
         elif found := next((upper_environ[v] for v in variables if v in upper_environ), None):
             sources[dotted] = SettingSource("environment", found)
         elif in_file is not _ABSENT:

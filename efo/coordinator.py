@@ -23,6 +23,10 @@ Stopping (SIGTERM): nothing new is claimed; every subscription stops; the driver
 ``shutdown_timeout_s`` to commit what it holds; the committed positions are checkpointed and every
 lease held is released, so the next worker takes over at once. A fatal error of any task ends the
 group the same way (bounded), then fails.
+
+A bounded run (``run.until``, :mod:`efo.worker.bound`) also stops on its own: once every shard is
+at the run's end, nothing more is read, the sink commits everything handed on, the checkpoints are
+written and the leases released, and :attr:`Coordinator.completed` says the run is whole.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import LeaseTable
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
+from efo.worker.bound import RunEnd
 from efo.worker.checkpointer import Checkpointer
-from efo.worker.cycle import LeaseCycle
+from efo.worker.cycle import LeaseCycle, parents_finished
 from efo.worker.liveness import HeartbeatWriter, Liveness, Trust
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import HANDOVER_POLL_S, ShardRunner
@@ -98,9 +103,30 @@ class Coordinator:
             pool=pool,
             settings=settings,
             lease_valid=lambda: self.liveness.valid,
-            on_shard_end=lambda owned: self.shards.list_now(),  # its children may start now
+            on_shard_end=self._shard_ended,  # its children may start now
             clock=clock,
         )
+        until = settings.run.bound
+        #: A bounded run (run.until): where each shard's reading ends, and when this worker is done.
+        self.bounds = (
+            None
+            if until is None
+            else RunEnd(
+                settings=settings.run,
+                until=until,
+                worker_id=table.worker_id,
+                handoff=handoff,
+                pool=pool,
+                owned=lambda: self.owned,
+                view=lambda: (self.cycle.state, self.cycle.read_at, self.cycle.view.live),
+                listing=lambda: (self.shards.graph, self.shards.listed_at),
+                parents_finished=parents_finished,
+                on_change=lambda: self.shards.list_now(),
+                clock=clock,
+            )
+        )
+        #: A bounded run that reached its end: everything read was committed and checkpointed.
+        self.completed = False
         self.runner = ShardRunner(
             settings=settings,
             stream=stream,
@@ -115,6 +141,7 @@ class Coordinator:
             stopping=self.stopping,
             lease_valid=lambda: self.liveness.valid,
             on_ended=self._on_change,
+            bounds=self.bounds,
             clock=clock,
         )
         self.shards = ShardSync(
@@ -165,14 +192,23 @@ class Coordinator:
                 checkpoints = group.create_task(self.checkpointer.run(), name="checkpoints")
                 intake: list[asyncio.Task[None]] = []
                 intake.append(group.create_task(self._start_intake(group, intake), name="bootstrap"))
-                await stop.wait()  # also during the bootstrap, which a stop cuts short
+                if self.bounds is None:
+                    await stop.wait()  # also during the bootstrap, which a stop cuts short
+                else:
+                    intake.append(group.create_task(self.bounds.run(), name="run-end"))
+                    await _first_of(stop, self.bounds.finished)
+                complete = self.bounds is not None and not stop.is_set()
                 stop_at = self._clock()
-                self._log.info("service.stopping", shards=len(self.owned))
+                self._log.info("run.stopping" if complete else "service.stopping", shards=len(self.owned))
                 await self._stop_intake(intake)
-                await self._wait_for_driver(driver_done, stop_at + self.settings.shutdown_timeout_s)
+                if complete:
+                    complete = await self._drain(stop)
+                if not complete:
+                    await self._wait_for_driver(driver_done, stop_at + self.settings.shutdown_timeout_s)
                 await _cancelled(checkpoints)
                 await self._finish()
                 heartbeat.cancel()
+                self.completed = complete
         except Exception as error:
             await self._let_the_sink_commit(error)
             await self._finish()  # a fatal error: leave the table as tidy as it can be, then fail
@@ -200,6 +236,27 @@ class Coordinator:
                     tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
         self.handoff.cut()  # nothing more comes in: the batch being filled goes to the sink now
+
+    async def _drain(self, stop: asyncio.Event) -> bool:
+        """A bounded run at its end: the sink commits everything handed on (so the final
+        checkpoints cover every record read). False if a stop came first. The sink must make
+        progress: nothing committed for ``batch.stall_timeout_s`` plus ``batch.max_wait_s`` fails."""
+        limit_s = self.settings.batch.stall_timeout_s + self.settings.batch.max_wait_s
+        last, since = -1, self._clock()
+        while True:
+            outstanding = sum(owned.ledger.outstanding for owned in self.owned.values())
+            if outstanding == 0:
+                return True
+            if stop.is_set():
+                return False
+            if outstanding != last:
+                last, since = outstanding, self._clock()
+            elif self._clock() - since > limit_s:
+                raise SinkStalled(
+                    f"the sink committed nothing of the last {outstanding} chunk(s) of a bounded run for "
+                    f"{limit_s:g} s (batch.stall_timeout_s + batch.max_wait_s)"
+                )
+            await asyncio.sleep(HANDOVER_POLL_S)
 
     async def _let_the_sink_commit(self, error: Exception) -> None:
         """A fatal error: nothing is read any more, but the batch in the sink may still commit (within
@@ -261,6 +318,11 @@ class Coordinator:
         self.checkpointer.urge(owned)
         self._check_ready()
 
+    def _shard_ended(self, owned: OwnedShard) -> None:
+        if self.bounds is not None:
+            self.bounds.ended(owned)
+        self.shards.list_now()
+
     def _leases_expired(self) -> None:
         self.owned.lose_all(f"no heartbeat landed for {self.liveness.validity_s:g} s")
 
@@ -312,6 +374,15 @@ class Coordinator:
         if all(owned.first_event for owned in reading):
             self._ready = True
             self._log.info("service.ready", stream=self.stream.name, shards=len(reading))
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            await _cancelled(wait)
 
 
 async def _cancelled(task: asyncio.Task[Any]) -> None:

@@ -1,8 +1,9 @@
 """The project's errors, and the one place where AWS error codes are translated.
 
 Every error the service can stop on is an :class:`EfoError`. Its ``exit_code`` is what the process
-exits with (0 success, 1 runtime failure, 2 usage or configuration, 3 a named resource not found)
-and ``retriable`` says whether a subscription or lease loop may try again.
+exits with (0 success, 1 runtime failure, 2 usage or configuration, 3 a named resource not found;
+75 is a bounded run stopped before its end, which the driver decides) and ``retriable`` says
+whether a subscription or lease loop may try again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 EXIT_NOT_FOUND = 3
+#: A bounded run (``efo run --until``) stopped before every shard reached its bound (SIGTERM): what
+#: it read is checkpointed; run it again to finish (EX_TEMPFAIL of sysexits.h: "try again later").
+EXIT_INCOMPLETE = 75
 
 
 class EfoError(Exception):
@@ -66,6 +70,10 @@ class LayoutOutdated(EfoError):
 class LeaseLost(EfoError):
     """A conditional write found another owner or a newer lease counter (fencing). It stops the one
     shard whose lease it was, never the process: the coordinator catches it wherever it arises."""
+
+
+class ShardTimeout(EfoError):
+    """A bounded run: a shard short of its bound received no event for ``run.shard_timeout_s``."""
 
 
 class Retriable(EfoError):

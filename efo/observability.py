@@ -204,6 +204,7 @@ class Metrics:
     lease_reads: Counter
     workers_live: Gauge
     shards_unowned: Gauge
+    run_shards_remaining: Gauge
     checkpoint_writes: Counter
     checkpoint_write_seconds: Histogram
     batches_committed: Counter
@@ -348,6 +349,12 @@ class Metrics:
             shards_unowned=Gauge(
                 "efo_shards_unowned",
                 "Shards that can be read but have no live owner (this worker's last view).",
+                registry=registry,
+            ),
+            run_shards_remaining=Gauge(
+                "efo_run_shards_remaining",
+                "A bounded run (run.until): shards this worker holds or could claim that have not reached "
+                "the run's end yet (0 once done, and without run.until).",
                 registry=registry,
             ),
             checkpoint_writes=Counter(

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from efo import progress
 from efo.aws import Clients, Endpoints
 from efo.config import Settings
 from efo.coordinator import Coordinator
@@ -45,6 +46,8 @@ class Service:
         self._driver_done: asyncio.Event | None = None
         self._coordinator: Coordinator | None = None
         self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
+        #: A bounded run (run.until) that reached its end: everything read committed and checkpointed.
+        self.completed = False
         self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
         self.health = Health()
         # A finished service has no loop to ask; the process exits on its own within the shutdown bound.
@@ -195,4 +198,19 @@ class Service:
             self.health.ready_check("table", coordinator.table_problem)
             self.health.ready_check("shards", coordinator.shards_problem)
             self._coordinator = coordinator
-            await coordinator.run(self._stop, self._driver_done)
+            display = None
+            if coordinator.bounds is not None and progress.wanted(self.settings.log.format):
+                display = progress.TerminalProgress(str(coordinator.bounds.until)).start()
+                coordinator.bounds.on_progress = display.update
+            try:
+                await coordinator.run(self._stop, self._driver_done)
+            finally:
+                if display is not None:
+                    display.close()
+            self.completed = coordinator.completed
+
+    @property
+    def stopped_before_end(self) -> bool:
+        """A bounded run (run.until) that ended before the stream was read to its end (a SIGTERM):
+        what it read is checkpointed, and a run started again reads on from there."""
+        return self.settings.run.until is not None and not self.completed

@@ -30,7 +30,7 @@ import structlog
 
 from efo.config import Settings
 from efo.coordinator import FINAL_WRITES_TIMEOUT_S
-from efo.errors import EXIT_OK, EXIT_RUNTIME, EfoError
+from efo.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_RUNTIME, EfoError
 from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
 from efo.pipeline.records import RecordChunk
@@ -137,6 +137,12 @@ class Driver:
         if self.service.error is not None:
             raise self.service.error
         log.info("driver.stopped", batches=self._batches)
+        if self.service.stopped_before_end:
+            sys.stderr.write(
+                f"efo: stopped before the end of the run (--until {self.settings.run.until}); what was read is "
+                f"checkpointed: run it again to finish (exit {EXIT_INCOMPLETE})\n"
+            )
+            return EXIT_INCOMPLETE
         return EXIT_OK
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ Exit codes of every command:
   consumer, a confirmation answered no)
 - 2: usage or configuration (a bad flag or setting, or ``--yes`` missing without a terminal to ask on)
 - 3: a named resource not found (stream, consumer, lease table, application, shard)
+- 75: a bounded run (``efo run --until``) stopped before its end (SIGTERM): run it again
 
 Every error is one line on standard error, ``efo: <what>; <what to do>``, naming the resource.
 """
@@ -38,7 +39,8 @@ from efo.errors import EXIT_CONFIG, EXIT_RUNTIME, EfoError
         "efo checkpoints reset --stream orders --app billing --all --to LATEST --wait",
     )
     + "\n\nEvery operator command takes --stream, --app and --config (flags win over EFO_* variables, "
-    "which win over the file) and --json. Exit codes: 0 ok, 1 failed, 2 usage, 3 not found. "
+    "which win over the file) and --json. Exit codes: 0 ok, 1 failed, 2 usage, 3 not found, "
+    "75 a bounded run (efo run --until) stopped before its end. "
     "Older names still work: 'efo consumer ...' and 'efo leases'.",
 )
 @click.version_option(__version__, prog_name="efo")

@@ -12,13 +12,24 @@ from efo.config import load_settings
     "run",
     short_help="Consume the stream into the sink.",
     epilog=examples(
-        "efo run --config efo.yaml", "EFO_SINK=parquet:s3://bucket/orders efo run --stream orders --app billing"
+        "efo run --config efo.yaml",
+        "EFO_SINK=parquet:s3://bucket/orders efo run --stream orders --app billing",
+        "efo run --config efo.yaml --until caught-up",
+        "efo run --config efo.yaml --until 2026-01-31T00:00:00Z",
     ),
 )
 @settings_options
-def run_command(config: str | None, stream: str | None, app: str | None) -> int:
-    """Consume the stream into the sink until SIGTERM (then finish and checkpoint the running batch)."""
-    settings = load_settings(config, flags={"stream": stream, "app": app})
+@click.option(
+    "--until",
+    metavar="WHEN",
+    help="A bounded run (else EFO_RUN__UNTIL): stop once every shard is caught up ('caught-up') or has "
+    "reached a time (ISO-8601 UTC, or a duration ago such as 2h); exit 0 then, 75 if stopped before.",
+)
+def run_command(config: str | None, stream: str | None, app: str | None, until: str | None) -> int:
+    """Consume the stream into the sink until SIGTERM (then finish and checkpoint the running batch),
+    or with --until until the stream is read to that point."""
+    bounded = {"until": until} if until is not None else None
+    settings = load_settings(config, flags={"stream": stream, "app": app, "run": bounded})
     from sparkbridge.app import run  # lazily: efo itself never imports pyspark
 
     return run(settings)

@@ -13,6 +13,10 @@ one terminal phase, which is also the reason it stopped::
          │                    │            the shard's end)
          └────────────────────┴──────────────▶ LOST             another worker holds the lease now
 
+    SUBSCRIBING/READING/BACKPRESSURED ──▶ AT_BOUND ──▶ RELEASING | LOST
+                                          a bounded run (``run.until``): the shard reached the run's
+                                          end, reading stopped, the lease kept until the run ends
+
 Every chunk this claim hands on carries its epoch, and so does the sink's commit of it: a commit
 of an earlier claim (late, after a release and a re-claim) never reaches this claim's ledger.
 """
@@ -40,6 +44,7 @@ class ShardPhase(enum.Enum):
     READING = "reading"  # events are arriving
     BACKPRESSURED = "backpressured"  # an event waits for pool budget
     DRAINING = "draining"  # the shard ended: its last records wait for the sink, then SHARD_END
+    AT_BOUND = "at_bound"  # a bounded run: nothing more is read from it in this run; the lease is kept
     RELEASING = "releasing"  # intake stopped here: final checkpoint, then the lease is given up
     ENDED = "ended"  # SHARD_END written (terminal)
     RELEASED = "released"  # the lease was given up with its checkpoint (terminal)
@@ -57,13 +62,14 @@ class ShardPhase(enum.Enum):
 
 _READING = frozenset({ShardPhase.SUBSCRIBING, ShardPhase.READING, ShardPhase.BACKPRESSURED})
 _TERMINAL = frozenset({ShardPhase.ENDED, ShardPhase.RELEASED, ShardPhase.LOST})
-_STOPS = frozenset({ShardPhase.DRAINING, ShardPhase.RELEASING, ShardPhase.LOST})
+_STOPS = frozenset({ShardPhase.DRAINING, ShardPhase.AT_BOUND, ShardPhase.RELEASING, ShardPhase.LOST})
 
 TRANSITIONS: dict[ShardPhase, frozenset[ShardPhase]] = {
     ShardPhase.SUBSCRIBING: frozenset({ShardPhase.READING, *_STOPS}),
     ShardPhase.READING: frozenset({ShardPhase.SUBSCRIBING, ShardPhase.BACKPRESSURED, *_STOPS}),
     ShardPhase.BACKPRESSURED: frozenset({ShardPhase.READING, ShardPhase.SUBSCRIBING, *_STOPS}),
     ShardPhase.DRAINING: frozenset({ShardPhase.ENDED, ShardPhase.RELEASING, ShardPhase.LOST}),
+    ShardPhase.AT_BOUND: frozenset({ShardPhase.RELEASING, ShardPhase.LOST}),
     ShardPhase.RELEASING: frozenset({ShardPhase.RELEASED, ShardPhase.ENDED, ShardPhase.LOST}),
     ShardPhase.ENDED: frozenset(),
     ShardPhase.RELEASED: frozenset(),

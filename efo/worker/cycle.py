@@ -166,7 +166,7 @@ class LeaseCycle:
 
     def _readable(self, lease: Lease, state: TableState, graph: ShardGraph) -> bool:
         """Can be read now: not finished, still in the stream, its parents finished."""
-        return not lease.finished and lease.shard_id in graph.shards and _parents_finished(lease, state, graph)
+        return not lease.finished and lease.shard_id in graph.shards and parents_finished(lease, state, graph)
 
     def _check_owned(self, state: TableState) -> None:
         """A lease another worker took (or reset) is dropped now, not at the next failed write."""
@@ -315,7 +315,7 @@ class LeaseCycle:
         return released
 
 
-def _parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:
+def parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:
     for parent in lease.parents:
         parent_lease = state.leases.get(parent)
         if parent_lease is not None and not parent_lease.finished and parent in graph.shards:

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
 
@@ -30,6 +30,9 @@ from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
+
+if TYPE_CHECKING:
+    from efo.worker.bound import RunEnd
 
 log = structlog.get_logger("efo.worker.runner")
 
@@ -56,6 +59,7 @@ class ShardRunner:
         stopping: asyncio.Event,
         lease_valid: Callable[[], bool],
         on_ended: Callable[[OwnedShard], None] = lambda owned: None,
+        bounds: RunEnd | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
@@ -71,6 +75,7 @@ class ShardRunner:
         self._stopping = stopping
         self._lease_valid = lease_valid
         self._on_ended = on_ended
+        self._bounds = bounds  # a bounded run (run.until): each claim stops at the run's end
         self._clock = clock
         self.spawn: Spawn | None = None  # the task group's create_task, set while the group runs
         self._log = log.bind(worker_id=table.worker_id)
@@ -113,6 +118,7 @@ class ShardRunner:
 
     async def _run(self, owned: OwnedShard) -> None:
         await self._subscriber.ensure_room(len(self._owned))
+        bound = self._bounds.track(owned) if self._bounds is not None else None
         subscription = ShardSubscription(
             client=self._subscriber,
             consumer_arn=self._consumer_arn,
@@ -120,8 +126,8 @@ class ShardRunner:
             shard_id=owned.shard_id,
             start=owned.ledger.start,
             pool=self._pool,
-            handoff=self._handoff,
-            progress=owned.ledger,
+            handoff=self._handoff if bound is None else cast(Handoff, bound),
+            progress=owned.ledger if bound is None else bound,
             settings=self._settings.subscription,
             epoch=owned.epoch,
             backpressure_timeout_s=self._settings.pool.backpressure_timeout_s,
@@ -133,12 +139,16 @@ class ShardRunner:
             logger=owned.log,
         )
         try:
-            ended = await subscription.run()
+            ended = await subscription.run() if bound is None else await bound.read(subscription.run())
         except LeaseLost as exc:  # another worker owns the shard now: stop it here, nothing else
             self._owned.lose(owned, str(exc))
             return
         except ResourceNotFound as exc:
             await self._not_found(owned, exc)
+            return
+        if ended is None:  # the run's end (run.until): the lease stays here until the run ends
+            if owned.phase.reading:
+                owned.enter(ShardPhase.AT_BOUND)
             return
         self.end(owned, ended.child_shard_ids)
 

@@ -22,6 +22,7 @@ SECTIONS = {
     "## 4. Memory with a stalled sink": "bench/memory_bound.py",
     "## 5 and 6. Failover, handoff and DynamoDB cost with two workers": "bench/workers.py",
     "## 7. A fleet: lease-plane cost, balance and takeover at scale": "bench/fleet.py",
+    "## 8. A bounded run over a backlog": "bench/bounded.py",
 }
 
 

@@ -281,3 +281,53 @@ def test_the_schema_refuses_bad_values_naming_where(chart: helm.Chart, extra: st
     with pytest.raises(helm.HelmValuesError) as refused:
         chart.validate_schema(values(minimal_with(extra)))
     assert path in str(refused.value)
+
+
+# ---- a bounded run on a schedule (cronJob.enabled) ------------------------------------------------
+
+CRON = minimal_with("cronJob: {enabled: true, schedule: '15 * * * *', until: caught-up, activeDeadlineSeconds: 3000}")
+
+
+def test_a_cron_job_replaces_the_deployment_and_lints_as_valid_kubernetes() -> None:
+    report = helm.lint(CHART, values(CRON), strict=True, namespace="streaming")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    docs = rendered(CRON)
+    assert {d["kind"] for d in docs} == {"CronJob", "Service", "ServiceAccount"}
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(one(docs, "CronJob"), version, strict=True)
+    cron = one(docs, "CronJob")["spec"]
+    assert cron["concurrencyPolicy"] == "Forbid" and cron["schedule"] == "15 * * * *"
+    job = cron["jobTemplate"]["spec"]
+    assert job["parallelism"] == job["completions"] == 1 and job["activeDeadlineSeconds"] == 3000
+
+
+def test_the_cron_job_s_pod_is_the_deployment_s_with_the_bound_and_no_restart_in_place() -> None:
+    deployment = one(rendered(EVERY_OPTION), "Deployment")["spec"]["template"]
+    cron_docs = rendered(EVERY_OPTION + "cronJob: {enabled: true}\n")
+    job = one(cron_docs, "CronJob")["spec"]["jobTemplate"]["spec"]
+    assert job["parallelism"] == job["completions"] == 3  # replicaCount workers share each run
+    pod = job["template"]
+    assert pod["spec"].pop("restartPolicy") == "Never"
+    [container] = pod["spec"]["containers"]
+    until = [e for e in container["env"] if e["name"] == "EFO_RUN__UNTIL"]
+    assert until == [{"name": "EFO_RUN__UNTIL", "value": "caught-up"}]
+    container["env"].remove(until[0])
+    assert pod == deployment, "probes, metrics, security contexts or volumes differ from the Deployment's"
+    assert pod["metadata"]["labels"] == one(cron_docs, "Service")["spec"]["selector"], "the metrics Service misses it"
+
+
+def test_the_bound_in_config_wins_over_cron_job_until_and_reaches_efo() -> None:
+    docs = rendered(minimal_with("{cronJob: {enabled: true}, config: {EFO_RUN__UNTIL: 2h}}"))
+    [container] = one(docs, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert [e["value"] for e in container["env"] if e["name"] == "EFO_RUN__UNTIL"] == ["2h"]
+
+
+def test_a_cron_job_without_a_bound_is_refused_at_render(chart: helm.Chart) -> None:
+    message = render_error(chart, minimal_with("cronJob: {enabled: true, until: ''}"))
+    assert "cronJob.enabled needs a bounded run" in message
+
+
+def test_the_schema_refuses_a_cron_job_value_that_is_not_one(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.validate_schema(values(minimal_with("cronJob: {enabled: true, concurrencyPolicy: Allow}")))
+    assert "'concurrencyPolicy' not allowed" in str(refused.value)

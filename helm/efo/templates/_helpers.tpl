@@ -97,6 +97,9 @@ that outlasts the drain.
 {{- fail (printf "%s is set by the chart from %s: remove it from config, settings and extraEnv" $env $instead) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.cronJob.enabled (include "efo.cronJobUntil" .) (not (include "efo.isSet" .Values.cronJob.until)) -}}
+{{- fail "cronJob.enabled needs a bounded run: set cronJob.until (caught-up, an ISO-8601 time or a duration ago), or EFO_RUN__UNTIL in config" -}}
+{{- end -}}
 {{- $shutdown := 30.0 -}}
 {{- if include "efo.isSet" (index $settings "shutdown_timeout_s") -}}
 {{- $shutdown = float64 (index $settings "shutdown_timeout_s") -}}
@@ -107,4 +110,135 @@ that outlasts the drain.
 {{- if lt (float64 .Values.terminationGracePeriodSeconds) (addf $shutdown 10) -}}
 {{- fail (printf "terminationGracePeriodSeconds = %v must be at least shutdown_timeout_s + 10 = %v: the drain may last shutdown_timeout_s + 7 s, and the kubelet's SIGKILL must not cut it" .Values.terminationGracePeriodSeconds (addf $shutdown 10)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The pod of the Deployment, and of each run of the CronJob (cronJob.enabled): the same container,
+probes, metrics port, security contexts and volumes.
+*/}}
+{{- define "efo.podTemplate" -}}
+{{- $roleArn := include "efo.roleArn" . -}}
+{{- $projectIrsaToken := and $roleArn (not .Values.serviceAccount.create) -}}
+metadata:
+  labels:
+    {{- include "efo.selectorLabels" . | nindent 4 }}
+  annotations:
+    checksum/settings: {{ toJson .Values.settings | sha256sum }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  {{- if .Values.cronJob.enabled }}
+  restartPolicy: Never  # a failed run is a new pod (the Job's backoffLimit), not a restart in place
+  {{- end }}
+  serviceAccountName: {{ include "efo.serviceAccountName" . }}
+  terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: efo
+      image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      {{- if .Values.settings }}
+      args: ["run", "--config", "/etc/efo/settings.yaml"]
+      {{- else }}
+      args: ["run"]
+      {{- end }}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      env:
+        - name: EFO_WORKER_ID
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: EFO_METRICS_PORT
+          value: {{ include "efo.envValue" .Values.metrics.port | toJson }}
+        {{- range $name, $value := .Values.config }}
+        {{- if include "efo.isSet" $value }}
+        - name: {{ $name }}
+          value: {{ include "efo.envValue" $value | toJson }}
+        {{- end }}
+        {{- end }}
+        {{- if include "efo.cronJobUntil" . }}
+        - name: EFO_RUN__UNTIL
+          value: {{ .Values.cronJob.until | toJson }}
+        {{- end }}
+        {{- if $projectIrsaToken }}
+        # IRSA for an existing service account, as EKS's pod identity webhook would inject it.
+        - name: AWS_ROLE_ARN
+          value: {{ $roleArn | toJson }}
+        - name: AWS_WEB_IDENTITY_TOKEN_FILE
+          value: /var/run/secrets/eks.amazonaws.com/serviceaccount/token
+        - name: AWS_STS_REGIONAL_ENDPOINTS
+          value: regional
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: metrics
+          containerPort: {{ .Values.metrics.port }}
+      {{- range $probe := list "startupProbe" "livenessProbe" "readinessProbe" }}
+      {{- with index $.Values $probe }}
+      {{- if .enabled }}
+      {{ $probe }}:
+        {{- omit . "enabled" | toYaml | nindent 8 }}
+      {{- end }}
+      {{- end }}
+      {{- end }}
+      resources:
+        {{- toYaml .Values.resources | nindent 8 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        {{- if .Values.settings }}
+        - name: settings
+          mountPath: /etc/efo
+          readOnly: true
+        {{- end }}
+        {{- if $projectIrsaToken }}
+        - name: aws-iam-token
+          mountPath: /var/run/secrets/eks.amazonaws.com/serviceaccount
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: tmp
+      emptyDir:
+        sizeLimit: {{ .Values.tmpSizeLimit }}
+    {{- if .Values.settings }}
+    - name: settings
+      configMap:
+        name: {{ include "efo.fullname" . }}-settings
+    {{- end }}
+    {{- if $projectIrsaToken }}
+    - name: aws-iam-token
+      projected:
+        sources:
+          - serviceAccountToken:
+              audience: sts.amazonaws.com
+              expirationSeconds: 86400
+              path: token
+    {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* The CronJob's bound (cronJob.until) goes to the pod unless config or settings set run.until. */}}
+{{- define "efo.cronJobUntil" -}}
+{{- $settingsRun := (.Values.settings | default dict).run | default dict -}}
+{{- if and .Values.cronJob.enabled (not (include "efo.isSet" (index .Values.config "EFO_RUN__UNTIL"))) (not (include "efo.isSet" $settingsRun.until)) -}}true{{- end -}}
 {{- end -}}

@@ -1,0 +1,280 @@
+"""A bounded run's rule per shard (:class:`efo.worker.bound.ShardBound`): caught up at the first
+event at 0 ms behind, cut at the first record at or after ``until`` (the checkpoint there, nothing
+after it handed on, its budget returned), done only when the shard is known open; the states'
+transitions; and the worker's ``done`` over a lease-table view."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from efo.config import RunSettings, Until
+from efo.errors import ShardTimeout
+from efo.kinesis.shards import Shard, ShardGraph
+from efo.leases.lifecycle import OwnedShard, ShardPhase
+from efo.leases.table import Lease, TableState
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import SHARD_END, Position, RecordChunk, after
+from efo.worker.bound import BOUND_TRANSITIONS, BoundState, IllegalBoundTransition, RunEnd, ShardBound
+from efo.worker.cycle import parents_finished
+
+UNTIL = Until(datetime(2026, 1, 31, 12, 0, tzinfo=UTC))
+UNTIL_MS = UNTIL.time_ms or 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _owned(shard_id: str = "shard-0", owner: str = "me") -> OwnedShard:
+    return OwnedShard.claim(Lease(shard_id, (), owner, 1, Position("TRIM_HORIZON")), owner, lambda owned: None)
+
+
+def _bound(until: Until = UNTIL, clock: Clock | None = None) -> tuple[ShardBound, Handoff, PendingPool]:
+    handoff, pool = Handoff(), PendingPool(1000, 1 << 20)
+    return ShardBound(_owned(), until, handoff, pool, clock=clock or Clock()), handoff, pool
+
+
+def _event(bound: ShardBound, pool: PendingPool, arrivals: list[int], first_seq: int, lag_ms: int = 5) -> RecordChunk:
+    """What the subscription does with one event: its lag, the chunk announced, then put."""
+    chunk = RecordChunk("s", bound.shard_id, serial=0, epoch=1)
+    for i, arrival in enumerate(arrivals):
+        chunk.append(str(first_seq + i), b"xy", f"k{i}", arrival)
+    chunk.grant = pool.try_acquire(len(chunk), chunk.data_bytes)
+    bound.owned.series.event(lag_ms)
+    chunk.serial = bound.next_serial()
+    bound.enqueued(chunk.serial, after(str(first_seq + len(arrivals) - 1)))
+    bound.put(chunk)
+    return chunk
+
+
+def _taken(handoff: Handoff) -> list[str]:
+    return [seq for chunk in handoff.take_batch(10_000, 1 << 30, 0.0, 0.0) for seq in chunk.sequence_numbers]
+
+
+def test_records_before_until_pass_through_and_are_counted() -> None:
+    bound, handoff, pool = _bound()
+    _event(bound, pool, [UNTIL_MS - 2, UNTIL_MS - 1], 10)
+    assert _taken(handoff) == ["10", "11"]
+    assert (bound.state, bound.records, bound.bytes) == (BoundState.READING, 2, 4)
+    assert bound.owned.ledger.outstanding == 1
+
+
+def test_the_chunk_is_cut_before_the_first_record_at_until_and_the_checkpoint_is_that_record() -> None:
+    bound, handoff, pool = _bound()
+    _event(bound, pool, [UNTIL_MS - 1, UNTIL_MS, UNTIL_MS + 1], 10)
+    assert _taken(handoff) == ["10"]
+    assert bound.state is BoundState.CUT and bound.reached.is_set()
+    ledger = bound.owned.ledger
+    ledger.committed(1, 1)
+    assert ledger.due == Position("AT_SEQUENCE_NUMBER", "11"), "the next run starts at the first record not delivered"
+
+
+def test_after_the_cut_nothing_is_handed_on_and_the_budget_comes_back() -> None:
+    bound, handoff, pool = _bound()
+    _event(bound, pool, [UNTIL_MS + 5], 10)
+    assert bound.state is BoundState.CUT and _taken(handoff) == []
+    _event(bound, pool, [UNTIL_MS - 5], 11)  # arrival times never go down in a shard; even so, nothing passes
+    bound.idle(after("99"))
+    assert _taken(handoff) == [] and pool.records == 0 and bound.owned.ledger.outstanding == 0
+    assert bound.owned.ledger.due is None, "an empty event past the cut moved the checkpoint"
+
+
+def test_caught_up_at_the_first_event_at_0_ms_behind_once_its_records_were_handed_on() -> None:
+    bound, handoff, pool = _bound(Until())
+    _event(bound, pool, [1, 2], 10, lag_ms=3000)
+    assert bound.state is BoundState.READING
+    _event(bound, pool, [3], 12, lag_ms=0)
+    assert bound.state is BoundState.CAUGHT_UP and _taken(handoff) == ["10", "11", "12"]
+    _event(bound, pool, [4], 13, lag_ms=0)  # a caught-up open shard reads on until the worker stops
+    assert _taken(handoff) == ["13"]
+
+
+def test_an_empty_event_at_0_ms_behind_also_catches_up() -> None:
+    bound, _, _ = _bound(Until())
+    bound.owned.series.event(0)
+    bound.idle(after("5"))
+    assert bound.state is BoundState.CAUGHT_UP
+
+
+def test_caught_up_is_done_only_once_a_listing_since_shows_the_shard_open() -> None:
+    clock = Clock()
+    bound, _, _ = _bound(Until(), clock)
+    bound.owned.series.event(0)
+    bound.idle(after("5"))
+    open_graph = ShardGraph.of([Shard("shard-0", (), 0, 10)])
+    closed_graph = ShardGraph.of([Shard("shard-0", (), 0, 10), Shard("shard-1", ("shard-0",), 0, 5)])
+    assert not bound.done(open_graph, listed_at=clock.now - 1), "a listing older than the catch-up"
+    assert bound.done(open_graph, listed_at=clock.now)
+    assert not bound.done(closed_graph, listed_at=clock.now), "a closed shard is read to its end"
+    bound.enter(BoundState.ENDED)
+    assert bound.done(closed_graph, listed_at=0.0)
+
+
+def test_bound_states_move_only_forward() -> None:
+    bound, _, _ = _bound()
+    bound.enter(BoundState.CAUGHT_UP)
+    with pytest.raises(IllegalBoundTransition):
+        bound.enter(BoundState.READING)
+    assert all(not BOUND_TRANSITIONS[state] for state in (BoundState.CUT, BoundState.ENDED))
+
+
+def test_at_bound_is_a_stop_of_its_own_left_only_by_release_or_loss() -> None:
+    owned = _owned()
+    owned.enter(ShardPhase.READING)
+    owned.enter(ShardPhase.AT_BOUND)
+    assert not owned.phase.reading and not owned.phase.terminal
+    owned.enter(ShardPhase.RELEASING)
+    owned.enter(ShardPhase.RELEASED)
+
+
+def test_read_stops_the_subscription_at_the_cut() -> None:
+    async def scenario() -> None:
+        bound, _, _ = _bound()
+        cancelled = asyncio.Event()
+
+        async def subscription() -> str:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                cancelled.set()
+            return "ended"
+
+        reading = asyncio.create_task(bound.read(subscription()))
+        await asyncio.sleep(0)
+        bound.enter(BoundState.CUT)
+        assert await asyncio.wait_for(reading, 5) is None
+        assert cancelled.is_set()
+
+    asyncio.run(scenario())
+
+
+# ---- the worker -------------------------------------------------------------------------------
+
+
+class View:
+    """A worker's view for RunEnd: its claims, the last table read and the last listing."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.owned: dict[str, OwnedShard] = {}
+        self.state: TableState | None = None
+        self.read_at: float | None = None
+        self.graph: ShardGraph | None = None
+        self.listed_at = 0.0
+        self.live = {"me"}
+
+    def run_end(self, **settings: Any) -> RunEnd:
+        return RunEnd(
+            settings=RunSettings(**settings),
+            until=Until(),
+            worker_id="me",
+            handoff=Handoff(),
+            pool=PendingPool(1000, 1 << 20),
+            owned=lambda: self.owned,
+            view=lambda: (self.state, self.read_at, self.live),
+            listing=lambda: (self.graph, self.listed_at),
+            parents_finished=parents_finished,
+            clock=self.clock,
+        )
+
+    def table(self, *leases: Lease) -> None:
+        self.state = TableState(leases={lease.shard_id: lease for lease in leases})
+        self.listed_at = self.clock.now
+        self.read_at = self.clock.now
+
+
+def _caught_up(end: RunEnd, owned: OwnedShard) -> None:
+    owned.enter(ShardPhase.READING)
+    bound = end.track(owned)
+    owned.series.event(0)
+    bound.idle(after("5"))
+
+
+def test_the_worker_is_done_when_its_claims_are_caught_up_and_nothing_is_left_to_claim() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end()
+    view.graph = ShardGraph.of([Shard("a", (), 0, 5), Shard("b", (), 6, 10)])
+    view.owned["a"] = _owned("a")
+    _caught_up(end, view.owned["a"])
+    mine = Lease("a", (), "me", 1, Position("TRIM_HORIZON"))
+    clock.now += 1
+    view.table(mine, Lease("b", (), None, 0, Position("TRIM_HORIZON")))
+    assert not end.done(), "shard b is free: someone must read it"
+    view.table(mine, Lease("b", (), "other", 1, Position("TRIM_HORIZON")))
+    assert not end.done(), "b's owner is not live"
+    view.live = {"me", "other"}
+    assert end.done()
+    view.graph = ShardGraph.of([*view.graph.shards.values(), Shard("c", ("a",), 0, 5)])
+    assert not end.done(), "a split: c has no lease yet, and a is closed"
+
+
+def test_a_finished_parent_s_children_must_be_claimed_and_a_child_of_an_unfinished_one_waits() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end()
+    view.graph = ShardGraph.of([Shard("p", (), 0, 10), Shard("c1", ("p",), 0, 5), Shard("c2", ("p",), 6, 10)])
+    view.live = {"me", "other"}
+    parent = Lease("p", (), "other", 1, Position("TRIM_HORIZON"))
+    children = [Lease(c, ("p",), None, 0, Position("TRIM_HORIZON")) for c in ("c1", "c2")]
+    view.table(parent, *children)
+    assert end.done(), "the parent's reader reads it to its end; its children wait for that"
+    view.table(Lease("p", (), None, 2, SHARD_END), *children)
+    assert not end.done(), "the parent finished: its children are free to read"
+
+
+def test_a_silent_shard_short_of_the_bound_times_out_naming_it_and_the_setting() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end(shard_timeout_s=30)
+    owned = view.owned["a"] = _owned("a")
+    end.track(owned)
+    clock.now += 29
+    end._check_timeouts()
+    clock.now += 2
+    with pytest.raises(ShardTimeout, match=r"run\.shard_timeout_s.*\ba\b"):
+        end._check_timeouts()
+
+
+def test_progress_counts_shards_done_records_bytes_and_the_slowest_lag() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end()
+    view.graph = ShardGraph.of([Shard("a", (), 0, 5), Shard("b", (), 6, 10)])
+    view.owned = {"a": _owned("a"), "b": _owned("b")}
+    _caught_up(end, view.owned["a"])
+    view.owned["b"].enter(ShardPhase.READING)
+    bound_b = end.track(view.owned["b"])
+    handoff_pool = PendingPool(1000, 1 << 20)
+    _event(bound_b, handoff_pool, [1, 2, 3], 10, lag_ms=7000)
+    clock.now += 1
+    view.table(Lease("a", (), "me", 1, Position("TRIM_HORIZON")), Lease("b", (), "me", 1, Position("TRIM_HORIZON")))
+    fields = end.progress()
+    assert (fields["shards_done"], fields["shards_total"], fields["records"], fields["bytes"]) == (1, 2, 3, 6)
+    assert fields["max_lag_ms"] == 7000
+
+
+def test_a_readable_lease_nobody_claims_times_out_too_naming_the_cap() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end(shard_timeout_s=30)
+    view.graph = ShardGraph.of([Shard("a", (), 0, 5), Shard("b", (), 6, 10)])
+    view.owned["a"] = _owned("a")
+    _caught_up(end, view.owned["a"])
+    view.table(Lease("a", (), "me", 1, Position("TRIM_HORIZON")), Lease("b", (), None, 0, Position("TRIM_HORIZON")))
+    end.remaining()
+    clock.now += 29
+    end.remaining()
+    end._check_timeouts()
+    clock.now += 2
+    with pytest.raises(ShardTimeout, match=r"\bb\b.*max_leases_per_worker"):
+        end._check_timeouts()
