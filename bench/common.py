@@ -80,28 +80,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_dynamodb(workdir: Path, module: str = "efo.devstack.dynamodb") -> tuple[subprocess.Popen[bytes], str]:
+def start_dynamodb(
+    workdir: Path, module: str = "efo.devstack.dynamodb", *args: str
+) -> tuple[subprocess.Popen[bytes], str]:
     """A local DynamoDB alone on a free loopback port: the stack's (moto behind a lock, metered), or
     ``efo.devstack.dynamodb_local`` (DynamoDB Local behind a meter; in a private network namespace)."""
-    from efo.devstack.stack import die_with_parent_process
+    from efo.devstack.stack import die_with_parent_process, wait_listening
 
     port = free_port()
-    log = (workdir / "dynamodb.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port)],
-        stdout=log,
-        stderr=log,
-        preexec_fn=die_with_parent_process,
-    )
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"the local DynamoDB did not start; see {workdir / 'dynamodb.log'}") from None
-            time.sleep(0.1)
+    with (workdir / "dynamodb.log").open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, "--port", str(port), *args],
+            stdout=log,
+            stderr=log,
+            preexec_fn=die_with_parent_process,
+        )
+    if not wait_listening(port, process, 90):
+        process.kill()
+        raise RuntimeError(f"the local DynamoDB did not start; see {workdir / 'dynamodb.log'}")
+    return process, f"http://127.0.0.1:{port}"
 
 
 def rss_bytes(pid: int, field: str = "VmRSS") -> int:

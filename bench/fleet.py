@@ -108,7 +108,15 @@ from common import command_line, hermetic_aws_environment, percentile, start_dyn
 from efo.aws import Clients, Endpoints
 from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
-from efo.devstack.dynamodb_local import isolated, isolating_command, loopback_up
+from efo.devstack.dynamodb_local import (
+    UNPRICED,
+    NotIsolated,
+    check_isolation_possible,
+    interfaces_up,
+    isolated,
+    isolating_command,
+    loopback_up,
+)
 from efo.devstack.fleet_kinesis import FleetKinesis
 from efo.devstack.units import Usage, usage
 from efo.kinesis.registration import StreamInfo
@@ -128,25 +136,25 @@ LOOP_TICK_S = 0.1
 CORES = os.cpu_count() or 1
 DYNAMODB_MODULES = {"local": "efo.devstack.dynamodb_local", "moto": "efo.devstack.dynamodb"}
 DYNAMODB_NAMES = {
-    "local": "Amazon DynamoDB Local 3.3.1 (behind a meter, in a private network namespace)",
+    "local": "Amazon DynamoDB Local (behind a meter, in a private network namespace)",
     "moto": "the local stack's DynamoDB (moto, one request at a time)",
 }
-SERVER_CPUS = {"local": 0.9 * CORES, "moto": 0.9}  # a server this busy is saturated
-DYNAMODB = ["local"]  # which of them this run uses (set by main)
+SERVER_SATURATED_CORES = {"local": 0.9 * CORES, "moto": 0.9}  # a server this busy (in cores) is saturated
+METER_SATURATED_CORES = 0.9  # DynamoDB Local's meter: one event loop
+ISOLATED_ENV = "EFO_FLEET_ISOLATED"  # set in the run inside the private network namespace
 WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems")
 
 # ---- what the workers log: counted, never printed ------------------------------------------------
 
 EVENTS: Counter[str] = Counter()
-TIMED = ("lease.taken", "shard.started")  # and when each happened (monotonic), for the takeover's timeline
-EVENT_TIMES: dict[str, list[float]] = {name: [] for name in TIMED}
+TAKEN: list[tuple[float, str | None]] = []  # each lease.taken: when (monotonic), from whom; the takeover's timeline
 
 
 def _count_event(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
     name = str(event.get("event"))
     EVENTS[name] += 1
-    if name in EVENT_TIMES:
-        EVENT_TIMES[name].append(time.monotonic())
+    if name == "lease.taken":
+        TAKEN.append((time.monotonic(), event.get("previous_owner")))
     raise structlog.DropEvent
 
 
@@ -382,28 +390,33 @@ class Fleet:
     async def until_balanced(self, timeout_s: float) -> tuple[float | None, dict[str, Any]]:
         """Seconds until balanced (held for HOLD_CYCLES lease cycles); None after ``timeout_s``.
         ``seen["ready_s"]``: seconds until the last of the live workers was ready (``service.ready``:
-        its first lease cycle's claims each delivered a first event), None if one was not."""
+        its first lease cycle's claims each delivered a first event), None if one was not: watched
+        until every worker is ready, also past the balance (within ``timeout_s``)."""
         started = time.monotonic()
         since: float | None = None
+        balanced_s: float | None = None
         hold_s = HOLD_CYCLES * self.settings.lease.sync_interval_s
         seen: dict[str, Any] = {}
         ready_at: dict[str, float] = {}
         while time.monotonic() - started < timeout_s:
             self.check()
-            balanced, seen = self.state()
             now = time.monotonic()
             for worker in self.live:
                 if worker.coordinator is not None and worker.coordinator.ready:
                     ready_at.setdefault(worker.name, now - started)
-            seen["ready_s"] = max(ready_at.values()) if len(ready_at) == len(self.live) else None
-            if not balanced:
-                since = None
-            elif since is None:
-                since = now
-            elif now - since >= hold_s:
-                return since - started, seen
+            ready_s = max(ready_at.values()) if len(ready_at) == len(self.live) else None
+            if balanced_s is None:
+                balanced, seen = self.state()
+                if not balanced:
+                    since = None
+                elif since is None:
+                    since = now
+                elif now - since >= hold_s:
+                    balanced_s = since - started
+            if balanced_s is not None and ready_s is not None:
+                break
             await asyncio.sleep(0.2)
-        return None, seen
+        return balanced_s, {**seen, "ready_s": ready_s}
 
     async def until_read_again(self, shards: set[str], timeout_s: float) -> tuple[float | None, int]:
         """Seconds until every one of ``shards`` is read by a live worker; None after ``timeout_s``."""
@@ -430,15 +443,25 @@ class Fleet:
 # ---- measuring ---------------------------------------------------------------------------------------
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds a process and its live descendants spent (the DynamoDB Local meter and its JVM)."""
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process spent (0 once it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:  # gone
+    except OSError:
         return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(tree_cpu_s(int(child)) for child in children)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds a process and its live descendants spent (the DynamoDB Local meter and its JVM),
+    children of every thread of it included."""
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += (task / "children").read_text().split()
+        except OSError:  # gone, or a kernel without task/*/children: the process alone
+            pass
+    return cpu_s(pid) + sum(tree_cpu_s(int(child)) for child in children)
 
 
 class Probe:
@@ -460,8 +483,9 @@ class Probe:
             self.lags.append(max(0.0, time.monotonic() - before - LOOP_TICK_S))
             self.in_flight.append(TAP.in_flight)
 
-    def _server_cpu(self) -> float:
-        return tree_cpu_s(self.server_pid)
+    def _server_cpu(self) -> tuple[float, float]:
+        """The DynamoDB server's CPU seconds, and its own process's alone (DynamoDB Local's meter)."""
+        return tree_cpu_s(self.server_pid), cpu_s(self.server_pid)
 
     async def begin(self) -> None:
         await asyncio.to_thread(usage, self.endpoint, reset=True, timeout_s=300)
@@ -476,7 +500,8 @@ class Probe:
 
     async def end(self) -> dict[str, Any]:
         seconds = time.monotonic() - self.started
-        server_cpu, own_cpu = self._server_cpu() - self.cpu[0], time.process_time() - self.cpu[1]
+        (server_cpu, meter_cpu), own_cpu = self._server_cpu(), time.process_time() - self.cpu[1]
+        server_cpu, meter_cpu = server_cpu - self.cpu[0][0], meter_cpu - self.cpu[0][1]
         spent = await asyncio.to_thread(usage, self.endpoint, reset=True, timeout_s=300)
         return summarize(
             spent,
@@ -484,6 +509,7 @@ class Probe:
             events=EVENTS - self.events,
             list_calls=self.kinesis.list_calls - self.lists,
             server_cpu=server_cpu / seconds,
+            meter_cpu=meter_cpu / seconds,
             own_cpu=own_cpu / seconds,
             load=os.getloadavg()[0],
             lags=sorted(self.lags),
@@ -502,6 +528,7 @@ def summarize(
     events: Counter[str],
     list_calls: int,
     server_cpu: float,
+    meter_cpu: float,
     own_cpu: float,
     load: float,
     lags: list[float],
@@ -555,6 +582,7 @@ def summarize(
         "in_flight_max": max(in_flight, default=0),
         "in_flight_mean": sum(in_flight) / len(in_flight) if in_flight else 0.0,
         "server_cpu": server_cpu,
+        "meter_cpu": meter_cpu,
         "own_cpu": own_cpu,
         "own_cpu_ms_per_request": 1e3 * own_cpu * seconds / max(1, sum(TAP.kinds.values())),
         "load": load,
@@ -727,10 +755,10 @@ async def run_case(shards: int, workers: int, endpoint: str, server_pid: int, ar
         await probe.begin()
         last_beat = victim.coordinator.liveness.landed_at if victim.coordinator is not None else None
         killed_at = time.monotonic()
-        taken_before = len(EVENT_TIMES["lease.taken"])
+        taken_before = len(TAKEN)
         await fleet.kill(victim)
         taken_s, left = await fleet.until_read_again(held, 4 * failover_s + 30)
-        taken = [at - killed_at for at in EVENT_TIMES["lease.taken"][taken_before:]]
+        taken = [at - killed_at for at, previous in TAKEN[taken_before:] if previous == victim.name]
         case.takeover = {
             **await probe.end(),
             "takeover_s": taken_s,
@@ -768,7 +796,7 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b else "-"
 
 
-def kept_up(case: Case) -> tuple[bool, str]:
+def kept_up(case: Case, dynamodb: str) -> tuple[bool, str]:
     """Whether the local stack kept up with this size, and if not, the symptoms."""
     symptoms = []
     for name in ("start", "busy", "idle", "join", "takeover"):
@@ -776,8 +804,13 @@ def kept_up(case: Case) -> tuple[bool, str]:
         if not window:
             symptoms.append(f"{name}: not measured")
             continue
-        if window["server_cpu"] >= SERVER_CPUS[DYNAMODB[0]]:
+        if window["server_cpu"] >= SERVER_SATURATED_CORES[dynamodb]:
             symptoms.append(f"{name}: DynamoDB server at {window['server_cpu']:.0%} CPU")
+        if dynamodb == "local" and window["meter_cpu"] >= METER_SATURATED_CORES:
+            symptoms.append(f"{name}: DynamoDB Local's meter at {window['meter_cpu']:.0%} of a core")
+        unpriced = [op for op in window["operations"] if op.endswith(UNPRICED)]
+        if unpriced:
+            symptoms.append(f"{name}: requests the meter could not price: {', '.join(unpriced)}")
         if window["server_cpu"] + window["own_cpu"] >= 0.9 * CORES:
             symptoms.append(
                 f"{name}: the machine's {CORES} cores busy (DynamoDB {window['server_cpu']:.0%}, "
@@ -798,7 +831,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
     failover_s = args.failover_s
     print(f"command: `{command_line()}`\n")
     print(
-        f"W real coordinators in one process against {DYNAMODB_NAMES[DYNAMODB[0]]}, lease "
+        f"W real coordinators in one process against {DYNAMODB_NAMES[args.dynamodb]}, lease "
         f"defaults{'' if failover_s == 10 else f' but failover {failover_s:g} s, heartbeat {failover_s / 5:g} s'}; "
         f"a fake Kinesis with an event a second per shard (busy: one record in it). Steady windows of "
         f"{args.window:g} s after {args.settle:g} s of settling; units from the server's meter, a minute or a "
@@ -918,7 +951,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
                 f"{w['own_cpu_ms_per_request']:.1f} | {w['load']:.1f} | "
                 f"{w['loop_lag_p99_ms']:.0f} | {max(0, retries)}, {errors} |"
             )
-        ok, why = kept_up(case)
+        ok, why = kept_up(case, args.dynamodb)
         verdicts[case.size] = (ok, why)
     print()
     for case in cases:
@@ -931,7 +964,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
         )
     return {
         "failover_s": failover_s,
-        "dynamodb": DYNAMODB[0],
+        "dynamodb": args.dynamodb,
         "cases": [
             {
                 "shards": c.shards,
@@ -951,6 +984,24 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def isolate() -> None:
+    """Go on in a private network namespace (DynamoDB Local listens on every interface): run this
+    script again there (same interpreter, flags and arguments), once; exit 2 saying what to do where
+    that cannot be done."""
+    if not isolated():
+        if os.environ.get(ISOLATED_ENV):
+            raise SystemExit(f"fleet: still not isolated after unshare ({interfaces_up()} up); use --dynamodb moto")
+        try:
+            check_isolation_possible()
+        except NotIsolated as exc:
+            print(f"fleet: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        os.environ[ISOLATED_ENV] = "1"
+        command = isolating_command([sys.executable, *sys.orig_argv[1:]])
+        os.execv(command[0], command)
+    loopback_up()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="256x4,1024x16,4096x64", help="comma-separated SHARDSxWORKERS")
@@ -967,12 +1018,8 @@ def main() -> None:
     )
     parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
-    if args.dynamodb == "local" and not isolated():
-        command = isolating_command([sys.executable, *sys.argv])
-        os.execv(command[0], command)
     if args.dynamodb == "local":
-        loopback_up()
-    DYNAMODB[0] = args.dynamodb
+        isolate()
     sizes = [tuple(int(n) for n in size.lower().split("x")) for size in args.sizes.split(",") if size]
     hermetic_aws_environment()
     for name in [n for n in os.environ if n.startswith("EFO_")]:
@@ -981,7 +1028,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="efo-fleet-"))
     cases = []
     for shards, workers in sizes:
-        server, endpoint = start_dynamodb(workdir, DYNAMODB_MODULES[args.dynamodb])  # fresh: nothing of the last
+        log = ["--log", str(workdir / f"dynamodb-local-{shards}x{workers}.log")] if args.dynamodb == "local" else []
+        server, endpoint = start_dynamodb(workdir, DYNAMODB_MODULES[args.dynamodb], *log)  # fresh: nothing of the last
         try:
             print(f"fleet: {shards} shards x {workers} workers ...", file=sys.stderr, flush=True)
             cases.append(asyncio.run(run_case(shards, workers, endpoint, server.pid, args)))

@@ -17,8 +17,9 @@ answers ``{"operations": {"Query": {"requests": n, "read_units": x, "write_units
 reads each interval exactly. ``efo.devstack.units.usage(endpoint, reset=...)`` reads it as a
 :class:`~efo.devstack.units.Usage`. An operation's ``requests`` are all those that reached this
 server, ``bytes`` the item bytes its units were computed from; a partition's ``requests`` are those
-that spent units on items under that partition key (the table's HASH key, ``pk`` for efo's). Scans
-are charged to ``(scan)``; past 10,000 keys, new keys count together under ``(other)``.
+that spent units on items under that partition key (the table's HASH key, ``pk`` for efo's; a
+Query on an index is charged to ``<index>:<its key>``). Scans are charged to ``(scan)``; past
+10,000 keys, new keys count together under ``(other)``.
 
 Units follow AWS's billing rules (item sizes and rounding: :mod:`efo.devstack.units`), from item
 sizes read in moto's state, in process, under the lock that serializes requests, so exact for what
@@ -77,6 +78,9 @@ from werkzeug.serving import run_simple
 
 from efo.devstack.faults import FaultRule, FaultRules, RuleError
 from efo.devstack.units import (
+    FALLBACK_HASH_KEY,
+    REQUESTS_PATH,
+    SCAN_PARTITION,
     USAGE_PATH,
     Charge,
     Item,
@@ -89,7 +93,6 @@ from efo.devstack.units import (
 )
 
 LOOPBACK = "127.0.0.1"
-REQUESTS_PATH = "/_efo/requests"
 FAULTS_PATH = "/_efo/faults"
 ERROR_PREFIX = "com.amazonaws.dynamodb.v20120810#"
 DEFAULT_ERROR_CODE = "ProvisionedThroughputExceededException"
@@ -99,8 +102,6 @@ BILLED_ERRORS = frozenset({"ConditionalCheckFailedException", "TransactionCancel
 # Request fields by which a Query or Scan returns less than it evaluated, yet pays for all of it.
 NARROWING = ("ProjectionExpression", "AttributesToGet", "FilterExpression", "QueryFilter", "ScanFilter")
 NARROWING_SELECT = frozenset({"COUNT", "SPECIFIC_ATTRIBUTES"})
-SCAN_PARTITION = "(scan)"  # a Scan's units: not any one partition key's
-FALLBACK_HASH_KEY = "pk"  # this project's tables'; used when moto has no such table
 PLACEHOLDER = re.compile(r"[#:][A-Za-z0-9_]+")
 
 StartResponse = Callable[..., Any]
@@ -290,11 +291,14 @@ class _Meter:
         if self.operation == "Scan":
             return Charge(SCAN_PARTITION, read_units=units, bytes=size)
         table = str(self.request.get("TableName", ""))
-        hash_key = self.tables.hash_key(table, self.request.get("IndexName"))
+        index = self.request.get("IndexName")
+        hash_key = self.tables.hash_key(table, index)
         if items and hash_key in items[0]:
             partition = partition_label(items[0][hash_key])
         else:
             partition = query_partition(self.request, hash_key)
+        if index and partition is not None:
+            partition = f"{index}:{partition}"  # an index's keys are not the table's
         return Charge(partition, read_units=units, bytes=size)
 
     def _evaluated(self, app: Callable[..., Any]) -> list[Item]:

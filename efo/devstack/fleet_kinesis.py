@@ -111,7 +111,8 @@ class FleetKinesis:
 
     def _page(self, start: int, limit: int) -> tuple[dict[str, Any], ...]:
         """The shards of one page, built once (shards never change here): at 4,096 shards and 64
-        workers, building them for every call was a fifth of the fleet benchmark's CPU."""
+        workers, building them for every call was a fifth of the fleet benchmark's CPU. Every call
+        gets the same dicts: a caller must not change them (efo's listing does not)."""
         key = (start, limit)
         if key not in self._pages:
             self._pages[key] = tuple(

@@ -145,6 +145,17 @@ def _port_open(port: int) -> bool:
         return False
 
 
+def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait until something listens on loopback ``port``: False if ``process`` ended first or
+    ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while not _port_open(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1.0) as resp:

@@ -41,6 +41,9 @@ WRITE_UNIT_BYTES = 1024
 MAX_PARTITIONS = 10_000  # partition keys tracked one by one; the rest are counted together
 OTHER_PARTITIONS = "(other)"
 USAGE_PATH = "/_efo/usage"
+REQUESTS_PATH = "/_efo/requests"
+SCAN_PARTITION = "(scan)"  # a Scan's units: not any one partition key's
+FALLBACK_HASH_KEY = "pk"  # this project's tables'; used when a table's key schema cannot be learned
 EQUALITY = re.compile(r"(#?[A-Za-z0-9_.]+|:[A-Za-z0-9_]+)\s*=\s*(#?[A-Za-z0-9_.]+|:[A-Za-z0-9_]+)")
 
 AttributeValue = Mapping[str, Any]  # DynamoDB JSON: {"S": "x"}, {"N": "1"}, {"M": {...}}, ...
