@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 import structlog
 
 from efo.config import RunSettings, Until
-from efo.errors import ShardTimeout
+from efo.errors import LeaseLost, ShardTimeout
 from efo.kinesis.shards import ShardGraph
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import TableState
@@ -206,11 +206,21 @@ class ShardBound:
     # ---- the runner's side ------------------------------------------------------------------------
 
     async def read(self, subscription: Coroutine[Any, Any, T]) -> T | None:
-        """Run the subscription until it returns, or until the cut (then stop it: None)."""
+        """Run the subscription until it returns, or until the cut (then stop it: None).
+
+        The cut wins over the subscription's end: the shard's last event may hold the cut record (the
+        subscription returns ShardEnded in the same step), or the subscription may read on past the
+        cut to SHARD_END. Either way the shard is at its bound, not ended: SHARD_END written over the
+        cut's checkpoint would lose every record from the cut on."""
         task = asyncio.create_task(subscription)
         reached = asyncio.create_task(self.reached.wait())
         try:
             await asyncio.wait({task, reached}, return_when=asyncio.FIRST_COMPLETED)
+            if self.reached.is_set():
+                error = task.exception() if task.done() and not task.cancelled() else None
+                if isinstance(error, LeaseLost):
+                    raise error  # lost meanwhile: the runner lets it go
+                return None
             if task.done():
                 return task.result()
             task.cancel()

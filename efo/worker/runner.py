@@ -28,6 +28,7 @@ from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
+from efo.worker.bound import BoundState
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
 
@@ -146,6 +147,8 @@ class ShardRunner:
         except ResourceNotFound as exc:
             await self._not_found(owned, exc)
             return
+        if bound is not None and bound.state is BoundState.CUT:
+            ended = None  # cut (--until TIME): never SHARD_END over the cut's checkpoint, whatever was read past it
         if ended is None:  # the run's end (run.until): the lease stays here until the run ends
             if owned.phase.reading:
                 owned.enter(ShardPhase.AT_BOUND)

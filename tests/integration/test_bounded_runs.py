@@ -124,6 +124,43 @@ def test_until_a_time_delivers_everything_before_it_and_nothing_at_or_after_it_a
     assert not final.lost and not final.out_of_order and final.duplicates == 0, final
 
 
+def test_until_a_time_before_a_split_cuts_the_parent_and_a_later_run_reads_it_on_then_its_children(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    """The split comes after TIME: the parent's last event holds its records at and after TIME and
+    its end (children). It is cut, not ended: its checkpoint stays at the cut (never SHARD_END, which
+    would lose the records from the cut on for good), its children are not read, the run exits 0;
+    a continuous run afterwards reads the parent from the cut, then the children: nothing lost."""
+    w = Workers(local_stack, kinesis_client, dynamodb_client, tmp_path, shards=2)
+    before = w.producer.put(120)
+    time.sleep(1.5)
+    until = datetime.now(UTC)
+    time.sleep(1.5)
+    after = w.producer.put(120)
+    parent = split_first_shard(kinesis_client, w.stream)
+    after += w.producer.put(120)  # into the children and the other shard
+    children = set(shard_ids(kinesis_client, w.stream)) - {parent} - {p.shard_id for p in before}
+    w.start("w1", EFO_RUN__UNTIL=until.isoformat())
+    assert wait_exit(w, "w1") == EXIT_OK, w.runs["w1"].tail()
+
+    delivered = {(row["shard"], row["seq"]) for row in committed_rows(w.sink)}
+    assert not delivered & {(p.shard_id, p.sequence_number) for p in after}, "a record at or after TIME delivered"
+    verdict = check(before, w.sink)
+    assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
+    leases = w.leases()
+    assert any(p.shard_id == parent for p in after), "the test wrote nothing after TIME into the parent"
+    assert leases[parent]["position_kind"]["S"] == "AT_SEQUENCE_NUMBER", leases[parent]
+    assert not any(item.get("lease_owner") for item in leases.values()), "a lease was left held"
+    assert not any(row["shard"] in children for row in committed_rows(w.sink)), "a child of the cut parent was read"
+
+    w.start("w2", EFO_RUN__UNTIL="")
+    expected = {(p.shard_id, p.sequence_number) for p in [*before, *after]}
+    w.wait_until(lambda: expected <= {(r["shard"], r["seq"]) for r in committed_rows(w.sink)}, 90, "every record")
+    assert w.stop("w2") == EXIT_OK
+    final = check([*before, *after], w.sink)
+    assert not final.lost and not final.out_of_order and final.duplicates == 0, final
+
+
 def test_a_caught_up_run_on_an_idle_stream_exits_0_with_nothing_delivered_and_its_leases_released(
     local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 from efo.config import RunSettings, Until
 from efo.errors import ShardTimeout
 from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, TableState
 from efo.pipeline.handoff import Handoff
@@ -278,3 +279,40 @@ def test_a_readable_lease_nobody_claims_times_out_too_naming_the_cap() -> None:
     clock.now += 2
     with pytest.raises(ShardTimeout, match=r"\bb\b.*max_leases_per_worker"):
         end._check_timeouts()
+
+
+# ---- a cut on a closed shard (the subscription ends in the same step, or reads on to SHARD_END) ----
+
+
+def test_read_returns_none_at_the_cut_even_when_the_subscription_ended_in_the_same_step() -> None:
+    """The shard's last event holds the cut record and no continuation: the subscription returns
+    ShardEnded in the same step as the cut. It must not be taken for the shard's end (SHARD_END over
+    the cut's checkpoint would lose every record from the cut on)."""
+
+    async def scenario() -> None:
+        bound, _, pool = _bound()
+
+        async def subscription() -> ShardEnded:
+            _event(bound, pool, [UNTIL_MS - 1, UNTIL_MS], 10)  # the cut
+            return ShardEnded(("child-1", "child-2"))
+
+        assert await bound.read(subscription()) is None
+        assert bound.state is BoundState.CUT
+
+    asyncio.run(scenario())
+
+
+def test_read_returns_none_at_the_cut_when_the_subscription_read_ahead_to_shard_end() -> None:
+    async def scenario() -> None:
+        bound, _, pool = _bound()
+
+        async def subscription() -> ShardEnded:
+            _event(bound, pool, [UNTIL_MS], 10)  # the cut
+            _event(bound, pool, [UNTIL_MS + 1], 11)  # past it: dropped
+            bound.idle(after("11"))
+            return ShardEnded(("child-1",))
+
+        assert await bound.read(subscription()) is None
+        assert bound.owned.ledger.outstanding == 0
+
+    asyncio.run(scenario())
