@@ -204,9 +204,12 @@ class LogSettings(_Section):
 
 
 UNTIL_GRAMMAR = (
-    "caught-up, an ISO-8601 UTC time such as 2026-01-31T12:00:00Z, or a duration ago such as 90s, 15m, 2h, 1d"
+    "caught-up, an ISO-8601 UTC time such as 2026-01-31T12:00:00Z, or a duration ago with its unit "
+    "such as 90s, 15m, 2h, 7d"
 )
 CAUGHT_UP = "caught-up"
+#: run.until's duration ago: its unit is required (a bare number is too easily a year or a date).
+_UNTIL_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,21 +234,25 @@ class Until:
         now = now or datetime.now(UTC)
         if value.lower() in (CAUGHT_UP, "caught_up", "caughtup"):
             return cls()
-        try:
-            stamp = now - timedelta(seconds=parse_duration_s(value))
+        try:  # a time first: "20260131" is a date (ISO-8601 basic), never seconds ago
+            stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            try:
-                stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                raise ValueError(f"allowed: {UNTIL_GRAMMAR}") from None
-            if stamp.tzinfo is None:
-                stamp = stamp.replace(tzinfo=UTC)
-            stamp = stamp.astimezone(UTC)
-            if stamp > now:
+            match = _UNTIL_DURATION.fullmatch(value.lower())
+            if match is None or float(match.group(1)) <= 0:
+                unitless = re.fullmatch(r"[+-]?\d+(?:\.\d+)?", value) is not None
                 raise ValueError(
-                    f"{stamp.isoformat()} is in the future (now {now.isoformat(timespec='seconds')}): a bounded "
-                    "run ends at a moment already past; for a run that keeps reading, leave run.until unset"
+                    ("a number needs its unit (s, m, h or d), " if unitless else "")
+                    + f"allowed: {UNTIL_GRAMMAR} (efo run --until, or run.until)"
                 ) from None
+            return cls(now - timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)]))
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        stamp = stamp.astimezone(UTC)
+        if stamp > now:
+            raise ValueError(
+                f"{stamp.isoformat()} is in the future (now {now.isoformat(timespec='seconds')}): a bounded "
+                "run ends at a moment already past; for a run that keeps reading, leave run.until unset"
+            )
         return cls(stamp)
 
     def __str__(self) -> str:
