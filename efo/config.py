@@ -208,6 +208,7 @@ UNTIL_GRAMMAR = (
     "such as 90s, 15m, 2h, 7d"
 )
 CAUGHT_UP = "caught-up"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: run.until's duration ago: its unit is required (a bare number is too easily a year or a date).
 _UNTIL_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
 
@@ -224,7 +225,12 @@ class Until:
 
     @property
     def time_ms(self) -> int | None:
-        return None if self.time is None else int(self.time.timestamp() * 1000)
+        """The bound in whole milliseconds (arrival times' unit), rounded up: a record at 12:00:00.000
+        is before 12:00:00.0005. Exact (integer microseconds, no float rounding)."""
+        if self.time is None:
+            return None
+        micros = (self.time - _EPOCH) // timedelta(microseconds=1)
+        return -(-micros // 1000)
 
     @classmethod
     def parse(cls, text: str, now: datetime | None = None) -> Until:

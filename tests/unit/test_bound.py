@@ -316,3 +316,12 @@ def test_read_returns_none_at_the_cut_when_the_subscription_read_ahead_to_shard_
         assert bound.owned.ledger.outstanding == 0
 
     asyncio.run(scenario())
+
+
+def test_a_sub_millisecond_until_rounds_up_so_a_record_before_it_is_delivered() -> None:
+    """TIME 12:00:00.0005: a record that arrived at 12:00:00.000 (arrival times are whole ms) is before it."""
+    until = Until(datetime(2026, 1, 31, 12, 0, 0, 500, tzinfo=UTC))
+    assert until.time_ms == UNTIL_MS + 1
+    bound, handoff, pool = _bound(until)
+    _event(bound, pool, [UNTIL_MS, UNTIL_MS + 1], 10)
+    assert _taken(handoff) == ["10"] and bound.state is BoundState.CUT
