@@ -138,10 +138,17 @@ class Driver:
             raise self.service.error
         log.info("driver.stopped", batches=self._batches)
         if self.service.stopped_before_end:
-            sys.stderr.write(
-                f"efo: stopped before the end of the run (--until {self.settings.run.until}); what was read is "
-                f"checkpointed: run it again to finish (exit {EXIT_INCOMPLETE})\n"
-            )
+            if not self.service.final_writes_ok:
+                sys.stderr.write(
+                    f"efo: the run (--until {self.settings.run.until}) could not write every final checkpoint "
+                    "or release every lease (see leases.release_incomplete); run it again once those leases "
+                    f"expire (lease.failover_s): what was not checkpointed is read again (exit {EXIT_INCOMPLETE})\n"
+                )
+            else:
+                sys.stderr.write(
+                    f"efo: stopped before the end of the run (--until {self.settings.run.until}); what was read is "
+                    f"checkpointed: run it again to finish (exit {EXIT_INCOMPLETE})\n"
+                )
             return EXIT_INCOMPLETE
         return EXIT_OK
 

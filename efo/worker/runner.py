@@ -246,7 +246,10 @@ class ShardRunner:
     async def _give_up(self, owned: OwnedShard) -> bool:
         """Checkpoint, then release (both fenced); False if the claim ended, was lost or is in doubt."""
         await self._checkpointer.write(owned)
-        if owned.phase.terminal or not self._lease_valid():  # ended (SHARD_END), lost, or in doubt
+        if owned.phase.terminal:  # ended (SHARD_END) or lost
+            return False
+        if not self._lease_valid():  # in doubt: another worker may hold it by now; it expires instead
+            owned.log.warning("lease.release_skipped", reason="leases in doubt (no heartbeat landed lately)")
             return False
         if owned.phase is not ShardPhase.RELEASING:
             owned.enter(ShardPhase.RELEASING)

@@ -18,6 +18,7 @@ from aiobotocore.session import get_session
 
 from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
+from efo.devstack.faults import FaultClient
 from efo.errors import Retriable, SinkStalled
 from efo.kinesis.registration import StreamInfo
 from efo.leases.table import LeaseTable
@@ -521,5 +522,83 @@ def test_leases_in_doubt_while_the_stop_releases_them_do_not_crash_the_stop(loca
             stop.set()
             driver_done.set()
             await asyncio.wait_for(service, 10)  # no IllegalTransition: LOST -> RELEASED
+
+    run(scenario())
+
+
+# ---- bounded runs (run.until) ------------------------------------------------------------------
+
+
+async def _bounded_run(w: World, timeout_s: float = 30.0) -> None:
+    """Run coordinator and driver until the bounded run ends on its own."""
+    stop, driver_done = asyncio.Event(), asyncio.Event()
+    driver = asyncio.ensure_future(w.driver.run())
+    try:
+        await asyncio.wait_for(w.coordinator.run(stop, driver_done), timeout_s)
+    finally:
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+
+
+def test_a_bounded_run_that_releases_everything_is_complete(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        puts = {shard: kinesis.put(shard, 5) for shard in list(kinesis.shards)}
+        async with world(local_stack, kinesis, run={"until": "caught-up"}) as w:
+            await _bounded_run(w)
+            assert w.coordinator.completed
+            assert not any((await w.owners()).values())
+            assert all(w.written(shard) == seqs for shard, seqs in puts.items())
+
+    run(scenario())
+
+
+def test_a_bounded_run_whose_final_releases_fail_is_not_complete(local_stack: Any) -> None:
+    """DynamoDB refuses every final write (past the SDK's retries): the run must not say it is
+    complete (exit 0); the leases are left held, so a run started again must wait for them."""
+    faults = FaultClient(local_stack.dynamodb_endpoint)
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        for shard in list(kinesis.shards):
+            kinesis.put(shard, 5)
+        async with world(local_stack, kinesis, run={"until": "caught-up"}) as w:
+            drain = w.coordinator._drain
+
+            async def drain_then_fail(stop: asyncio.Event) -> bool:
+                drained = await drain(stop)
+                faults.add(operation="UpdateItem", action="error", count=10_000)
+                return drained
+
+            w.coordinator._drain = drain_then_fail  # type: ignore[method-assign]
+            await _bounded_run(w)
+            faults.clear()
+            assert not w.coordinator.completed, "exit 0 with its final checkpoints and releases failed"
+            assert any((await w.owners()).values())
+
+    try:
+        run(scenario())
+    finally:
+        faults.clear()
+
+
+def test_a_bounded_run_whose_leases_are_in_doubt_at_the_end_is_not_complete(local_stack: Any) -> None:
+    """No release can be made while the leases are in doubt: the run is not complete."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        for shard in list(kinesis.shards):
+            kinesis.put(shard, 5)
+        async with world(local_stack, kinesis, run={"until": "caught-up"}) as w:
+            drain = w.coordinator._drain
+
+            async def drain_then_doubt(stop: asyncio.Event) -> bool:
+                drained = await drain(stop)
+                w.coordinator.runner._lease_valid = lambda: False
+                return drained
+
+            w.coordinator._drain = drain_then_doubt  # type: ignore[method-assign]
+            await _bounded_run(w)
+            assert not w.coordinator.completed, "exit 0 with its leases never released"
 
     run(scenario())
