@@ -16,7 +16,7 @@ import botocore.exceptions
 import pytest
 from aiobotocore.session import get_session
 
-from efo.config import Settings, load_settings
+from efo.config import RunSettings, Settings, load_settings
 from efo.coordinator import Coordinator
 from efo.devstack.faults import FaultClient
 from efo.errors import Retriable, SinkStalled
@@ -600,5 +600,44 @@ def test_a_bounded_run_whose_leases_are_in_doubt_at_the_end_is_not_complete(loca
             w.coordinator._drain = drain_then_doubt  # type: ignore[method-assign]
             await _bounded_run(w)
             assert not w.coordinator.completed, "exit 0 with its leases never released"
+
+    run(scenario())
+
+
+def test_until_a_time_cuts_a_shard_whose_last_event_holds_the_cut_and_its_end_and_loses_nothing(
+    local_stack: Any,
+) -> None:
+    """The parent split after TIME: its one event holds the records before TIME, the first one at
+    TIME and its end (ChildShards, no continuation), so the subscription ends in the same step as
+    the cut. The parent stays at the cut (AT_SEQUENCE_NUMBER, not SHARD_END), its children are not
+    read, the run is complete; a continuous run afterwards reads the parent from the cut, then the
+    children: nothing lost, nothing twice."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        before = kinesis.put("shard-000", 5)
+        await asyncio.sleep(0.05)
+        cut_at = datetime.now(UTC)
+        await asyncio.sleep(0.05)
+        after = kinesis.put("shard-000", 5)
+        children = kinesis.split("shard-000")
+        later = {child: kinesis.put(child, 3) for child in children}
+        async with world(local_stack, kinesis, run={"until": cut_at.isoformat()}) as w:
+            await _bounded_run(w)
+            assert w.coordinator.completed
+            assert w.driver.written == [("shard-000", seq) for seq in before]
+            parent = (await w.table.read()).leases["shard-000"]
+            assert parent.checkpoint == Position("AT_SEQUENCE_NUMBER", str(after[0])), parent
+            assert not any((await w.owners()).values())
+
+            continuous = await _worker(kinesis, w.ddb, w.settings.model_copy(update={"run": RunSettings()}), "w2")
+            async with running(continuous) as stop:
+                await until(lambda: continuous.written("shard-000") == after, what="the parent from the cut")
+                await until(
+                    lambda: all(continuous.written(child) == seqs for child, seqs in later.items()),
+                    what="the children after the parent",
+                )
+                await stop()
+            assert not set(continuous.written("shard-000")) & set(before), "read twice"
 
     run(scenario())
