@@ -280,6 +280,13 @@ class RunSettings(_Section):
     progress_interval_s: float = Field(
         10.0, gt=0, description="Bounded run: how often the run.progress log event is written."
     )
+    max_duration_s: float = Field(
+        86400.0,
+        gt=0,
+        description="Bounded run: stop after this long even if not at the end (e.g. a shard written faster "
+        "than the sink commits, or the lease table unreadable): the sink commits what was handed on, "
+        "checkpoints are written, leases released, exit 75 (run it again to go on).",
+    )
 
     @field_validator("until")
     @classmethod

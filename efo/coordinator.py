@@ -127,8 +127,9 @@ class Coordinator:
         )
         #: A bounded run that reached its end: everything read was committed and checkpointed.
         self.completed = False
-        #: The last stop's final checkpoints and releases all landed (False: some leases stay held).
-        self.final_writes_ok = True
+        #: Why a bounded run is not complete: "stopped" (a stop was asked for), "max_duration"
+        #: (run.max_duration_s reached) or "final_writes" (a final checkpoint or release did not land).
+        self.incomplete: str | None = None
         self.runner = ShardRunner(
             settings=settings,
             stream=stream,
@@ -208,9 +209,12 @@ class Coordinator:
                 if not complete:
                     await self._wait_for_driver(driver_done, stop_at + self.settings.shutdown_timeout_s)
                 await _cancelled(checkpoints)
-                final = self.final_writes_ok = await self._finish()
+                final = await self._finish()
                 heartbeat.cancel()
-                self.completed = complete and final  # exit 0 only with every final write landed
+                out_of_time = self.bounds is not None and self.bounds.out_of_time
+                self.completed = complete and final and not out_of_time  # exit 0 only at the end, all written
+                if self.bounds is not None and not self.completed:
+                    self.incomplete = "final_writes" if not final else "max_duration" if out_of_time else "stopped"
         except Exception as error:
             await self._let_the_sink_commit(error)
             await self._finish()  # a fatal error: leave the table as tidy as it can be, then fail

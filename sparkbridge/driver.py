@@ -138,7 +138,13 @@ class Driver:
             raise self.service.error
         log.info("driver.stopped", batches=self._batches)
         if self.service.stopped_before_end:
-            if not self.service.final_writes_ok:
+            if self.service.incomplete == "max_duration":
+                sys.stderr.write(
+                    f"efo: the run (--until {self.settings.run.until}) reached run.max_duration_s "
+                    f"({self.settings.run.max_duration_s:g} s) before its end; what was read is checkpointed: "
+                    f"run it again to go on (exit {EXIT_INCOMPLETE})\n"
+                )
+            elif self.service.incomplete == "final_writes":
                 sys.stderr.write(
                     f"efo: the run (--until {self.settings.run.until}) could not write every final checkpoint "
                     "or release every lease (see leases.release_incomplete); run it again once those leases "

@@ -641,3 +641,27 @@ def test_until_a_time_cuts_a_shard_whose_last_event_holds_the_cut_and_its_end_an
             assert not set(continuous.written("shard-000")) & set(before), "read twice"
 
     run(scenario())
+
+
+def test_a_bounded_run_that_cannot_end_stops_at_max_duration_s_with_everything_read_checkpointed(
+    local_stack: Any,
+) -> None:
+    """A run that never gets done (here: done() never holds) stops after run.max_duration_s: the sink
+    commits what was handed on, checkpoints written, leases released, and it is not complete (75)."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        puts = {shard: kinesis.put(shard, 5) for shard in list(kinesis.shards)}
+        async with world(local_stack, kinesis, run={"until": "caught-up", "max_duration_s": 2}) as w:
+            assert w.coordinator.bounds is not None
+            w.coordinator.bounds.done = lambda: False  # type: ignore[method-assign]
+            await _bounded_run(w)
+            assert not w.coordinator.completed and w.coordinator.incomplete == "max_duration"
+            assert all(w.written(shard) == seqs for shard, seqs in puts.items())
+            state = await w.table.read()
+            assert not any(lease.owner for lease in state.leases.values()), "a lease was left held"
+            for shard, seqs in puts.items():  # at or past its last record (idle events move it on)
+                checkpoint = state.leases[shard].checkpoint
+                assert checkpoint.kind == "AFTER_SEQUENCE_NUMBER" and int(checkpoint.sequence_number or 0) >= seqs[-1]
+
+    run(scenario())

@@ -325,3 +325,47 @@ def test_a_sub_millisecond_until_rounds_up_so_a_record_before_it_is_delivered() 
     bound, handoff, pool = _bound(until)
     _event(bound, pool, [UNTIL_MS, UNTIL_MS + 1], 10)
     assert _taken(handoff) == ["10"] and bound.state is BoundState.CUT
+
+
+# ---- a run that cannot catch up, or cannot see the table: it still ends ------------------------
+
+
+def test_a_busy_shard_is_caught_up_once_a_record_that_arrived_after_the_run_started_was_handed_on() -> None:
+    """Written faster than the sink commits, a shard never reports 0 ms behind; every record that
+    arrived before the run started is delivered once one that arrived at or after it was."""
+    started_ms = UNTIL_MS
+    handoff, pool = Handoff(), PendingPool(1000, 1 << 20)
+    bound = ShardBound(_owned(), Until(), handoff, pool, clock=Clock(), started_ms=started_ms)
+    _event(bound, pool, [started_ms - 10, started_ms - 1], 10, lag_ms=5000)
+    assert bound.state is BoundState.READING
+    _event(bound, pool, [started_ms - 1, started_ms], 12, lag_ms=5000)
+    assert bound.state is BoundState.CAUGHT_UP and _taken(handoff) == ["10", "11", "12", "13"]
+
+
+def test_the_run_ends_at_max_duration_s_as_out_of_time_not_done() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        view = View(clock)
+        end = view.run_end(max_duration_s=60, shard_timeout_s=30)
+        clock.now += 61  # and no listing or table read ever: max_duration_s is the milder end, it wins
+        await asyncio.wait_for(end.run(), 5)
+        assert end.finished.is_set() and end.out_of_time
+
+    asyncio.run(scenario())
+
+
+def test_no_listing_or_table_read_for_shard_timeout_s_ends_the_run_naming_the_setting() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end(shard_timeout_s=30)
+    view.graph = ShardGraph.of([Shard("a", (), 0, 5)])
+    view.table(Lease("a", (), "other", 1, Position("TRIM_HORIZON")))
+    view.live = {"me", "other"}
+    clock.now += 29
+    end._check_timeouts()
+    clock.now += 2
+    with pytest.raises(ShardTimeout, match=r"lease-table read.*run\.shard_timeout_s"):
+        end._check_timeouts()
+    view.read_at = clock.now  # the table is read again, the listing still fails
+    with pytest.raises(ShardTimeout, match=r"shard listing.*run\.shard_timeout_s"):
+        end._check_timeouts()
