@@ -137,6 +137,7 @@ class ShardBound:
         self.state, self.changed_at = state, self._clock()
         self.owned.log.info("run.shard_at_bound", state=state.value, records=self.records, bytes=self.bytes)
         if state is BoundState.CUT:
+            self.owned.series.stop_lag()  # nothing more is read here: its last lag is no one's lag
             self.reached.set()
         self._on_change(self)
 
@@ -451,6 +452,12 @@ class RunEnd:
                 "checkpointed, run again to finish"
             )
 
+    def _cut(self, owned: OwnedShard) -> bool:
+        bound = self._bounds.get(owned.shard_id)
+        return owned.phase is ShardPhase.AT_BOUND or (
+            bound is not None and bound.owned is owned and bound.state is BoundState.CUT
+        )
+
     def progress(self) -> dict[str, Any]:
         """The ``run.progress`` event."""
         self._progress_at = self._clock()
@@ -462,7 +469,11 @@ class RunEnd:
         """Shards done here of the shards here or claimable, records and bytes handed on, the
         slowest shard's lag (and the remaining-shards gauge set)."""
         short, done = self.remaining()
-        lags = [owned.series.lag_ms for owned in self._owned().values() if owned.series.lag_ms is not None]
+        lags = [  # not of a cut shard: nothing more is read there, its last lag is no one's lag
+            owned.series.lag_ms
+            for owned in self._owned().values()
+            if owned.series.lag_ms is not None and not self._cut(owned)
+        ]
         fields = {
             "shards_done": done,
             "shards_total": done + len(short),

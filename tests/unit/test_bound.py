@@ -369,3 +369,32 @@ def test_no_listing_or_table_read_for_shard_timeout_s_ends_the_run_naming_the_se
     view.read_at = clock.now  # the table is read again, the listing still fails
     with pytest.raises(ShardTimeout, match=r"shard listing.*run\.shard_timeout_s"):
         end._check_timeouts()
+
+
+def test_a_cut_shard_s_lag_is_not_reported_any_more() -> None:
+    """A 7-day replay cut at TIME: its last lag (7 days) must not stay in max_lag_ms nor in
+    efo_shard_lag_seconds until the run ends (it would fire EfoShardLagHigh)."""
+    from efo.observability import METRICS
+
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end()
+    end.until = UNTIL
+    view.graph = ShardGraph.of([Shard("cut-a", (), 0, 5), Shard("busy-b", (), 6, 10)])
+    view.owned = {"cut-a": _owned("cut-a"), "busy-b": _owned("busy-b")}
+    week_ms = 7 * 86400 * 1000
+    for shard_id in view.owned:
+        view.owned[shard_id].enter(ShardPhase.READING)
+    cut = end.track(view.owned["cut-a"])
+    busy = end.track(view.owned["busy-b"])
+    pool = PendingPool(1000, 1 << 20)
+    _event(busy, pool, [UNTIL_MS - 9], 20, lag_ms=5000)
+    _event(cut, pool, [UNTIL_MS - 1], 10, lag_ms=week_ms)
+    lag = lambda shard_id: METRICS.registry.get_sample_value("efo_shard_lag_seconds", {"shard_id": shard_id})  # noqa: E731
+    assert lag("cut-a") == week_ms / 1000 and end.snapshot()["max_lag_ms"] == week_ms
+    _event(cut, pool, [UNTIL_MS, UNTIL_MS + 1], 11, lag_ms=week_ms - 1)  # the cut
+    assert cut.state is BoundState.CUT
+    assert lag("cut-a") is None, "the cut shard's lag stays in efo_shard_lag_seconds"
+    assert end.snapshot()["max_lag_ms"] == 5000, "the cut shard's lag stays the slowest"
+    cut.owned.series.event(week_ms - 2)  # an event still in flight when reading stopped
+    assert lag("cut-a") is None
