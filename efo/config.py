@@ -492,7 +492,9 @@ class Settings(BaseSettings):
         if start.timestamp is not None and start.timestamp >= bound.time:
             raise ValueError(
                 f"{until} is not after initial_position (EFO_INITIAL_POSITION) = {self.initial_position!r}: "
-                "the replay window [initial_position, until) is empty"
+                "the replay window [initial_position, until) is empty; initial_position applies only at an "
+                "application's first start: if this one has run before (it reads on from its checkpoints), "
+                "remove initial_position; otherwise set until after it"
             )
         skip_s = self.skip_older_than_s
         if skip_s is not None and datetime.now(UTC) - timedelta(seconds=skip_s) >= bound.time:

@@ -17,10 +17,12 @@ whole worker is done.
   after TIME is not handed on, nor anything after it in the shard; the chunk it came in is cut just
   before it and the checkpoint is that record (AT_SEQUENCE_NUMBER), so the next run starts there.
   Reading stops (:attr:`~efo.leases.lifecycle.ShardPhase.AT_BOUND`), the lease is kept until the run
-  ends. Kinesis assigns arrival times and sequence numbers together, so a shard's arrival times do
-  not go down: nothing after the cut arrived before TIME. Its children (all their records are later
-  still) are not read. A shard caught up before it reached TIME is done as above (TIME is not in
-  the future, so everything before it has been read).
+  ends. *Assumed*: a shard's arrival times do not go down (Kinesis assigns them with the sequence
+  numbers; this is not a documented guarantee), so nothing after the cut arrived before TIME. If
+  one did, it is not delivered by this run but by the next one, which starts at the cut: late,
+  never lost. Its children (all their records are later still) are not read. A shard caught up
+  before it reached TIME is done as above (TIME is not in the future, so everything before it has
+  been read).
 - *ended*: SHARD_END written (the children are then claimed and read by the same rule).
 
 **The worker is done** (:meth:`RunEnd.done`) when, in a lease-table read made after a shard listing
@@ -408,7 +410,7 @@ class RunEnd:
                 self.progress()
             if self.done():
                 self.on_progress(self.progress())
-                self._log.info("run.caught_up", duration_s=round(self._clock() - self._started_at, 3))
+                self._log.info("run.reached_end", duration_s=round(self._clock() - self._started_at, 3))
                 self.finished.set()
                 return
             await asyncio.sleep(CHECK_INTERVAL_S)

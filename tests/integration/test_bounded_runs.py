@@ -77,7 +77,7 @@ def test_two_workers_read_a_backlog_to_caught_up_across_a_split_and_both_exit_0(
     assert set(shard_ids(kinesis_client, w.stream)) <= set(leases), "a child of the split has no lease"
     assert not any(item.get("lease_owner") for item in leases.values()), "a lease was left held"
     for name in ("w1", "w2"):
-        assert w.events(name, "run.caught_up"), f"{name} did not say it was caught up"
+        assert w.events(name, "run.reached_end"), f"{name} did not say it reached the end"
         assert w.events(name, "leases.released"), f"{name} did not release its leases"
 
     # A continuous run afterwards reads on from the final checkpoints: only what was not committed yet.
@@ -183,7 +183,7 @@ def test_on_a_terminal_the_run_shows_its_progress_with_the_log_lines_above_it(
     assert run.code == EXIT_OK, run.output
     assert "efo run --until caught-up" in run.output and "2/2 shards" in run.output, run.output
     assert "60 records" in run.output, run.output
-    assert "run.caught_up" in run.output and "leases.released" in run.output, "a log line was swallowed"
+    assert "run.reached_end" in run.output and "leases.released" in run.output, "a log line was swallowed"
     assert len(committed_rows(w.sink)) == 60
 
 

@@ -104,6 +104,7 @@ def test_until_not_after_an_at_timestamp_initial_position_is_an_empty_window() -
     start = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     message = _error(run={"until": "2h"}, initial_position=f"AT_TIMESTAMP:{start}")
     assert "run.until (EFO_RUN__UNTIL)" in message and "initial_position (EFO_INITIAL_POSITION)" in message
+    assert "first start" in message and "remove initial_position" in message, "what to do for an application that ran"
     assert load_settings(run={"until": "30m"}, initial_position=f"AT_TIMESTAMP:{start}").run.bound is not None
 
 
