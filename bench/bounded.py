@@ -100,10 +100,13 @@ def run_once(
     code = worker.process.returncode
     if code != 0:
         raise RuntimeError(f"{app} exited {code}; see {worker.log_path}")
-    progress = list(worker.events("run.progress"))
-    read = progress[-1]["records"] if progress else records
-    if bounded and read < records:
-        raise RuntimeError(f"{app} read {read} of {records} records; see {worker.log_path}")
+    if bounded:  # its own count of what it read: no run.progress event at the end is a failure, not a pass
+        progress = list(worker.events("run.progress"))
+        if not progress:
+            raise RuntimeError(f"{app} logged no run.progress event; see {worker.log_path}")
+        read = progress[-1]["records"]
+        if read < records:
+            raise RuntimeError(f"{app} read {read} of {records} records; see {worker.log_path}")
     return {
         "mode": "bounded" if bounded else "continuous",
         "wall_s": round(wall_s, 2),

@@ -204,9 +204,13 @@ class LogSettings(_Section):
 
 
 UNTIL_GRAMMAR = (
-    "caught-up, an ISO-8601 UTC time such as 2026-01-31T12:00:00Z, or a duration ago such as 90s, 15m, 2h, 1d"
+    "caught-up, an ISO-8601 UTC time such as 2026-01-31T12:00:00Z, or a duration ago with its unit "
+    "such as 90s, 15m, 2h, 7d"
 )
 CAUGHT_UP = "caught-up"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: run.until's duration ago: its unit is required (a bare number is too easily a year or a date).
+_UNTIL_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +225,12 @@ class Until:
 
     @property
     def time_ms(self) -> int | None:
-        return None if self.time is None else int(self.time.timestamp() * 1000)
+        """The bound in whole milliseconds (arrival times' unit), rounded up: a record at 12:00:00.000
+        is before 12:00:00.0005. Exact (integer microseconds, no float rounding)."""
+        if self.time is None:
+            return None
+        micros = (self.time - _EPOCH) // timedelta(microseconds=1)
+        return -(-micros // 1000)
 
     @classmethod
     def parse(cls, text: str, now: datetime | None = None) -> Until:
@@ -231,21 +240,25 @@ class Until:
         now = now or datetime.now(UTC)
         if value.lower() in (CAUGHT_UP, "caught_up", "caughtup"):
             return cls()
-        try:
-            stamp = now - timedelta(seconds=parse_duration_s(value))
+        try:  # a time first: "20260131" is a date (ISO-8601 basic), never seconds ago
+            stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            try:
-                stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                raise ValueError(f"allowed: {UNTIL_GRAMMAR}") from None
-            if stamp.tzinfo is None:
-                stamp = stamp.replace(tzinfo=UTC)
-            stamp = stamp.astimezone(UTC)
-            if stamp > now:
+            match = _UNTIL_DURATION.fullmatch(value.lower())
+            if match is None or float(match.group(1)) <= 0:
+                unitless = re.fullmatch(r"[+-]?\d+(?:\.\d+)?", value) is not None
                 raise ValueError(
-                    f"{stamp.isoformat()} is in the future (now {now.isoformat(timespec='seconds')}): a bounded "
-                    "run ends at a moment already past; for a run that keeps reading, leave run.until unset"
+                    ("a number needs its unit (s, m, h or d), " if unitless else "")
+                    + f"allowed: {UNTIL_GRAMMAR} (efo run --until, or run.until)"
                 ) from None
+            return cls(now - timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)]))
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        stamp = stamp.astimezone(UTC)
+        if stamp > now:
+            raise ValueError(
+                f"{stamp.isoformat()} is in the future (now {now.isoformat(timespec='seconds')}): a bounded "
+                "run ends at a moment already past; for a run that keeps reading, leave run.until unset"
+            )
         return cls(stamp)
 
     def __str__(self) -> str:
@@ -266,6 +279,13 @@ class RunSettings(_Section):
     )
     progress_interval_s: float = Field(
         10.0, gt=0, description="Bounded run: how often the run.progress log event is written."
+    )
+    max_duration_s: float = Field(
+        86400.0,
+        gt=0,
+        description="Bounded run: stop after this long even if not at the end (e.g. a shard written faster "
+        "than the sink commits, or the lease table unreadable): the sink commits what was handed on, "
+        "checkpoints are written, leases released, exit 75 (run it again to go on).",
     )
 
     @field_validator("until")
@@ -472,7 +492,9 @@ class Settings(BaseSettings):
         if start.timestamp is not None and start.timestamp >= bound.time:
             raise ValueError(
                 f"{until} is not after initial_position (EFO_INITIAL_POSITION) = {self.initial_position!r}: "
-                "the replay window [initial_position, until) is empty"
+                "the replay window [initial_position, until) is empty; initial_position applies only at an "
+                "application's first start: if this one has run before (it reads on from its checkpoints), "
+                "remove initial_position; otherwise set until after it"
             )
         skip_s = self.skip_older_than_s
         if skip_s is not None and datetime.now(UTC) - timedelta(seconds=skip_s) >= bound.time:

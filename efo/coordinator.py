@@ -127,6 +127,9 @@ class Coordinator:
         )
         #: A bounded run that reached its end: everything read was committed and checkpointed.
         self.completed = False
+        #: Why a bounded run is not complete: "stopped" (a stop was asked for), "max_duration"
+        #: (run.max_duration_s reached) or "final_writes" (a final checkpoint or release did not land).
+        self.incomplete: str | None = None
         self.runner = ShardRunner(
             settings=settings,
             stream=stream,
@@ -206,9 +209,12 @@ class Coordinator:
                 if not complete:
                     await self._wait_for_driver(driver_done, stop_at + self.settings.shutdown_timeout_s)
                 await _cancelled(checkpoints)
-                await self._finish()
+                final = await self._finish()
                 heartbeat.cancel()
-                self.completed = complete
+                out_of_time = self.bounds is not None and self.bounds.out_of_time
+                self.completed = complete and final and not out_of_time  # exit 0 only at the end, all written
+                if self.bounds is not None and not self.completed:
+                    self.incomplete = "final_writes" if not final else "max_duration" if out_of_time else "stopped"
         except Exception as error:
             await self._let_the_sink_commit(error)
             await self._finish()  # a fatal error: leave the table as tidy as it can be, then fail
@@ -279,30 +285,59 @@ class Coordinator:
             if chunk.grant is not None:
                 self.pool.release(chunk.grant)
 
-    async def _finish(self) -> None:
-        """Checkpoint what was committed and release every lease held, within FINAL_WRITES_TIMEOUT_S."""
+    async def _finish(self) -> bool:
+        """Checkpoint what was committed and release every lease held, within FINAL_WRITES_TIMEOUT_S.
+        True if every claim was released with its final checkpoint, or ended (SHARD_END written):
+        a bounded run is complete only then."""
         self.stopping.set()
         released = 0
+        failed: list[str] = []  # claims left held, or released without their final checkpoint
         slots = asyncio.Semaphore(FINAL_WRITES_CONCURRENCY)
+        claims = list(self.owned.values())
 
         async def release(owned: OwnedShard) -> int:
             async with slots:
                 try:
-                    return int(await self.runner.release(owned))
+                    done = await self.runner.release(owned)
                 except EfoError as exc:
                     owned.log.warning("lease.release_failed", error=str(exc), code=exc.code)
                     return 0
+            if done and owned.ledger.due is not None:
+                owned.log.warning("checkpoint.final_failed", due=str(owned.ledger.due))
+            return int(done)
 
+        clean = True
         try:
             async with asyncio.timeout(FINAL_WRITES_TIMEOUT_S):
-                released = sum(await asyncio.gather(*(release(owned) for owned in list(self.owned.values()))))
+                released = sum(await asyncio.gather(*(release(owned) for owned in claims)))
                 released += await self.cycle.release_untracked()
+        except (TimeoutError, EfoError) as exc:
+            clean = False
+            self._log.warning("leases.release_failed", error=str(exc) or type(exc).__name__)
+        for owned in claims:
+            if owned.phase is ShardPhase.ENDED:
+                continue  # SHARD_END written: its final checkpoint
+            if owned.phase is not ShardPhase.RELEASED or owned.ledger.due is not None:
+                failed.append(owned.shard_id)
+        try:
+            async with asyncio.timeout(FINAL_WRITES_TIMEOUT_S):
                 if self._heartbeat is not None:  # a beat in flight would write the row again
                     await _cancelled(self._heartbeat)
                 await self.table.remove_worker()
-        except (TimeoutError, EfoError) as exc:
-            self._log.warning("leases.release_failed", error=str(exc) or type(exc).__name__)
-        self._log.info("leases.released", shards=released)
+        except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
+            self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
+        if clean and not failed:
+            self._log.info("leases.released", shards=released)
+            return True
+        self._log.warning(
+            "leases.release_incomplete",
+            shards=released,
+            failed=len(failed),
+            failed_shards=sorted(failed)[:10],
+            hint="these leases stay held until lease.failover_s passes; their checkpoints may be behind "
+            "what was committed (read again, not lost)",
+        )
+        return False
 
     # ---- the driver's side (loop thread) ------------------------------------------------------
 

@@ -153,15 +153,28 @@ class ShardSeries:
         self._records_committed = metrics.records_committed.labels(shard_id=shard_id)
         self._bytes_committed = metrics.bytes_committed.labels(shard_id=shard_id)
         self.lag_ms: int | None = None  # MillisBehindLatest of the last event, for the lease row
+        self._lag_stopped = False  # reading stopped for good in this claim (a bounded run's cut)
 
     def event(self, lag_ms: int | None) -> None:
         """An event arrived (records or not), ``lag_ms`` behind the tip."""
-        if lag_ms is not None:
+        if lag_ms is not None and not self._lag_stopped:
             self.lag_ms = lag_ms
             if self._lag is None:
                 self._lag = self._metrics.shard_lag.labels(shard_id=self.shard_id)
             self._lag.set(lag_ms / 1000)
         self._last_event.set(time.time())
+
+    def stop_lag(self) -> None:
+        """Reading stopped here for good (a bounded run cut the shard at its time): its lag leaves
+        ``efo_shard_lag_seconds``; the last one, days behind in a replay, would otherwise stay until
+        the run ends and raise the lag alert. ``lag_ms`` keeps the last event's, for the lease row."""
+        self._lag_stopped = True
+        if self._lag is not None:
+            self._lag = None
+            try:
+                self._metrics.shard_lag.remove(self.shard_id)
+            except KeyError:
+                pass
 
     def received(self, records: int, nbytes: int) -> None:
         """Records handed on (admitted to the pool)."""

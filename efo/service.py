@@ -48,6 +48,7 @@ class Service:
         self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
         #: A bounded run (run.until) that reached its end: everything read committed and checkpointed.
         self.completed = False
+        self.incomplete: str | None = None  # a bounded run's reason for not being complete (Coordinator.incomplete)
         self._thread = threading.Thread(target=self._thread_main, name="efo-service", daemon=True)
         self.health = Health()
         # A finished service has no loop to ask; the process exits on its own within the shutdown bound.
@@ -208,6 +209,7 @@ class Service:
                 if display is not None:
                     display.close()
             self.completed = coordinator.completed
+            self.incomplete = coordinator.incomplete
 
     @property
     def stopped_before_end(self) -> bool:

@@ -138,10 +138,23 @@ class Driver:
             raise self.service.error
         log.info("driver.stopped", batches=self._batches)
         if self.service.stopped_before_end:
-            sys.stderr.write(
-                f"efo: stopped before the end of the run (--until {self.settings.run.until}); what was read is "
-                f"checkpointed: run it again to finish (exit {EXIT_INCOMPLETE})\n"
-            )
+            if self.service.incomplete == "max_duration":
+                sys.stderr.write(
+                    f"efo: the run (--until {self.settings.run.until}) reached run.max_duration_s "
+                    f"({self.settings.run.max_duration_s:g} s) before its end; what was read is checkpointed: "
+                    f"run it again to go on (exit {EXIT_INCOMPLETE})\n"
+                )
+            elif self.service.incomplete == "final_writes":
+                sys.stderr.write(
+                    f"efo: the run (--until {self.settings.run.until}) could not write every final checkpoint "
+                    "or release every lease (see leases.release_incomplete); run it again once those leases "
+                    f"expire (lease.failover_s): what was not checkpointed is read again (exit {EXIT_INCOMPLETE})\n"
+                )
+            else:
+                sys.stderr.write(
+                    f"efo: stopped before the end of the run (--until {self.settings.run.until}); what was read is "
+                    f"checkpointed: run it again to finish (exit {EXIT_INCOMPLETE})\n"
+                )
             return EXIT_INCOMPLETE
         return EXIT_OK
 

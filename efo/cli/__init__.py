@@ -8,7 +8,8 @@ Exit codes of every command:
   consumer, a confirmation answered no)
 - 2: usage or configuration (a bad flag or setting, or ``--yes`` missing without a terminal to ask on)
 - 3: a named resource not found (stream, consumer, lease table, application, shard)
-- 75: a bounded run (``efo run --until``) stopped before its end (SIGTERM): run it again
+- 75: a bounded run (``efo run --until``) stopped before its end (SIGTERM), or its final checkpoints
+  and releases did not all land: run it again
 
 Every error is one line on standard error, ``efo: <what>; <what to do>``, naming the resource.
 """

@@ -5,7 +5,11 @@ whole worker is done.
 
 - *caught up*: the first event of the claim with ``MillisBehindLatest`` = 0, once its records were
   handed on. Every record that arrived before that event was made (so: before the run started) has
-  been handed on. An open shard stays caught up; reading goes on until the worker stops, and what
+  been handed on. Or, whichever comes first: once a record whose ApproximateArrivalTimestamp is at
+  or after the run's start (this host's clock when the worker started) was handed on; arrival times
+  within a shard are assumed not to go down, so every record that arrived before the run started
+  has been handed on too. This is what ends a shard written faster than the sink commits, which
+  never reports 0 ms behind. An open shard stays caught up; reading goes on until the worker stops, and what
   it reads meanwhile is delivered and checkpointed too. A shard that turns out to be **closed** (a
   split or a merge; the listing shows children) is not done by being caught up: it is read to its
   end (SHARD_END), and its children are read after it by the same rule.
@@ -13,10 +17,12 @@ whole worker is done.
   after TIME is not handed on, nor anything after it in the shard; the chunk it came in is cut just
   before it and the checkpoint is that record (AT_SEQUENCE_NUMBER), so the next run starts there.
   Reading stops (:attr:`~efo.leases.lifecycle.ShardPhase.AT_BOUND`), the lease is kept until the run
-  ends. Kinesis assigns arrival times and sequence numbers together, so a shard's arrival times do
-  not go down: nothing after the cut arrived before TIME. Its children (all their records are later
-  still) are not read. A shard caught up before it reached TIME is done as above (TIME is not in
-  the future, so everything before it has been read).
+  ends. *Assumed*: a shard's arrival times do not go down (Kinesis assigns them with the sequence
+  numbers; this is not a documented guarantee), so nothing after the cut arrived before TIME. If
+  one did, it is not delivered by this run but by the next one, which starts at the cut: late,
+  never lost. Its children (all their records are later still) are not read. A shard caught up
+  before it reached TIME is done as above (TIME is not in the future, so everything before it has
+  been read).
 - *ended*: SHARD_END written (the children are then claimed and read by the same rule).
 
 **The worker is done** (:meth:`RunEnd.done`) when, in a lease-table read made after a shard listing
@@ -28,6 +34,13 @@ waits for the sink to commit everything handed on, writes the final checkpoints,
 leases and exits 0. Several workers on one application each stop on their own: one that stops
 first releases its leases, and a worker still running claims them and catches up on them (from
 their checkpoints: little or nothing to read) before it stops in turn.
+
+**A run that cannot end**: after ``run.max_duration_s`` the worker stops as on SIGTERM, except
+that the sink is first given everything handed on (checkpoints written, leases released), and the
+run exits 75 (``run.max_duration_reached``, :attr:`RunEnd.out_of_time`): what was read is
+checkpointed, the next run reads on. A worker that had no successful shard listing, or no lease
+table read, for ``run.shard_timeout_s`` cannot tell whether it is done: the run fails with
+:class:`~efo.errors.ShardTimeout` (exit 1), naming which.
 
 **A shard that never answers**: a claim short of its bound that has received no event for
 ``run.shard_timeout_s`` (not counting time waiting for pool budget) ends the run with
@@ -47,7 +60,7 @@ from typing import Any, TypeVar
 import structlog
 
 from efo.config import RunSettings, Until
-from efo.errors import ShardTimeout
+from efo.errors import LeaseLost, ShardTimeout
 from efo.kinesis.shards import ShardGraph
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import TableState
@@ -96,8 +109,10 @@ class ShardBound:
         pool: PendingPool,
         on_change: Callable[[ShardBound], None] = lambda bound: None,
         clock: Callable[[], float] = time.monotonic,
+        started_ms: int | None = None,
     ) -> None:
         self.owned = owned
+        self._started_ms = started_ms  # the run's start (epoch ms): a record arrived since is "caught up"
         self._ledger = owned.ledger
         self._until_ms = until.time_ms
         self._handoff = handoff
@@ -124,6 +139,7 @@ class ShardBound:
         self.state, self.changed_at = state, self._clock()
         self.owned.log.info("run.shard_at_bound", state=state.value, records=self.records, bytes=self.bytes)
         if state is BoundState.CUT:
+            self.owned.series.stop_lag()  # nothing more is read here: its last lag is no one's lag
             self.reached.set()
         self._on_change(self)
 
@@ -151,7 +167,7 @@ class ShardBound:
         if self.state is BoundState.CUT:
             return  # past the cut: the checkpoint stays at the cut
         self._ledger.idle(resume)
-        self._after_event()
+        self._after_event(None)
 
     # ---- the handoff's side ---------------------------------------------------------------------
 
@@ -178,10 +194,16 @@ class ShardBound:
         if cut is not None:
             self.enter(BoundState.CUT)
         else:
-            self._after_event()
+            self._after_event(max(chunk.arrival_ms, default=None))
 
-    def _after_event(self) -> None:
-        if self.state is BoundState.READING and self.owned.series.lag_ms == 0:
+    def _after_event(self, latest_arrival_ms: int | None) -> None:
+        """Caught up: at 0 ms behind, or a record that arrived since the run started was handed on."""
+        if self.state is not BoundState.READING:
+            return
+        since_start = (
+            self._started_ms is not None and latest_arrival_ms is not None and latest_arrival_ms >= self._started_ms
+        )
+        if self.owned.series.lag_ms == 0 or since_start:
             self.enter(BoundState.CAUGHT_UP)
 
     def _cut_at(self, chunk: RecordChunk) -> int | None:
@@ -206,11 +228,21 @@ class ShardBound:
     # ---- the runner's side ------------------------------------------------------------------------
 
     async def read(self, subscription: Coroutine[Any, Any, T]) -> T | None:
-        """Run the subscription until it returns, or until the cut (then stop it: None)."""
+        """Run the subscription until it returns, or until the cut (then stop it: None).
+
+        The cut wins over the subscription's end: the shard's last event may hold the cut record (the
+        subscription returns ShardEnded in the same step), or the subscription may read on past the
+        cut to SHARD_END. Either way the shard is at its bound, not ended: SHARD_END written over the
+        cut's checkpoint would lose every record from the cut on."""
         task = asyncio.create_task(subscription)
         reached = asyncio.create_task(self.reached.wait())
         try:
             await asyncio.wait({task, reached}, return_when=asyncio.FIRST_COMPLETED)
+            if self.reached.is_set():
+                error = task.exception() if task.done() and not task.cancelled() else None
+                if isinstance(error, LeaseLost):
+                    raise error  # lost meanwhile: the runner lets it go
+                return None
             if task.done():
                 return task.result()
             task.cancel()
@@ -274,6 +306,9 @@ class RunEnd:
         self._done_here: set[str] = set()  # shards that reached the run's end here
         self._unclaimed_since: dict[str, float] = {}  # readable leases no live worker holds: since when
         self._last_change_at = clock()
+        self.started_ms = int(time.time() * 1000)  # the run's start, the caught-up rule's "before the run"
+        #: The run reached run.max_duration_s before its end: it stops, not done (exit 75).
+        self.out_of_time = False
         self._records_before = 0  # of claims that are gone (released, lost, ended)
         self._bytes_before = 0
         self.finished = asyncio.Event()
@@ -291,7 +326,9 @@ class RunEnd:
         if old is not None:
             self._records_before += old.records
             self._bytes_before += old.bytes
-        bound = ShardBound(owned, self.until, self._handoff, self._pool, self._changed, self._clock)
+        bound = ShardBound(
+            owned, self.until, self._handoff, self._pool, self._changed, self._clock, started_ms=self.started_ms
+        )
         self._bounds[owned.shard_id] = bound
         return bound
 
@@ -355,13 +392,25 @@ class RunEnd:
         """Check every CHECK_INTERVAL_S: a shard timed out (raise), progress due (log), done (set
         ``finished`` and return)."""
         while True:
+            elapsed_s = self._clock() - self._started_at
+            if elapsed_s >= self._settings.max_duration_s:
+                self.out_of_time = True
+                self.on_progress(self.progress())
+                self._log.warning(
+                    "run.max_duration_reached",
+                    max_duration_s=self._settings.max_duration_s,
+                    duration_s=round(elapsed_s, 3),
+                    hint="stopping before the end (exit 75): what was read is checkpointed, run again to go on",
+                )
+                self.finished.set()
+                return
             self._check_timeouts()
             self.on_progress(self.snapshot())
             if self._clock() - self._progress_at >= self._settings.progress_interval_s:
                 self.progress()
             if self.done():
                 self.on_progress(self.progress())
-                self._log.info("run.caught_up", duration_s=round(self._clock() - self._started_at, 3))
+                self._log.info("run.reached_end", duration_s=round(self._clock() - self._started_at, 3))
                 self.finished.set()
                 return
             await asyncio.sleep(CHECK_INTERVAL_S)
@@ -387,12 +436,29 @@ class RunEnd:
                 f"before reaching the run's end ({self.until}): {', '.join(unclaimed[:5])}; is "
                 "lease.max_leases_per_worker too low for the workers running?"
             )
+        _, read_at, _ = self._view()
+        stale = [
+            what
+            for what, at in (("shard listing", listed_at if graph is not None else None), ("lease-table read", read_at))
+            if now - max(at if at is not None else self._started_at, self._started_at) > timeout_s
+        ]
+        if stale and not silent:
+            raise ShardTimeout(
+                f"no {' and no '.join(stale)} succeeded for {timeout_s:g} s (run.shard_timeout_s): the worker cannot "
+                f"tell whether the run ({self.until}) is done; what was read is checkpointed, run again"
+            )
         if silent:
             raise ShardTimeout(
                 f"{len(silent)} shard(s) received no event for {timeout_s:g} s (run.shard_timeout_s) before "
                 f"reaching the run's end ({self.until}): {', '.join(sorted(silent)[:5])}; what was read is "
                 "checkpointed, run again to finish"
             )
+
+    def _cut(self, owned: OwnedShard) -> bool:
+        bound = self._bounds.get(owned.shard_id)
+        return owned.phase is ShardPhase.AT_BOUND or (
+            bound is not None and bound.owned is owned and bound.state is BoundState.CUT
+        )
 
     def progress(self) -> dict[str, Any]:
         """The ``run.progress`` event."""
@@ -405,7 +471,11 @@ class RunEnd:
         """Shards done here of the shards here or claimable, records and bytes handed on, the
         slowest shard's lag (and the remaining-shards gauge set)."""
         short, done = self.remaining()
-        lags = [owned.series.lag_ms for owned in self._owned().values() if owned.series.lag_ms is not None]
+        lags = [  # not of a cut shard: nothing more is read there, its last lag is no one's lag
+            owned.series.lag_ms
+            for owned in self._owned().values()
+            if owned.series.lag_ms is not None and not self._cut(owned)
+        ]
         fields = {
             "shards_done": done,
             "shards_total": done + len(short),

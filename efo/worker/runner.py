@@ -28,6 +28,7 @@ from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
+from efo.worker.bound import BoundState
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
 
@@ -146,6 +147,8 @@ class ShardRunner:
         except ResourceNotFound as exc:
             await self._not_found(owned, exc)
             return
+        if bound is not None and bound.state is BoundState.CUT:
+            ended = None  # cut (--until TIME): never SHARD_END over the cut's checkpoint, whatever was read past it
         if ended is None:  # the run's end (run.until): the lease stays here until the run ends
             if owned.phase.reading:
                 owned.enter(ShardPhase.AT_BOUND)
@@ -243,7 +246,10 @@ class ShardRunner:
     async def _give_up(self, owned: OwnedShard) -> bool:
         """Checkpoint, then release (both fenced); False if the claim ended, was lost or is in doubt."""
         await self._checkpointer.write(owned)
-        if owned.phase.terminal or not self._lease_valid():  # ended (SHARD_END), lost, or in doubt
+        if owned.phase.terminal:  # ended (SHARD_END) or lost
+            return False
+        if not self._lease_valid():  # in doubt: another worker may hold it by now; it expires instead
+            owned.log.warning("lease.release_skipped", reason="leases in doubt (no heartbeat landed lately)")
             return False
         if owned.phase is not ShardPhase.RELEASING:
             owned.enter(ShardPhase.RELEASING)

@@ -76,9 +76,11 @@ def test_two_workers_read_a_backlog_to_caught_up_across_a_split_and_both_exit_0(
     assert leases[parent]["position_kind"]["S"] == "SHARD_END", "the split parent was not read to its end"
     assert set(shard_ids(kinesis_client, w.stream)) <= set(leases), "a child of the split has no lease"
     assert not any(item.get("lease_owner") for item in leases.values()), "a lease was left held"
+    rows = committed_rows(w.sink)
     for name in ("w1", "w2"):
-        assert w.events(name, "run.caught_up"), f"{name} did not say it was caught up"
-        assert w.events(name, "leases.released"), f"{name} did not release its leases"
+        assert w.events(name, "run.reached_end"), f"{name} did not say it reached the end"
+        assert w.events(name, "shard.started"), f"{name} claimed no shard: the test proves nothing of two workers"
+        assert any(row["worker"] == name for row in rows), f"{name} read no record"
 
     # A continuous run afterwards reads on from the final checkpoints: only what was not committed yet.
     delivered = {(row["shard"], row["seq"]) for row in committed_rows(w.sink)}
@@ -124,6 +126,43 @@ def test_until_a_time_delivers_everything_before_it_and_nothing_at_or_after_it_a
     assert not final.lost and not final.out_of_order and final.duplicates == 0, final
 
 
+def test_until_a_time_before_a_split_cuts_the_parent_and_a_later_run_reads_it_on_then_its_children(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    """The split comes after TIME: the parent's last event holds its records at and after TIME and
+    its end (children). It is cut, not ended: its checkpoint stays at the cut (never SHARD_END, which
+    would lose the records from the cut on for good), its children are not read, the run exits 0;
+    a continuous run afterwards reads the parent from the cut, then the children: nothing lost."""
+    w = Workers(local_stack, kinesis_client, dynamodb_client, tmp_path, shards=2)
+    before = w.producer.put(120)
+    time.sleep(1.5)
+    until = datetime.now(UTC)
+    time.sleep(1.5)
+    after = w.producer.put(120)
+    parent = split_first_shard(kinesis_client, w.stream)
+    after += w.producer.put(120)  # into the children and the other shard
+    children = set(shard_ids(kinesis_client, w.stream)) - {parent} - {p.shard_id for p in before}
+    w.start("w1", EFO_RUN__UNTIL=until.isoformat())
+    assert wait_exit(w, "w1") == EXIT_OK, w.runs["w1"].tail()
+
+    delivered = {(row["shard"], row["seq"]) for row in committed_rows(w.sink)}
+    assert not delivered & {(p.shard_id, p.sequence_number) for p in after}, "a record at or after TIME delivered"
+    verdict = check(before, w.sink)
+    assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
+    leases = w.leases()
+    assert any(p.shard_id == parent for p in after), "the test wrote nothing after TIME into the parent"
+    assert leases[parent]["position_kind"]["S"] == "AT_SEQUENCE_NUMBER", leases[parent]
+    assert not any(item.get("lease_owner") for item in leases.values()), "a lease was left held"
+    assert not any(row["shard"] in children for row in committed_rows(w.sink)), "a child of the cut parent was read"
+
+    w.start("w2", EFO_RUN__UNTIL="")
+    expected = {(p.shard_id, p.sequence_number) for p in [*before, *after]}
+    w.wait_until(lambda: expected <= {(r["shard"], r["seq"]) for r in committed_rows(w.sink)}, 90, "every record")
+    assert w.stop("w2") == EXIT_OK
+    final = check([*before, *after], w.sink)
+    assert not final.lost and not final.out_of_order and final.duplicates == 0, final
+
+
 def test_a_caught_up_run_on_an_idle_stream_exits_0_with_nothing_delivered_and_its_leases_released(
     local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
 ) -> None:
@@ -146,8 +185,9 @@ def test_on_a_terminal_the_run_shows_its_progress_with_the_log_lines_above_it(
     assert run.code == EXIT_OK, run.output
     assert "efo run --until caught-up" in run.output and "2/2 shards" in run.output, run.output
     assert "60 records" in run.output, run.output
-    assert "run.caught_up" in run.output and "leases.released" in run.output, "a log line was swallowed"
+    assert "run.reached_end" in run.output and "leases.released" in run.output, "a log line was swallowed"
     assert len(committed_rows(w.sink)) == 60
+    assert not any(item.get("lease_owner") for item in w.leases().values()), "a lease was left held"
 
 
 def test_a_shard_that_never_answers_ends_the_run_with_exit_1_naming_it_and_the_timeout(
@@ -164,7 +204,7 @@ def test_a_shard_that_never_answers_ends_the_run_with_exit_1_naming_it_and_the_t
     assert wait_exit(w, "w1") == EXIT_RUNTIME, w.runs["w1"].tail()
     log = w.runs["w1"].log_path.read_text()
     assert "run.shard_timeout_s" in log and silent in log, w.runs["w1"].tail()
-    assert w.events("w1", "leases.released"), "the leases were not released on the way out"
+    assert not any(item.get("lease_owner") for item in w.leases().values()), "the leases were not released"
 
 
 def test_sigterm_before_the_end_exits_75_with_what_was_read_checkpointed(

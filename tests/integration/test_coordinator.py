@@ -16,8 +16,9 @@ import botocore.exceptions
 import pytest
 from aiobotocore.session import get_session
 
-from efo.config import Settings, load_settings
+from efo.config import RunSettings, Settings, load_settings
 from efo.coordinator import Coordinator
+from efo.devstack.faults import FaultClient
 from efo.errors import Retriable, SinkStalled
 from efo.kinesis.registration import StreamInfo
 from efo.leases.table import LeaseTable
@@ -521,5 +522,146 @@ def test_leases_in_doubt_while_the_stop_releases_them_do_not_crash_the_stop(loca
             stop.set()
             driver_done.set()
             await asyncio.wait_for(service, 10)  # no IllegalTransition: LOST -> RELEASED
+
+    run(scenario())
+
+
+# ---- bounded runs (run.until) ------------------------------------------------------------------
+
+
+async def _bounded_run(w: World, timeout_s: float = 30.0) -> None:
+    """Run coordinator and driver until the bounded run ends on its own."""
+    stop, driver_done = asyncio.Event(), asyncio.Event()
+    driver = asyncio.ensure_future(w.driver.run())
+    try:
+        await asyncio.wait_for(w.coordinator.run(stop, driver_done), timeout_s)
+    finally:
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+
+
+def test_a_bounded_run_that_releases_everything_is_complete(local_stack: Any) -> None:
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        puts = {shard: kinesis.put(shard, 5) for shard in list(kinesis.shards)}
+        async with world(local_stack, kinesis, run={"until": "caught-up"}) as w:
+            await _bounded_run(w)
+            assert w.coordinator.completed
+            assert not any((await w.owners()).values())
+            assert all(w.written(shard) == seqs for shard, seqs in puts.items())
+
+    run(scenario())
+
+
+def test_a_bounded_run_whose_final_releases_fail_is_not_complete(local_stack: Any) -> None:
+    """DynamoDB refuses every final write (past the SDK's retries): the run must not say it is
+    complete (exit 0); the leases are left held, so a run started again must wait for them."""
+    faults = FaultClient(local_stack.dynamodb_endpoint)
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        for shard in list(kinesis.shards):
+            kinesis.put(shard, 5)
+        async with world(local_stack, kinesis, run={"until": "caught-up"}) as w:
+            drain = w.coordinator._drain
+
+            async def drain_then_fail(stop: asyncio.Event) -> bool:
+                drained = await drain(stop)
+                faults.add(operation="UpdateItem", action="error", count=10_000)
+                return drained
+
+            w.coordinator._drain = drain_then_fail  # type: ignore[method-assign]
+            await _bounded_run(w)
+            faults.clear()
+            assert not w.coordinator.completed, "exit 0 with its final checkpoints and releases failed"
+            assert any((await w.owners()).values())
+
+    try:
+        run(scenario())
+    finally:
+        faults.clear()
+
+
+def test_a_bounded_run_whose_leases_are_in_doubt_at_the_end_is_not_complete(local_stack: Any) -> None:
+    """No release can be made while the leases are in doubt: the run is not complete."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        for shard in list(kinesis.shards):
+            kinesis.put(shard, 5)
+        async with world(local_stack, kinesis, run={"until": "caught-up"}) as w:
+            drain = w.coordinator._drain
+
+            async def drain_then_doubt(stop: asyncio.Event) -> bool:
+                drained = await drain(stop)
+                w.coordinator.runner._lease_valid = lambda: False
+                return drained
+
+            w.coordinator._drain = drain_then_doubt  # type: ignore[method-assign]
+            await _bounded_run(w)
+            assert not w.coordinator.completed, "exit 0 with its leases never released"
+
+    run(scenario())
+
+
+def test_until_a_time_cuts_a_shard_whose_last_event_holds_the_cut_and_its_end_and_loses_nothing(
+    local_stack: Any,
+) -> None:
+    """The parent split after TIME: its one event holds the records before TIME, the first one at
+    TIME and its end (ChildShards, no continuation), so the subscription ends in the same step as
+    the cut. The parent stays at the cut (AT_SEQUENCE_NUMBER, not SHARD_END), its children are not
+    read, the run is complete; a continuous run afterwards reads the parent from the cut, then the
+    children: nothing lost, nothing twice."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(1)
+        before = kinesis.put("shard-000", 5)
+        await asyncio.sleep(0.05)
+        cut_at = datetime.now(UTC)
+        await asyncio.sleep(0.05)
+        after = kinesis.put("shard-000", 5)
+        children = kinesis.split("shard-000")
+        later = {child: kinesis.put(child, 3) for child in children}
+        async with world(local_stack, kinesis, run={"until": cut_at.isoformat()}) as w:
+            await _bounded_run(w)
+            assert w.coordinator.completed
+            assert w.driver.written == [("shard-000", seq) for seq in before]
+            parent = (await w.table.read()).leases["shard-000"]
+            assert parent.checkpoint == Position("AT_SEQUENCE_NUMBER", str(after[0])), parent
+            assert not any((await w.owners()).values())
+
+            continuous = await _worker(kinesis, w.ddb, w.settings.model_copy(update={"run": RunSettings()}), "w2")
+            async with running(continuous) as stop:
+                await until(lambda: continuous.written("shard-000") == after, what="the parent from the cut")
+                await until(
+                    lambda: all(continuous.written(child) == seqs for child, seqs in later.items()),
+                    what="the children after the parent",
+                )
+                await stop()
+            assert not set(continuous.written("shard-000")) & set(before), "read twice"
+
+    run(scenario())
+
+
+def test_a_bounded_run_that_cannot_end_stops_at_max_duration_s_with_everything_read_checkpointed(
+    local_stack: Any,
+) -> None:
+    """A run that never gets done (here: done() never holds) stops after run.max_duration_s: the sink
+    commits what was handed on, checkpoints written, leases released, and it is not complete (75)."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        puts = {shard: kinesis.put(shard, 5) for shard in list(kinesis.shards)}
+        async with world(local_stack, kinesis, run={"until": "caught-up", "max_duration_s": 2}) as w:
+            assert w.coordinator.bounds is not None
+            w.coordinator.bounds.done = lambda: False  # type: ignore[method-assign]
+            await _bounded_run(w)
+            assert not w.coordinator.completed and w.coordinator.incomplete == "max_duration"
+            assert all(w.written(shard) == seqs for shard, seqs in puts.items())
+            state = await w.table.read()
+            assert not any(lease.owner for lease in state.leases.values()), "a lease was left held"
+            for shard, seqs in puts.items():  # at or past its last record (idle events move it on)
+                checkpoint = state.leases[shard].checkpoint
+                assert checkpoint.kind == "AFTER_SEQUENCE_NUMBER" and int(checkpoint.sequence_number or 0) >= seqs[-1]
 
     run(scenario())

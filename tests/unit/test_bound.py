@@ -14,6 +14,7 @@ import pytest
 from efo.config import RunSettings, Until
 from efo.errors import ShardTimeout
 from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, TableState
 from efo.pipeline.handoff import Handoff
@@ -278,3 +279,122 @@ def test_a_readable_lease_nobody_claims_times_out_too_naming_the_cap() -> None:
     clock.now += 2
     with pytest.raises(ShardTimeout, match=r"\bb\b.*max_leases_per_worker"):
         end._check_timeouts()
+
+
+# ---- a cut on a closed shard (the subscription ends in the same step, or reads on to SHARD_END) ----
+
+
+def test_read_returns_none_at_the_cut_even_when_the_subscription_ended_in_the_same_step() -> None:
+    """The shard's last event holds the cut record and no continuation: the subscription returns
+    ShardEnded in the same step as the cut. It must not be taken for the shard's end (SHARD_END over
+    the cut's checkpoint would lose every record from the cut on)."""
+
+    async def scenario() -> None:
+        bound, _, pool = _bound()
+
+        async def subscription() -> ShardEnded:
+            _event(bound, pool, [UNTIL_MS - 1, UNTIL_MS], 10)  # the cut
+            return ShardEnded(("child-1", "child-2"))
+
+        assert await bound.read(subscription()) is None
+        assert bound.state is BoundState.CUT
+
+    asyncio.run(scenario())
+
+
+def test_read_returns_none_at_the_cut_when_the_subscription_read_ahead_to_shard_end() -> None:
+    async def scenario() -> None:
+        bound, _, pool = _bound()
+
+        async def subscription() -> ShardEnded:
+            _event(bound, pool, [UNTIL_MS], 10)  # the cut
+            _event(bound, pool, [UNTIL_MS + 1], 11)  # past it: dropped
+            bound.idle(after("11"))
+            return ShardEnded(("child-1",))
+
+        assert await bound.read(subscription()) is None
+        assert bound.owned.ledger.outstanding == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_sub_millisecond_until_rounds_up_so_a_record_before_it_is_delivered() -> None:
+    """TIME 12:00:00.0005: a record that arrived at 12:00:00.000 (arrival times are whole ms) is before it."""
+    until = Until(datetime(2026, 1, 31, 12, 0, 0, 500, tzinfo=UTC))
+    assert until.time_ms == UNTIL_MS + 1
+    bound, handoff, pool = _bound(until)
+    _event(bound, pool, [UNTIL_MS, UNTIL_MS + 1], 10)
+    assert _taken(handoff) == ["10"] and bound.state is BoundState.CUT
+
+
+# ---- a run that cannot catch up, or cannot see the table: it still ends ------------------------
+
+
+def test_a_busy_shard_is_caught_up_once_a_record_that_arrived_after_the_run_started_was_handed_on() -> None:
+    """Written faster than the sink commits, a shard never reports 0 ms behind; every record that
+    arrived before the run started is delivered once one that arrived at or after it was."""
+    started_ms = UNTIL_MS
+    handoff, pool = Handoff(), PendingPool(1000, 1 << 20)
+    bound = ShardBound(_owned(), Until(), handoff, pool, clock=Clock(), started_ms=started_ms)
+    _event(bound, pool, [started_ms - 10, started_ms - 1], 10, lag_ms=5000)
+    assert bound.state is BoundState.READING
+    _event(bound, pool, [started_ms - 1, started_ms], 12, lag_ms=5000)
+    assert bound.state is BoundState.CAUGHT_UP and _taken(handoff) == ["10", "11", "12", "13"]
+
+
+def test_the_run_ends_at_max_duration_s_as_out_of_time_not_done() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        view = View(clock)
+        end = view.run_end(max_duration_s=60, shard_timeout_s=30)
+        clock.now += 61  # and no listing or table read ever: max_duration_s is the milder end, it wins
+        await asyncio.wait_for(end.run(), 5)
+        assert end.finished.is_set() and end.out_of_time
+
+    asyncio.run(scenario())
+
+
+def test_no_listing_or_table_read_for_shard_timeout_s_ends_the_run_naming_the_setting() -> None:
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end(shard_timeout_s=30)
+    view.graph = ShardGraph.of([Shard("a", (), 0, 5)])
+    view.table(Lease("a", (), "other", 1, Position("TRIM_HORIZON")))
+    view.live = {"me", "other"}
+    clock.now += 29
+    end._check_timeouts()
+    clock.now += 2
+    with pytest.raises(ShardTimeout, match=r"lease-table read.*run\.shard_timeout_s"):
+        end._check_timeouts()
+    view.read_at = clock.now  # the table is read again, the listing still fails
+    with pytest.raises(ShardTimeout, match=r"shard listing.*run\.shard_timeout_s"):
+        end._check_timeouts()
+
+
+def test_a_cut_shard_s_lag_is_not_reported_any_more() -> None:
+    """A 7-day replay cut at TIME: its last lag (7 days) must not stay in max_lag_ms nor in
+    efo_shard_lag_seconds until the run ends (it would fire EfoShardLagHigh)."""
+    from efo.observability import METRICS
+
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end()
+    end.until = UNTIL
+    view.graph = ShardGraph.of([Shard("cut-a", (), 0, 5), Shard("busy-b", (), 6, 10)])
+    view.owned = {"cut-a": _owned("cut-a"), "busy-b": _owned("busy-b")}
+    week_ms = 7 * 86400 * 1000
+    for shard_id in view.owned:
+        view.owned[shard_id].enter(ShardPhase.READING)
+    cut = end.track(view.owned["cut-a"])
+    busy = end.track(view.owned["busy-b"])
+    pool = PendingPool(1000, 1 << 20)
+    _event(busy, pool, [UNTIL_MS - 9], 20, lag_ms=5000)
+    _event(cut, pool, [UNTIL_MS - 1], 10, lag_ms=week_ms)
+    lag = lambda shard_id: METRICS.registry.get_sample_value("efo_shard_lag_seconds", {"shard_id": shard_id})  # noqa: E731
+    assert lag("cut-a") == week_ms / 1000 and end.snapshot()["max_lag_ms"] == week_ms
+    _event(cut, pool, [UNTIL_MS, UNTIL_MS + 1], 11, lag_ms=week_ms - 1)  # the cut
+    assert cut.state is BoundState.CUT
+    assert lag("cut-a") is None, "the cut shard's lag stays in efo_shard_lag_seconds"
+    assert end.snapshot()["max_lag_ms"] == 5000, "the cut shard's lag stays the slowest"
+    cut.owned.series.event(week_ms - 2)  # an event still in flight when reading stopped
+    assert lag("cut-a") is None

@@ -331,3 +331,34 @@ def test_the_schema_refuses_a_cron_job_value_that_is_not_one(chart: helm.Chart) 
     with pytest.raises(helm.HelmValuesError) as refused:
         chart.validate_schema(values(minimal_with("cronJob: {enabled: true, concurrencyPolicy: Allow}")))
     assert "'concurrencyPolicy' not allowed" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "config: {EFO_RUN__UNTIL: caught-up}",
+        "settings: {run: {until: 2h}}",
+        "extraEnv: [{name: EFO_RUN__UNTIL, value: caught-up}]",
+    ],
+)
+def test_a_bounded_run_without_the_cron_job_is_refused_at_render(chart: helm.Chart, extra: str) -> None:
+    """A Deployment whose pod exits 0 at the run's end would be restarted forever."""
+    message = render_error(chart, minimal_with(extra))
+    assert "run.until" in message and "cronJob.enabled" in message, message
+
+
+def test_the_cron_job_fails_at_once_on_bad_configuration_and_does_not_count_disruptions() -> None:
+    """Exit 2 (configuration) and 3 (not found) fail the Job: a retry cannot help. An eviction or a
+    preemption (DisruptionTarget) is not counted against backoffLimit."""
+    job = one(rendered(CRON), "CronJob")["spec"]["jobTemplate"]["spec"]
+    assert job["template"]["spec"]["restartPolicy"] == "Never", "podFailurePolicy needs restartPolicy: Never"
+    rules = job["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "efo", "operator": "In", "values": [2, 3]}} in rules
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
+
+
+def test_the_values_and_readme_say_a_deadline_fails_the_job_without_a_retry() -> None:
+    values_text = (CHART / "values.yaml").read_text()
+    readme = (CHART.parents[1] / "README.md").read_text()
+    assert "DeadlineExceeded" in values_text and "DeadlineExceeded" in readme
+    assert "activeDeadlineSeconds`, an eviction) or 1\n  fail it, and the Job retries it" not in readme

@@ -73,6 +73,27 @@ def test_an_unparsable_until_names_the_field_and_what_is_allowed(text: str) -> N
     assert "run.until (EFO_RUN__UNTIL)" in message and "allowed: caught-up" in message
 
 
+@pytest.mark.parametrize("text", ["2026", "3600", "1.5", "-7"])
+def test_a_number_without_a_unit_is_not_taken_for_seconds_ago(text: str) -> None:
+    """``--until 2026`` is not 2026 s ago (nor ``20260131`` 234 days ago): a duration needs its unit."""
+    with pytest.raises(ValueError, match="unit"):
+        Until.parse(text, NOW)
+    message = _error(run={"until": text})
+    assert "run.until (EFO_RUN__UNTIL)" in message and "--until" in message and "90s" in message
+
+
+def test_an_iso_basic_date_is_a_time_not_a_duration() -> None:
+    assert Until.parse("20260131", NOW).time == datetime(2026, 1, 31, tzinfo=UTC)
+
+
+def test_efo_run_with_a_unitless_until_exits_2_naming_the_field_and_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "--until", "2026"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("efo: invalid configuration: run.until") and "--until" in err
+
+
 def test_a_time_in_the_future_names_the_field() -> None:
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     message = _error(run={"until": later})
@@ -83,6 +104,7 @@ def test_until_not_after_an_at_timestamp_initial_position_is_an_empty_window() -
     start = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     message = _error(run={"until": "2h"}, initial_position=f"AT_TIMESTAMP:{start}")
     assert "run.until (EFO_RUN__UNTIL)" in message and "initial_position (EFO_INITIAL_POSITION)" in message
+    assert "first start" in message and "remove initial_position" in message, "what to do for an application that ran"
     assert load_settings(run={"until": "30m"}, initial_position=f"AT_TIMESTAMP:{start}").run.bound is not None
 
 

@@ -7,19 +7,26 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import replace
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from efo.config import Settings, load_settings
+from efo.config import RunSettings, Settings, Until, load_settings
+from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import Lease
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, after
+from efo.pipeline.records import Position, RecordChunk, after
+from efo.worker.bound import BoundState, RunEnd, ShardBound
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
+
+UNTIL = Until(datetime(2026, 1, 31, 12, 0, tzinfo=UTC))
+UNTIL_MS = UNTIL.time_ms or 0
 
 
 class Table:
@@ -53,8 +60,9 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 class Parts:
-    def __init__(self, settings: Settings, *, valid: bool = True) -> None:
+    def __init__(self, settings: Settings, *, valid: bool = True, bounds: RunEnd | None = None) -> None:
         self.table, self.clock, pool = Table(), Clock(), PendingPool(1000, 1 << 20)
+        self.pool = pool
         self.owned = OwnedLeases("me", pool)
         self.checkpointer = Checkpointer(
             table=self.table,  # type: ignore[arg-type]
@@ -77,6 +85,7 @@ class Parts:
             checkpointer=self.checkpointer,
             stopping=asyncio.Event(),
             lease_valid=lambda: valid,
+            bounds=bounds,
             clock=self.clock,
         )
         self.tasks: list[asyncio.Task[None]] = []
@@ -135,5 +144,72 @@ def test_a_claim_in_doubt_is_neither_checkpointed_nor_released(settings: Setting
         parts.checkpointer.on_committed([Commit("shard-a", 1, 1, 5)])
         assert not await parts.runner.release(owned)
         assert parts.table.calls == []
+
+    asyncio.run(scenario())
+
+
+class CutThenEnd:
+    """A subscription whose shard's last event holds the record at ``until``: the cut and the
+    shard's end (ShardEnded, children) come in the same step."""
+
+    def __init__(self, *, handoff: Any, progress: Any, pool: PendingPool, shard_id: str, **_: Any) -> None:
+        self.handoff, self.progress, self.pool, self.shard_id = handoff, progress, pool, shard_id
+
+    async def run(self) -> ShardEnded:
+        chunk = RecordChunk("s", self.shard_id, serial=0, epoch=1)
+        chunk.append("10", b"xy", "k", UNTIL_MS - 1)
+        chunk.append("11", b"xy", "k", UNTIL_MS)
+        chunk.grant = self.pool.try_acquire(len(chunk), chunk.data_bytes)
+        chunk.serial = self.progress.next_serial()
+        self.progress.enqueued(chunk.serial, after("11"))
+        self.handoff.put(chunk)
+        return ShardEnded(("child-1", "child-2"))
+
+
+class Subscriber:
+    async def ensure_room(self, shards: int) -> None:
+        return None
+
+
+@pytest.mark.parametrize("read", ["real", "read ahead"])
+def test_a_cut_on_a_closed_shard_stays_at_its_bound_and_is_never_ended(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    """--until TIME on a shard that closes right after TIME: the cut's checkpoint (AT_SEQUENCE_NUMBER
+    of the first record at TIME) stays; SHARD_END is never written (the records from the cut on would
+    be lost for good). "read ahead": even if the bound's read() hands back the subscription's end."""
+    monkeypatch.setattr("efo.worker.runner.ShardSubscription", CutThenEnd)
+    if read == "read ahead":
+
+        async def read_ahead(self: ShardBound, subscription: Any) -> Any:
+            return await subscription
+
+        monkeypatch.setattr(ShardBound, "read", read_ahead)
+
+    async def scenario() -> None:
+        holder: dict[str, Parts] = {}
+        bounds = RunEnd(
+            settings=RunSettings(),
+            until=UNTIL,
+            worker_id="me",
+            handoff=Handoff(),
+            pool=PendingPool(1000, 1 << 20),
+            owned=lambda: holder["parts"].owned,
+            view=lambda: (None, None, set()),
+            listing=lambda: (None, 0.0),
+            parents_finished=lambda lease, state, graph: True,
+        )
+        parts = holder["parts"] = Parts(settings, bounds=bounds)
+        parts.runner._subscriber = Subscriber()
+        parts.runner._stream = SimpleNamespace(name="s", arn="arn:stream")  # type: ignore[assignment]
+        ended: list[OwnedShard] = []
+        parts.runner._on_ended = ended.append
+        owned = parts.runner.start(Lease("shard-a", (), "me", 1, Position("TRIM_HORIZON")))
+        await asyncio.gather(*parts.tasks)  # no IllegalBoundTransition CUT -> ENDED
+        assert ended == [] and owned.children == ()
+        assert owned.phase is ShardPhase.AT_BOUND
+        parts.checkpointer.on_committed([Commit("shard-a", 1, 1, 1)])
+        assert owned.ledger.due == Position("AT_SEQUENCE_NUMBER", "11"), "the next run starts at the cut"
+        assert bounds._bounds["shard-a"].state is BoundState.CUT
 
     asyncio.run(scenario())

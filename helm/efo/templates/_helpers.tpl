@@ -97,6 +97,14 @@ that outlasts the drain.
 {{- fail (printf "%s is set by the chart from %s: remove it from config, settings and extraEnv" $env $instead) -}}
 {{- end -}}
 {{- end -}}
+{{- $untilInExtraEnv := false -}}
+{{- range $.Values.extraEnv -}}
+{{- if and (eq .name "EFO_RUN__UNTIL") (include "efo.isSet" .value) -}}{{- $untilInExtraEnv = true -}}{{- end -}}
+{{- end -}}
+{{- $untilSet := or (include "efo.isSet" (index .Values.config "EFO_RUN__UNTIL")) (include "efo.isSet" (($settings.run | default dict).until)) $untilInExtraEnv -}}
+{{- if and $untilSet (not .Values.cronJob.enabled) -}}
+{{- fail "run.until (EFO_RUN__UNTIL in config, settings.run.until or extraEnv) makes a bounded run, whose pod exits at the run's end: a Deployment would restart it forever. Set cronJob.enabled: true (a CronJob), or remove run.until" -}}
+{{- end -}}
 {{- if and .Values.cronJob.enabled (include "efo.cronJobUntil" .) (not (include "efo.isSet" .Values.cronJob.until)) -}}
 {{- fail "cronJob.enabled needs a bounded run: set cronJob.until (caught-up, an ISO-8601 time or a duration ago), or EFO_RUN__UNTIL in config" -}}
 {{- end -}}
