@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
+CHECKPOINT_INTERVAL_S = 5.0  # checkpoint.interval_s's default: a busy shard's checkpoints a second are 1 / this
 ROOT = BENCH.parent
 
 
@@ -299,11 +300,15 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
     if busiest:
         reads = busiest.get("read_units", {}).get("read_units_per_s", 0.0)
         writes = busiest.get("write_units", {}).get("write_units_per_s", 0.0)
+        measured = f"{reads:,.1f} read, {writes:,.1f} write units/s"
+        if not case["kept_up"]:  # at the rate the fleet reached, not the rate of S busy shards: no measure
+            needed = case["shards"] / CHECKPOINT_INTERVAL_S
+            measured += f" at {busy['checkpoints_per_s']:,.1f} checkpoints/s of {needed:,.0f} (did not keep up)"
         verdicts.append(
             Verdict(
                 f"fleet {size} busy: busiest partition key under 1/3 of 3,000 read / 1,000 write units/s",
-                f"{reads:,.1f} read, {writes:,.1f} write units/s",
-                reads < 1000 and writes < 1000 / 3,
+                measured,
+                case["kept_up"] and reads < 1000 and writes < 1000 / 3,
             )
         )
     else:
