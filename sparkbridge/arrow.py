@@ -7,6 +7,7 @@ from itertools import chain
 
 import pyarrow as pa
 
+from efo.kinesis.columns import is_column
 from efo.pipeline.records import RecordChunk
 
 #: The DataFrame schema: a public contract, documented in the README.
@@ -47,11 +48,30 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
             pa.array(column("explicit_hash_keys"), pa.string()),
             # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
             pa.array(column("arrival_ms"), pa.int64()).view(SCHEMA.field("approximate_arrival_timestamp").type),
-            pa.array(column("data"), pa.binary()),
+            _payloads(chunks),
             pa.array(column("errors"), pa.string()),
         ],
         schema=SCHEMA,
     )
+
+
+def _payloads(chunks: Sequence[RecordChunk]) -> pa.Array:
+    """The data column: the chunks' Arrow columns (as decoded from the wire) concatenated, one copy in
+    C. Chunks whose data is a list of bytes (built by hand, or expanded from KPL aggregates) are
+    converted together, each run of them in one ``pa.array``."""
+    parts: list[pa.Array] = []
+    run: list[list[bytes]] = []
+    for chunk in chunks:
+        if is_column(chunk.data):
+            if run:
+                parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
+                run = []
+            parts.append(chunk.data)
+        else:
+            run.append(chunk.data)
+    if run or not parts:
+        parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
 
 
 def warm_up() -> None:

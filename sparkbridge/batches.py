@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from efo.errors import ConfigError, SinkFailed
+from efo.kinesis.columns import column_bytes
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
 from sparkbridge.arrow import to_table
@@ -84,7 +85,7 @@ class DeliveryWatermark:
             "errors",
         ):
             setattr(kept, name, getattr(chunk, name)[keep.start :])
-        kept.data_bytes = sum(len(d) for d in kept.data)
+        kept.data_bytes = column_bytes(kept.data)
         return kept, dropped
 
     @staticmethod

@@ -68,6 +68,11 @@ class Position:
 
 MAX_SUB_SEQUENCE = 2**63 - 1
 
+#: A column of record payloads: a list of bytes, or a ``pyarrow`` binary array holding the same values
+#: (what the decoder builds from the wire, base64-decoded in bulk: efo.kinesis.columns). Both slice
+#: alike; :func:`efo.kinesis.columns.column_bytes` counts the bytes of either.
+Payloads = Any
+
 #: The checkpoint of a finished shard: its children may start.
 SHARD_END: Final = Position("SHARD_END")
 
@@ -89,7 +94,7 @@ class RecordChunk:
     partition_keys: list[str] = field(default_factory=list)
     explicit_hash_keys: list[str | None] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    data: list[bytes] = field(default_factory=list)
+    data: Payloads = field(default_factory=list)  # a list of bytes, or a pyarrow binary array (Payloads)
     errors: list[str | None] = field(default_factory=list)
     data_bytes: int = 0
     dead_letters: list[Any] = field(default_factory=list)  # efo.kinesis.kpl.DeadLetter: committed with the chunk
