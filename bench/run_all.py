@@ -130,6 +130,20 @@ BENCHMARKS = [
         "records/s, beside a continuous `efo run` over the same backlog stopped (SIGTERM) the moment its metrics "
         "show it caught up. No goal: what a scheduled job costs against a perfectly watched one.",
     ),
+    Benchmark(
+        "service",
+        "9. The whole service's CPU per record",
+        "service_cpu.py",
+        ["--sinks", "noop,parquet", "--warmup", "30", "--seconds", "30", "--repeats", "2"],
+        [
+            *("--shards", "2", "--rate", "400", "--records-per-event", "10", "--sinks", "noop"),
+            *("--warmup", "1", "--seconds", "4", "--env", "EFO_BATCH__MAX_WAIT_S=1"),
+        ],
+        "CPU-seconds per 10,000 records of the whole `efo run` (its Python threads and Spark's JVM), split into "
+        "subscription, bridge and Spark, with the arrow no-op sink and the Parquet sink, at 64 shards x 1 KiB "
+        "offered at one fixed rate; beside the commit before issue 21 (e5f69cf) measured in the same run. Goal: "
+        "with the Parquet sink at most half of the baseline's.",
+    ),
 ]
 
 
@@ -211,6 +225,24 @@ def bridge_goals(figures: dict[str, Any]) -> list[Verdict]:
         )
         for c in figures["cases"]
     ]
+
+
+def service_goals(figures: dict[str, Any]) -> list[Verdict]:
+    cases = {(c["sink"], c["variant"]): c["per_10k"] for c in figures["cases"]}
+    verdicts = []
+    for sink in ("parquet", "noop"):
+        if (sink, "this") not in cases:
+            continue
+        ratio = _ratio(cases[(sink, "this")], cases.get((sink, "baseline")))
+        verdicts.append(
+            Verdict(
+                f"whole service, {sink} sink: CPU-s per 10,000 records"
+                + (" <= 1/2 of the baseline commit's" if sink == "parquet" else " (no goal)"),
+                f"{cases[(sink, 'this')]:.3f} vs {cases.get((sink, 'baseline'), float('nan')):.3f} ({ratio:.2f}x)",
+                ratio <= 0.5 if sink == "parquet" else True,
+            )
+        )
+    return verdicts
 
 
 def latency_goals(figures: dict[str, Any]) -> list[Verdict]:
@@ -367,6 +399,7 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
 GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "ingest": ingest_goals,
     "bridge": bridge_goals,
+    "service": service_goals,
     "latency": latency_goals,
     "memory": memory_goals,
     "workers": workers_goals,
