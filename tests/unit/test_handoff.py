@@ -274,3 +274,46 @@ def test_a_cut_while_nothing_is_queued_wakes_the_idle_taker_with_nothing() -> No
     handoff.cut()
     thread.join(JOIN_S)
     assert not thread.is_alive() and result == [[]]
+
+
+@pytest.mark.parametrize("closing", ["records", "bytes", "overflow"])
+def test_a_driver_waiting_in_a_batch_is_woken_once_what_is_queued_can_close_it(closing: str) -> None:
+    """Not at every put (each wake-up is a GIL hand-over): only when the queue reaches the batch's
+    room left, by records or by bytes, or holds a chunk that does not fit; the batch is the same."""
+    handoff = Handoff(clock=_frozen_clock())  # max_wait_s never passes: only a put can close the batch
+    notified: list[int] = []
+    notify = handoff._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        notified.append(n)
+        notify(n)
+
+    handoff._cond.notify = counting_notify  # type: ignore[method-assign]
+    batches: list[list[RecordChunk]] = []
+    taker = threading.Thread(
+        target=lambda: batches.append(handoff.take_batch(10, 100, 60.0, idle_wait_s=JOIN_S)), daemon=True
+    )
+    taker.start()
+    try:
+        _closes_on_the_put_that_can_close_it(handoff, notified, batches, taker, closing)
+    finally:
+        handoff.close()  # a failed check must not leave the driver waiting
+
+
+def _closes_on_the_put_that_can_close_it(
+    handoff: Handoff, notified: list[int], batches: list[list[RecordChunk]], taker: threading.Thread, closing: str
+) -> None:
+    handoff.put(_chunk(1, 2, 10))
+    deadline = threading.Event()
+    while not handoff._wake_records and not deadline.wait(0.01):  # the driver took it and waits for more
+        pass
+    notified.clear()
+    handoff.put(_chunk(2, 2, 10))
+    handoff.put(_chunk(3, 2, 10))
+    assert notified == [] and not batches
+    last = {"records": _chunk(4, 4, 10), "bytes": _chunk(4, 1, 70), "overflow": _chunk(4, 9, 10)}[closing]
+    handoff.put(last)
+    taker.join(JOIN_S)
+    assert notified == [1]
+    assert _serials(batches[0]) == ([1, 2, 3] if closing == "overflow" else [1, 2, 3, 4])
+    assert _serials(handoff.take_batch(10, 100, 0.0)) == ([4] if closing == "overflow" else [])
