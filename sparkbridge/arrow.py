@@ -30,6 +30,13 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
     def column(name: str) -> list[object]:
         return list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
 
+    def optional(name: str, type_: pa.DataType) -> pa.Array:
+        # Mostly all null (no KPL aggregate, nothing corrupt): counted in C, built without a value per row.
+        values = column(name)
+        if values.count(None) == len(values):
+            return pa.nulls(len(values), type_)
+        return pa.array(values, type_)
+
     def repeated(name: str) -> pa.Array:
         # One value per chunk, repeated in C (pa.repeat) rather than through a list of one str per row.
         if not chunks:
@@ -43,13 +50,13 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
             repeated("stream"),
             repeated("shard_id"),
             pa.array(column("sequence_numbers"), pa.string()),
-            pa.array(column("sub_sequence_numbers"), pa.int64()),
+            optional("sub_sequence_numbers", pa.int64()),
             pa.array(column("partition_keys"), pa.string()),
-            pa.array(column("explicit_hash_keys"), pa.string()),
+            optional("explicit_hash_keys", pa.string()),
             # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
             pa.array(column("arrival_ms"), pa.int64()).view(SCHEMA.field("approximate_arrival_timestamp").type),
             _payloads(chunks),
-            pa.array(column("errors"), pa.string()),
+            optional("errors", pa.string()),
         ],
         schema=SCHEMA,
     )

@@ -23,7 +23,7 @@ from efo.kinesis.columns import as_list, column_bytes, decode_base64, is_column,
 from efo.kinesis.decoder import decode_payloads
 from efo.kinesis.kpl import MAGIC, CorruptAggregate, expand
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
-from sparkbridge.arrow import to_table
+from sparkbridge.arrow import SCHEMA, to_table
 from tests.unit.test_kpl import AGG, CORRUPT, aggregate
 
 B64 = string.ascii_letters + string.digits + "+/"
@@ -211,21 +211,53 @@ def test_starts_with_any() -> None:
 # ---- the bridge's table -----------------------------------------------------------------------------
 
 
-def _chunk(shard: str, start: int, payloads: list[bytes], *, column: bool) -> RecordChunk:
+def _chunk(shard: str, start: int, payloads: list[bytes], *, column: bool, kpl: bool = False) -> RecordChunk:
     chunk = RecordChunk("s", shard, start)
     for i, payload in enumerate(payloads):
-        chunk.append(str(start + i), payload, f"pk-{i}", 1_700_000_000_000 + i)
+        optional: dict[str, Any] = {}
+        if kpl and i % 2:
+            optional = {"sub_sequence_number": i, "explicit_hash_key": str(i)}
+        elif kpl and i % 3 == 0:
+            optional = {"error": "corrupt_aggregate"}
+        chunk.append(str(start + i), payload, f"pk-{i}", 1_700_000_000_000 + i, **optional)
     if column:
         chunk.data = pa.array(chunk.data, pa.binary()).slice(0)
     return chunk
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.binary(max_size=20), max_size=5), st.booleans()), max_size=6))
-def test_the_table_does_not_depend_on_how_chunks_carry_their_data(chunks: list[tuple[list[bytes], bool]]) -> None:
-    mixed = [_chunk(f"shard-{i % 2}", 100 * i, payloads, column=column) for i, (payloads, column) in enumerate(chunks)]
-    lists = [_chunk(f"shard-{i % 2}", 100 * i, payloads, column=False) for i, (payloads, _) in enumerate(chunks)]
+def reference_table(chunks: list[RecordChunk]) -> pa.Table:
+    """The batch table as the bridge built it before the column path: one Python list per column."""
+
+    def column(name: str) -> list[Any]:
+        return [value for chunk in chunks for value in as_list(getattr(chunk, name))]
+
+    return pa.Table.from_arrays(
+        [
+            pa.array([chunk.stream for chunk in chunks for _ in range(len(chunk))], pa.string()),
+            pa.array([chunk.shard_id for chunk in chunks for _ in range(len(chunk))], pa.string()),
+            pa.array(column("sequence_numbers"), pa.string()),
+            pa.array(column("sub_sequence_numbers"), pa.int64()),
+            pa.array(column("partition_keys"), pa.string()),
+            pa.array(column("explicit_hash_keys"), pa.string()),
+            pa.array(column("arrival_ms"), pa.int64()).view(SCHEMA.field("approximate_arrival_timestamp").type),
+            pa.array(column("data"), pa.binary()),
+            pa.array(column("errors"), pa.string()),
+        ],
+        schema=SCHEMA,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.binary(max_size=20), max_size=5), st.booleans(), st.booleans()), max_size=6))
+def test_the_table_does_not_depend_on_how_chunks_carry_their_data(
+    chunks: list[tuple[list[bytes], bool, bool]],
+) -> None:
+    """Whatever mix of columns and lists, KPL rows or plain ones: the table the per-row lists made."""
+    mixed = [
+        _chunk(f"shard-{i % 2}", 100 * i, payloads, column=column, kpl=kpl)
+        for i, (payloads, column, kpl) in enumerate(chunks)
+    ]
     mixed = [chunk for chunk in mixed if len(chunk)]
-    lists = [chunk for chunk in lists if len(chunk)]
-    assert to_table(mixed).equals(to_table(lists))
-    assert to_table(mixed).schema == to_table(lists).schema
+    table = to_table(mixed)
+    assert table.schema == SCHEMA
+    assert table.equals(reference_table(mixed))
