@@ -144,6 +144,16 @@ BENCHMARKS = [
         "offered at one fixed rate; beside the commit before issue 21 (e5f69cf) measured in the same run. Goal: "
         "with the Parquet sink at most half of the baseline's.",
     ),
+    Benchmark(
+        "peer",
+        "10. The peer, side by side: async-kinesis and efo",
+        "peer.py",
+        ["--shards", "4", "--records", "20000", "--repeats", "3"],
+        ["--shards", "1", "--records", "200", "--repeats", "1"],
+        "CPU-seconds per 10,000 records to drain one stream of the local stack with async-kinesis (the Python "
+        "library a user would otherwise pick, GetRecords) and with efo's subscription layer (SubscribeToShard), "
+        "each in a process of its own. No goal: the comparison a user would make.",
+    ),
 ]
 
 
@@ -243,6 +253,17 @@ def service_goals(figures: dict[str, Any]) -> list[Verdict]:
             )
         )
     return verdicts
+
+
+def peer_goals(figures: dict[str, Any]) -> list[Verdict]:
+    cost = figures["per_10k"]
+    return [
+        Verdict(
+            "peer: CPU-s per 10,000 records, async-kinesis vs efo (no goal)",
+            f"{cost['async-kinesis']:.3f} vs {cost['efo']:.3f} ({_ratio(cost['async-kinesis'], cost['efo']):.2f}x)",
+            True,
+        )
+    ]
 
 
 def latency_goals(figures: dict[str, Any]) -> list[Verdict]:
@@ -400,6 +421,7 @@ GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "ingest": ingest_goals,
     "bridge": bridge_goals,
     "service": service_goals,
+    "peer": peer_goals,
     "latency": latency_goals,
     "memory": memory_goals,
     "workers": workers_goals,
