@@ -63,7 +63,11 @@ ROLES = ("subscription", "bridge", "other", "spark")
 #: The JVM's threads by what they do (Java names its threads in the kernel), for the Spark column's detail.
 JVM_PARTS = ("jit", "gc", "tasks", "jvm other")
 TICKS = os.sysconf("SC_CLK_TCK")
-BASELINE = "e5f69cf"  # the commit before issue 21
+#: The commit before issue 21: the main commit the issue's branch sits on (f8b2ae8, "run_all: the
+#: busiest-key goal of a fleet size that did not keep up is not met"), pinned rather than computed
+#: (``git merge-base HEAD main`` would be HEAD itself once the branch is merged). Rebasing the branch
+#: onto a newer main means moving this pin to that main commit (tests/unit/test_service_cpu.py checks it).
+BASELINE = "f8b2ae8"
 
 
 def _stat_cpu(path: Path) -> float:
@@ -261,6 +265,20 @@ def baseline_tree(commit: str, into: Path) -> Path:
     return into
 
 
+def tree_state(root: Path = ROOT) -> tuple[str, bool]:
+    """This tree's commit (short) and whether it has uncommitted changes to tracked files."""
+    commit = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    status = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return commit, bool(status.strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, default=64)
@@ -281,6 +299,9 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
     args = parser.parse_args()
     sinks = [s for s in args.sinks.split(",") if s]
+
+    this_commit, dirty = tree_state()
+    this_label = f"this tree ({this_commit}{', with uncommitted changes' if dirty else ''})"
 
     hermetic_aws_environment()
     workdir = Path(tempfile.mkdtemp(prefix="efo-bench-cpu-"))
@@ -328,6 +349,7 @@ def main() -> None:
     print(
         f"`efo run`, {args.shards} shards of {args.record_size} B records ({args.records_per_event} an event) from the "
         f"synthetic server paced at {args.rate:,.0f} records/s in all; baseline: efo at commit {args.baseline}, "
+        f"beside {this_label}, "
         f"measured in the same run, interleaved; {args.warmup:g} s warm-up, then a window of about "
         f"{args.seconds:g} s between two batch commits; median of {args.repeats} run(s); {elapsed:.0f} s in all\n"
     )
@@ -341,7 +363,7 @@ def main() -> None:
         for variant in ("baseline", "this"):
             total = median(sink, variant)
             ratio = total / median(sink, "baseline")
-            label = f"{args.baseline} (baseline)" if variant == "baseline" else "this tree"
+            label = f"{args.baseline} (baseline)" if variant == "baseline" else this_label
             records = statistics.median(r.records for r in results[(sink, variant)])
             print(
                 f"| {sink} | {label} | {records:,.0f} | {total:.3f} | "
@@ -359,7 +381,10 @@ def main() -> None:
                     ],
                 }
             )
-    write_json(args.json, {"cases": cases, "baseline": args.baseline, "rate": args.rate})
+    write_json(
+        args.json,
+        {"cases": cases, "baseline": args.baseline, "this": this_commit, "dirty": dirty, "rate": args.rate},
+    )
     shutil.rmtree(workdir / "baseline", ignore_errors=True)
 
 
