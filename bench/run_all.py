@@ -141,7 +141,8 @@ BENCHMARKS = [
         ],
         "CPU-seconds per 10,000 records of the whole `efo run` (its Python threads and Spark's JVM), split into "
         "subscription, bridge and Spark, with the arrow no-op sink and the Parquet sink, at 64 shards x 1 KiB "
-        "offered at one fixed rate; beside the commit before issue 21 (e5f69cf) measured in the same run. Goal: "
+        "offered at one fixed rate; beside the commit before issue 21 (f8b2ae8, bench/service_cpu.py BASELINE) "
+        "measured in the same run. Goal: "
         "with the Parquet sink at most half of the baseline's.",
     ),
     Benchmark(
