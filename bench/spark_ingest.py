@@ -34,10 +34,9 @@ from common import command_line, write_json
 from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import load_settings
-from efo.kinesis.columns import to_arrow
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.batches import BatchRunner, DeliveryWatermark, Prefetcher, PreparedBatch
 from sparkbridge.session import build_session
@@ -60,11 +59,11 @@ def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: in
     for start in range(0, records, chunk_records):
         shard = (start // chunk_records) % shards
         serials[shard] += 1
-        c = RecordChunk("bench", f"shardId-{shard:012d}", serials[shard])
-        for i in range(start, min(records, start + chunk_records)):
-            c.append(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
-        c.data = to_arrow(c.data)
-        chunks.append(c)
+        rows = (
+            Row(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
+            for i in range(start, min(records, start + chunk_records))
+        )
+        chunks.append(RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows))
     return chunks
 
 

@@ -8,7 +8,7 @@ from itertools import chain
 import pyarrow as pa
 
 from efo.kinesis.columns import is_column
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import RecordChunk, Row
 
 #: The DataFrame schema: a public contract, documented in the README.
 SCHEMA = pa.schema(
@@ -86,6 +86,4 @@ def warm_up() -> None:
     whatever its size (its compute functions, memory pool and thread pool start; measured with
     pyarrow 26): built at start, before any record is read, that cost is part of the service's
     baseline instead of showing up with the first batch as if memory grew with the data."""
-    chunk = RecordChunk("warm-up", "warm-up", 0)
-    chunk.append("0", b"", "", 0)
-    to_table([chunk])
+    to_table([RecordChunk.of_rows("warm-up", "warm-up", 0, [Row("0", b"", "", 0)])])

@@ -20,7 +20,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from efo.errors import ConfigError, SinkFailed
 from efo.kinesis.columns import column_bytes
 from efo.observability import METRICS
-from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
+from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.sinks import BatchInfo, ShardRange, Sink, takes_arrow
 
@@ -319,16 +319,17 @@ def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
     for chunk in chunks:
         if not chunk.dead_letters:
             continue
-        dead = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch)
-        for letter in chunk.dead_letters:
-            dead.append(
+        rows = [
+            Row(
                 letter.sequence_number,
                 letter.data,
                 letter.partition_key,
                 letter.arrival_ms,
                 error=f"corrupt_aggregate: {letter.reason}",
             )
-        out.append(dead)
+            for letter in chunk.dead_letters
+        ]
+        out.append(RecordChunk.of_rows(chunk.stream, chunk.shard_id, chunk.serial, rows, epoch=chunk.epoch))
     return out
 
 

@@ -40,7 +40,7 @@ from aiobotocore.eventstream import AioEventStream
 from botocore.exceptions import EventStreamError
 
 from efo.kinesis.columns import POOL, column_bytes, decode_base64
-from efo.pipeline.records import Payloads
+from efo.pipeline.records import Payloads, empty_payloads
 
 OPERATION_NAME = "SubscribeToShard"
 #: Records whose base64 text is at most this long on average (768 bytes of data) are decoded in bulk.
@@ -54,8 +54,8 @@ class ShardEvent:
 
     sequence_numbers: list[str] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    # A list of bytes, or (decoded from the wire) one ``pa.binary()`` array: efo.kinesis.columns.
-    data: Payloads = field(default_factory=list)
+    # One ``pa.binary()`` column (efo.kinesis.columns), from the wire or from botocore's parse alike.
+    data: Payloads = field(default_factory=empty_payloads)
     partition_keys: list[str] = field(default_factory=list)
     data_bytes: int = 0
     continuation_sequence_number: str | None = None  # None: the shard has ended
@@ -197,12 +197,15 @@ def from_parsed(payload: dict[str, Any]) -> ShardEvent:
         millis_behind_latest=payload.get("MillisBehindLatest"),
         child_shards=list(payload.get("ChildShards") or ()),
     )
+    values: list[bytes] = []
     for record in records:
         event.sequence_numbers.append(record["SequenceNumber"])
         event.partition_keys.append(record["PartitionKey"])
         event.arrival_ms.append(arrival_ms(record["ApproximateArrivalTimestamp"]))
-        event.data.append(record["Data"])
-        event.data_bytes += len(record["Data"])
+        values.append(record["Data"])
+    # The same column the wire decoder builds (decode_payloads): every path downstream sees one shape.
+    event.data = pa.array(values, pa.binary(), memory_pool=POOL)
+    event.data_bytes = column_bytes(event.data)
     return event
 
 

@@ -46,7 +46,7 @@ from itertools import repeat
 from typing import Literal
 
 from efo.errors import EfoError
-from efo.kinesis.columns import column_bytes, is_column, starts_with_any
+from efo.kinesis.columns import column_bytes, is_column, starts_with_any, to_arrow
 from efo.pipeline.records import MAX_SUB_SEQUENCE, Payloads
 
 MAGIC = b"\xf3\x89\x9a\xc2"
@@ -301,7 +301,7 @@ class Expanded:
     partition_keys: list[str]
     explicit_hash_keys: list[str | None]
     arrival_ms: list[int]
-    data: Payloads  # the input's own column (a list, or an Arrow array) on the fast path; else a list
+    data: Payloads  # the input's own column on the fast path; else built from a list: an Arrow array either way
     errors: list[str | None]
     data_bytes: int = 0
     dead_letters: list[DeadLetter] = field(default_factory=list)
@@ -338,7 +338,8 @@ def expand(
     ``data`` is a list of bytes or an Arrow binary array (:data:`efo.pipeline.records.Payloads`).
     An event without any aggregate costs one C-level prefix scan of ``data`` and returns the
     input columns themselves (sliced if the watermark drops a prefix); an event with one is
-    expanded from a list (an Arrow column is converted first), and ``data`` is a list then.
+    expanded through a list (an Arrow column is converted first) and handed back as a column: the
+    returned ``data`` is always an Arrow binary array.
     """
     n = len(sequence_numbers)
     start = 0
@@ -361,6 +362,7 @@ def expand(
         if start:
             sequence_numbers, partition_keys = sequence_numbers[start:], partition_keys[start:]
             arrival_ms, data = arrival_ms[start:], data[start:]
+        data = to_arrow(data)  # one representation downstream: the decoder's column
         kept = n - start
         return Expanded(
             sequence_numbers,
@@ -409,6 +411,7 @@ def expand(
         out.data.extend(payloads)
         out.errors.extend(repeat(None, kept))
         out.data_bytes += sum(map(len, payloads))
+    out.data = to_arrow(out.data)  # built as a list of bytes here, handed on as the decoder's column
     return out
 
 

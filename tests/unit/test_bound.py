@@ -19,7 +19,7 @@ from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, TableState
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import SHARD_END, Position, RecordChunk, after
+from efo.pipeline.records import SHARD_END, Position, RecordChunk, Row, after
 from efo.worker.bound import BOUND_TRANSITIONS, BoundState, IllegalBoundTransition, RunEnd, ShardBound
 from efo.worker.cycle import parents_finished
 
@@ -46,9 +46,8 @@ def _bound(until: Until = UNTIL, clock: Clock | None = None) -> tuple[ShardBound
 
 def _event(bound: ShardBound, pool: PendingPool, arrivals: list[int], first_seq: int, lag_ms: int = 5) -> RecordChunk:
     """What the subscription does with one event: its lag, the chunk announced, then put."""
-    chunk = RecordChunk("s", bound.shard_id, serial=0, epoch=1)
-    for i, arrival in enumerate(arrivals):
-        chunk.append(str(first_seq + i), b"xy", f"k{i}", arrival)
+    rows = [Row(str(first_seq + i), b"xy", f"k{i}", arrival) for i, arrival in enumerate(arrivals)]
+    chunk = RecordChunk.of_rows("s", bound.shard_id, 0, rows, epoch=1)
     chunk.grant = pool.try_acquire(len(chunk), chunk.data_bytes)
     bound.owned.series.event(lag_ms)
     chunk.serial = bound.next_serial()

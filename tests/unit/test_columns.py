@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from efo.kinesis.columns import as_list, column_bytes, decode_base64, is_column, starts_with_any
 from efo.kinesis.decoder import decode_payloads
 from efo.kinesis.kpl import MAGIC, CorruptAggregate, expand
-from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
+from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import SCHEMA, to_table
 from tests.unit.test_kpl import AGG, CORRUPT, aggregate
 
@@ -212,16 +212,19 @@ def test_starts_with_any() -> None:
 
 
 def _chunk(shard: str, start: int, payloads: list[bytes], *, column: bool, kpl: bool = False) -> RecordChunk:
-    chunk = RecordChunk("s", shard, start)
+    rows = []
     for i, payload in enumerate(payloads):
         optional: dict[str, Any] = {}
         if kpl and i % 2:
             optional = {"sub_sequence_number": i, "explicit_hash_key": str(i)}
         elif kpl and i % 3 == 0:
             optional = {"error": "corrupt_aggregate"}
-        chunk.append(str(start + i), payload, f"pk-{i}", 1_700_000_000_000 + i, **optional)
+        rows.append(Row(str(start + i), payload, f"pk-{i}", 1_700_000_000_000 + i, **optional))
+    chunk = RecordChunk.of_rows("s", shard, start, rows)
     if column:
-        chunk.data = pa.array(chunk.data, pa.binary()).slice(0)
+        chunk.data = chunk.data.slice(0)
+    else:
+        chunk.data = chunk.data.to_pylist()  # the old path's list of bytes, for the reference
     return chunk
 
 

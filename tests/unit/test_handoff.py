@@ -10,21 +10,13 @@ from typing import Any
 import pytest
 
 from efo.pipeline.handoff import Handoff, HandoffClosed
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import RecordChunk, Row
 
 JOIN_S = 5.0  # only ever reached when a test fails
 
 
 def _chunk(serial: int, records: int = 1, nbytes: int = 10, shard: str = "shard-0") -> RecordChunk:
-    chunk = RecordChunk("s", shard, serial)
-    for i in range(records):
-        chunk.sequence_numbers.append(f"{serial}{i:04d}")
-        chunk.sub_sequence_numbers.append(None)
-        chunk.partition_keys.append("pk")
-        chunk.explicit_hash_keys.append(None)
-        chunk.arrival_ms.append(0)
-        chunk.data.append(b"x")
-        chunk.errors.append(None)
+    chunk = RecordChunk.of_rows("s", shard, serial, [Row(f"{serial}{i:04d}", b"x", "pk", 0) for i in range(records)])
     chunk.data_bytes = nbytes
     return chunk
 
