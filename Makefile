@@ -21,7 +21,7 @@ install: $(INSTALLED) $(NODE_INSTALLED)
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev,bench]'
 	touch $@
 
 $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json

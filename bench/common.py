@@ -129,7 +129,16 @@ def efo_env(**settings: str) -> dict[str, str]:
 class EfoProcess:
     """One ``efo run`` with its JSON log in a file; it dies with this process."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, cpus: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        cpus: set[int] | None = None,
+        *,
+        cwd: Path | None = None,
+        module: str = "efo.cli",
+    ) -> None:
+        """``module``: what ``python -m`` runs with the argument ``run`` (bench/named_threads.py wraps efo.cli)."""
         from efo.devstack.stack import die_with_parent_process
 
         self.log_path = log_path
@@ -142,7 +151,7 @@ class EfoProcess:
 
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "efo.cli", "run"], env=env, stdout=log, stderr=log, preexec_fn=prepare
+                [sys.executable, "-m", module, "run"], env=env, stdout=log, stderr=log, preexec_fn=prepare, cwd=cwd
             )
         self.pid = self.process.pid
 

@@ -130,6 +130,31 @@ BENCHMARKS = [
         "records/s, beside a continuous `efo run` over the same backlog stopped (SIGTERM) the moment its metrics "
         "show it caught up. No goal: what a scheduled job costs against a perfectly watched one.",
     ),
+    Benchmark(
+        "service",
+        "9. The whole service's CPU per record",
+        "service_cpu.py",
+        ["--sinks", "noop,parquet", "--warmup", "30", "--seconds", "30", "--repeats", "2"],
+        [
+            *("--shards", "2", "--rate", "400", "--records-per-event", "10", "--sinks", "noop"),
+            *("--warmup", "1", "--seconds", "4", "--env", "EFO_BATCH__MAX_WAIT_S=1"),
+        ],
+        "CPU-seconds per 10,000 records of the whole `efo run` (its Python threads and Spark's JVM), split into "
+        "subscription, bridge and Spark, with the arrow no-op sink and the Parquet sink, at 64 shards x 1 KiB "
+        "offered at one fixed rate; beside the commit before issue 21 (f8b2ae8, bench/service_cpu.py BASELINE) "
+        "measured in the same run. Goal: "
+        "with the Parquet sink at most half of the baseline's.",
+    ),
+    Benchmark(
+        "peer",
+        "10. The peer, side by side: async-kinesis and efo",
+        "peer.py",
+        ["--shards", "4", "--records", "20000", "--repeats", "3"],
+        ["--shards", "1", "--records", "200", "--repeats", "1"],
+        "CPU-seconds per 10,000 records to drain one stream of the local stack with async-kinesis (the Python "
+        "library a user would otherwise pick, GetRecords) and with efo's subscription layer (SubscribeToShard), "
+        "each in a process of its own. No goal: the comparison a user would make.",
+    ),
 ]
 
 
@@ -210,6 +235,35 @@ def bridge_goals(figures: dict[str, Any]) -> list[Verdict]:
             c["overhead"] <= 0.15,
         )
         for c in figures["cases"]
+    ]
+
+
+def service_goals(figures: dict[str, Any]) -> list[Verdict]:
+    cases = {(c["sink"], c["variant"]): c["per_10k"] for c in figures["cases"]}
+    verdicts = []
+    for sink in ("parquet", "noop"):
+        if (sink, "this") not in cases:
+            continue
+        ratio = _ratio(cases[(sink, "this")], cases.get((sink, "baseline")))
+        verdicts.append(
+            Verdict(
+                f"whole service, {sink} sink: CPU-s per 10,000 records"
+                + (" <= 1/2 of the baseline commit's" if sink == "parquet" else " (no goal)"),
+                f"{cases[(sink, 'this')]:.3f} vs {cases.get((sink, 'baseline'), float('nan')):.3f} ({ratio:.2f}x)",
+                ratio <= 0.5 if sink == "parquet" else True,
+            )
+        )
+    return verdicts
+
+
+def peer_goals(figures: dict[str, Any]) -> list[Verdict]:
+    cost = figures["per_10k"]
+    return [
+        Verdict(
+            "peer: CPU-s per 10,000 records, async-kinesis vs efo (no goal)",
+            f"{cost['async-kinesis']:.3f} vs {cost['efo']:.3f} ({_ratio(cost['async-kinesis'], cost['efo']):.2f}x)",
+            True,
+        )
     ]
 
 
@@ -367,6 +421,8 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
 GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "ingest": ingest_goals,
     "bridge": bridge_goals,
+    "service": service_goals,
+    "peer": peer_goals,
     "latency": latency_goals,
     "memory": memory_goals,
     "workers": workers_goals,

@@ -5,8 +5,9 @@ Bridge (timed): ``Handoff.take_batch`` -> ``BatchRunner.run`` (watermark, ``to_t
 (what ``Service.commit`` ends in). Spark alone (timed): ``spark.createDataFrame(table)`` + the same
 sink write, on tables built by ``to_table`` from the same chunks outside the timed region.
 
-Chunks (1 KiB random records) and their pool grants are built before any timing. The two variants
-run interleaved (alternating which goes first), after one untimed warm-up each; medians of the repeats.
+Chunks (1 KiB random records, their data as one Arrow column each, as the decoder makes them) and
+their pool grants are built before any timing. The two variants run interleaved (alternating which
+goes first), after one untimed warm-up each; medians of the repeats.
 
     .venv/bin/python bench/spark_ingest.py [--sizes 10000,100000] [--repeats 5] [--sinks parquet,noop]
 """
@@ -35,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from efo.config import load_settings
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.batches import BatchRunner, DeliveryWatermark, Prefetcher, PreparedBatch
 from sparkbridge.session import build_session
@@ -52,15 +53,17 @@ class NoopSink:
 
 
 def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: int) -> list[RecordChunk]:
+    """Chunks as the subscription hands them over: the data of each as one Arrow column (efo.kinesis.columns)."""
     chunks: list[RecordChunk] = []
     serials = [0] * shards
     for start in range(0, records, chunk_records):
         shard = (start // chunk_records) % shards
         serials[shard] += 1
-        c = RecordChunk("bench", f"shardId-{shard:012d}", serials[shard])
-        for i in range(start, min(records, start + chunk_records)):
-            c.append(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
-        chunks.append(c)
+        rows = (
+            Row(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
+            for i in range(start, min(records, start + chunk_records))
+        )
+        chunks.append(RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows))
     return chunks
 
 

@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -124,9 +124,21 @@ class PoolSettings(_Section):
     )
 
 
+#: The largest batch.max_bytes: the bridge concatenates a batch's payload columns into one Arrow
+#: ``binary`` column (32-bit offsets, at most 2 GiB of values); half of that leaves room for the one
+#: event a batch may hold past its bound.
+MAX_BATCH_BYTES: Final = 1 << 30
+
+
 class BatchSettings(_Section):
     max_records: int = Field(50_000, ge=1, description="A batch closes at this many records.")
-    max_bytes: int = Field(64 * 1024 * 1024, ge=1, description="A batch closes at this many bytes of data.")
+    max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        le=MAX_BATCH_BYTES,
+        description="A batch closes at this many bytes of data (at most 1 GiB: the batch's data column is an "
+        "Arrow binary column, whose 32-bit offsets hold 2 GiB, and a batch may pass this by one event).",
+    )
     max_wait_s: float = Field(5.0, gt=0, description="A batch closes this long after its first record arrived.")
     stall_timeout_s: float = Field(
         600.0,

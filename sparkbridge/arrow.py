@@ -7,7 +7,8 @@ from itertools import chain
 
 import pyarrow as pa
 
-from efo.pipeline.records import RecordChunk
+from efo.kinesis.columns import is_column
+from efo.pipeline.records import RecordChunk, Row
 
 #: The DataFrame schema: a public contract, documented in the README.
 SCHEMA = pa.schema(
@@ -29,6 +30,13 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
     def column(name: str) -> list[object]:
         return list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
 
+    def optional(name: str, type_: pa.DataType) -> pa.Array:
+        # Mostly all null (no KPL aggregate, nothing corrupt): counted in C, built without a value per row.
+        values = column(name)
+        if values.count(None) == len(values):
+            return pa.nulls(len(values), type_)
+        return pa.array(values, type_)
+
     def repeated(name: str) -> pa.Array:
         # One value per chunk, repeated in C (pa.repeat) rather than through a list of one str per row.
         if not chunks:
@@ -42,16 +50,35 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
             repeated("stream"),
             repeated("shard_id"),
             pa.array(column("sequence_numbers"), pa.string()),
-            pa.array(column("sub_sequence_numbers"), pa.int64()),
+            optional("sub_sequence_numbers", pa.int64()),
             pa.array(column("partition_keys"), pa.string()),
-            pa.array(column("explicit_hash_keys"), pa.string()),
+            optional("explicit_hash_keys", pa.string()),
             # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
             pa.array(column("arrival_ms"), pa.int64()).view(SCHEMA.field("approximate_arrival_timestamp").type),
-            pa.array(column("data"), pa.binary()),
-            pa.array(column("errors"), pa.string()),
+            _payloads(chunks),
+            optional("errors", pa.string()),
         ],
         schema=SCHEMA,
     )
+
+
+def _payloads(chunks: Sequence[RecordChunk]) -> pa.Array:
+    """The data column: the chunks' Arrow columns (as decoded from the wire) concatenated, one copy in
+    C. Chunks whose data is a list of bytes (built by hand, or expanded from KPL aggregates) are
+    converted together, each run of them in one ``pa.array``."""
+    parts: list[pa.Array] = []
+    run: list[list[bytes]] = []
+    for chunk in chunks:
+        if is_column(chunk.data):
+            if run:
+                parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
+                run = []
+            parts.append(chunk.data)
+        else:
+            run.append(chunk.data)
+    if run or not parts:
+        parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
 
 
 def warm_up() -> None:
@@ -59,6 +86,4 @@ def warm_up() -> None:
     whatever its size (its compute functions, memory pool and thread pool start; measured with
     pyarrow 26): built at start, before any record is read, that cost is part of the service's
     baseline instead of showing up with the first batch as if memory grew with the data."""
-    chunk = RecordChunk("warm-up", "warm-up", 0)
-    chunk.append("0", b"", "", 0)
-    to_table([chunk])
+    to_table([RecordChunk.of_rows("warm-up", "warm-up", 0, [Row("0", b"", "", 0)])])

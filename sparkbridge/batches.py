@@ -18,8 +18,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from efo.errors import ConfigError, SinkFailed
+from efo.kinesis.columns import column_bytes
 from efo.observability import METRICS
-from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
+from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.sinks import BatchInfo, ShardRange, Sink, takes_arrow
 
@@ -84,7 +85,7 @@ class DeliveryWatermark:
             "errors",
         ):
             setattr(kept, name, getattr(chunk, name)[keep.start :])
-        kept.data_bytes = sum(len(d) for d in kept.data)
+        kept.data_bytes = column_bytes(kept.data)
         return kept, dropped
 
     @staticmethod
@@ -318,16 +319,17 @@ def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
     for chunk in chunks:
         if not chunk.dead_letters:
             continue
-        dead = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch)
-        for letter in chunk.dead_letters:
-            dead.append(
+        rows = [
+            Row(
                 letter.sequence_number,
                 letter.data,
                 letter.partition_key,
                 letter.arrival_ms,
                 error=f"corrupt_aggregate: {letter.reason}",
             )
-        out.append(dead)
+            for letter in chunk.dead_letters
+        ]
+        out.append(RecordChunk.of_rows(chunk.stream, chunk.shard_id, chunk.serial, rows, epoch=chunk.epoch))
     return out
 
 

@@ -34,11 +34,17 @@ import botocore.loaders
 import botocore.model
 import botocore.parsers
 import orjson
+import pyarrow as pa
 import pybase64
 from aiobotocore.eventstream import AioEventStream
 from botocore.exceptions import EventStreamError
 
+from efo.kinesis.columns import POOL, column_bytes, decode_base64
+from efo.pipeline.records import Payloads, empty_payloads
+
 OPERATION_NAME = "SubscribeToShard"
+#: Records whose base64 text is at most this long on average (768 bytes of data) are decoded in bulk.
+BULK_MAX_MEAN_CHARS = 1024
 EVENT_TYPE = "SubscribeToShardEvent"
 
 
@@ -48,7 +54,8 @@ class ShardEvent:
 
     sequence_numbers: list[str] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    data: list[bytes] = field(default_factory=list)
+    # One ``pa.binary()`` column (efo.kinesis.columns), from the wire or from botocore's parse alike.
+    data: Payloads = field(default_factory=empty_payloads)
     partition_keys: list[str] = field(default_factory=list)
     data_bytes: int = 0
     continuation_sequence_number: str | None = None  # None: the shard has ended
@@ -137,14 +144,29 @@ def decode_event(payload: bytes) -> ShardEvent:
         # Records of an event mostly share a handful of arrival times: convert each distinct one once.
         millis = {seconds: _epoch_ms(seconds) for seconds in set(arrivals)}
         event.arrival_ms = [millis[seconds] for seconds in arrivals]
-        try:
-            data = [pybase64.b64decode(record["Data"], validate=True) for record in records]
-        except binascii.Error:
-            # Not canonical base64: decode as botocore does (stdlib semantics, junk characters dropped).
-            data = [pybase64.b64decode(record["Data"]) for record in records]
-        event.data = data
-        event.data_bytes = sum(map(len, data))
+        event.data = decode_payloads([record["Data"] for record in records])
+        event.data_bytes = column_bytes(event.data)
     return event
+
+
+def decode_payloads(encoded: list[str]) -> Payloads:
+    """The records' data as one Arrow binary column (efo.kinesis.columns), holding exactly the
+    values decoded record by record would: strictly, or, when a value is not canonical base64, as
+    botocore does (stdlib semantics, junk characters dropped).
+
+    Small records are decoded in bulk. Large ones are decoded one by one and then copied into the
+    column: per record that costs little next to their bytes, and Arrow's compaction of one large
+    buffer (the bulk path's ``take``) measured slower than that here from about 1 KiB (10 KiB records: 10x)."""
+    column = None
+    if sum(map(len, encoded)) <= BULK_MAX_MEAN_CHARS * len(encoded):
+        column = decode_base64(encoded)
+    if column is not None:
+        return column
+    try:
+        values = [pybase64.b64decode(value, validate=True) for value in encoded]
+    except binascii.Error:
+        values = [pybase64.b64decode(value) for value in encoded]
+    return pa.array(values, pa.binary(), memory_pool=POOL)
 
 
 def _epoch_ms(seconds: float | int) -> int:
@@ -175,12 +197,15 @@ def from_parsed(payload: dict[str, Any]) -> ShardEvent:
         millis_behind_latest=payload.get("MillisBehindLatest"),
         child_shards=list(payload.get("ChildShards") or ()),
     )
+    values: list[bytes] = []
     for record in records:
         event.sequence_numbers.append(record["SequenceNumber"])
         event.partition_keys.append(record["PartitionKey"])
         event.arrival_ms.append(arrival_ms(record["ApproximateArrivalTimestamp"]))
-        event.data.append(record["Data"])
-        event.data_bytes += len(record["Data"])
+        values.append(record["Data"])
+    # The same column the wire decoder builds (decode_payloads): every path downstream sees one shape.
+    event.data = pa.array(values, pa.binary(), memory_pool=POOL)
+    event.data_bytes = column_bytes(event.data)
     return event
 
 
@@ -219,6 +244,7 @@ __all__ = [
     "arrival_ms",
     "decode_event",
     "decode_message",
+    "decode_payloads",
     "event_stream_error",
     "from_parsed",
     "iter_events",

@@ -26,6 +26,13 @@ class Handoff:
         self._cut = False  # batches close at once with what is queued ...
         self._cut_chunks = 0  # ... until the chunks queued at the cut have been taken
         self._clock = clock
+        self._queued_records = 0
+        self._queued_bytes = 0
+        # While the driver waits in the middle of a batch, a put wakes it only once what is queued
+        # could close the batch (its room left): one wake-up per batch, not one per event, each of
+        # them a GIL hand-over between the two threads. 0: wake at every put.
+        self._wake_records = 0
+        self._wake_bytes = 0
 
     def __len__(self) -> int:
         """Chunks waiting for the driver."""
@@ -36,7 +43,10 @@ class Handoff:
             if self._closed:
                 raise HandoffClosed()
             self._chunks.append(chunk)
-            self._cond.notify()
+            self._queued_records += len(chunk)
+            self._queued_bytes += chunk.data_bytes
+            if self._queued_records >= self._wake_records or self._queued_bytes >= self._wake_bytes:
+                self._cond.notify()
 
     def cut(self) -> None:
         """Close the batch being taken now (or, if none is, the next one) with what is queued,
@@ -53,6 +63,7 @@ class Handoff:
             self._closed = True
             left = list(self._chunks)
             self._chunks.clear()
+            self._queued_records = self._queued_bytes = 0
             self._cond.notify_all()
             return left
 
@@ -83,6 +94,8 @@ class Handoff:
                 if batch and (records + len(chunk) > max_records or nbytes + chunk.data_bytes > max_bytes):
                     return batch
                 self._chunks.popleft()
+                self._queued_records -= len(chunk)
+                self._queued_bytes -= chunk.data_bytes
                 self._cut_chunks = max(0, self._cut_chunks - 1)
                 batch.append(chunk)
                 records += len(chunk)
@@ -92,5 +105,9 @@ class Handoff:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return batch
-            self._cond.wait(remaining)
+            self._wake_records, self._wake_bytes = max_records - records, max_bytes - nbytes
+            try:
+                self._cond.wait(remaining)
+            finally:
+                self._wake_records = self._wake_bytes = 0
         return batch

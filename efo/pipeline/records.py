@@ -7,9 +7,12 @@ wire and in the output, and compared as integers everywhere (they run to 128 dig
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
+
+import pyarrow as pa
 
 PositionKind = Literal[
     "LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER", "SHARD_END"
@@ -68,12 +71,36 @@ class Position:
 
 MAX_SUB_SEQUENCE = 2**63 - 1
 
+#: A column of record payloads: one ``pyarrow`` binary array per event, what the decoder builds from
+#: the wire (base64-decoded in bulk: efo.kinesis.columns) and from botocore's parse (from_parsed) alike;
+#: :func:`efo.kinesis.columns.column_bytes` counts its bytes. (pyarrow ships no type stubs: mypy sees
+#: the alias as Any, so tests run every path on the real column instead.)
+Payloads: TypeAlias = "pa.BinaryArray"
+
+
+def empty_payloads() -> Payloads:
+    """An empty payload column (a chunk's or an event's default)."""
+    return pa.array([], pa.binary())
+
+
 #: The checkpoint of a finished shard: its children may start.
 SHARD_END: Final = Position("SHARD_END")
 
 
 def after(sequence_number: str) -> Position:
     return Position("AFTER_SEQUENCE_NUMBER", sequence_number)
+
+
+class Row(NamedTuple):
+    """One record's values (:meth:`RecordChunk.of_rows`)."""
+
+    sequence_number: str
+    data: bytes
+    partition_key: str
+    arrival_ms: int
+    sub_sequence_number: int | None = None
+    explicit_hash_key: str | None = None
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -89,7 +116,7 @@ class RecordChunk:
     partition_keys: list[str] = field(default_factory=list)
     explicit_hash_keys: list[str | None] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    data: list[bytes] = field(default_factory=list)
+    data: Payloads = field(default_factory=empty_payloads)  # one pyarrow binary array (Payloads)
     errors: list[str | None] = field(default_factory=list)
     data_bytes: int = 0
     dead_letters: list[Any] = field(default_factory=list)  # efo.kinesis.kpl.DeadLetter: committed with the chunk
@@ -99,23 +126,22 @@ class RecordChunk:
         """Rows for the sink (dead letters are carried beside them)."""
         return len(self.sequence_numbers)
 
-    def append(
-        self,
-        sequence_number: str,
-        data: bytes,
-        partition_key: str,
-        arrival_ms: int,
-        *,
-        sub_sequence_number: int | None = None,
-        explicit_hash_key: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        """One row (the subscription fills whole columns at once; this is for the odd row)."""
-        self.sequence_numbers.append(sequence_number)
-        self.sub_sequence_numbers.append(sub_sequence_number)
-        self.partition_keys.append(partition_key)
-        self.explicit_hash_keys.append(explicit_hash_key)
-        self.arrival_ms.append(arrival_ms)
-        self.data.append(data)
-        self.errors.append(error)
-        self.data_bytes += len(data)
+    @classmethod
+    def of_rows(cls, stream: str, shard_id: str, serial: int, rows: Iterable[Row], *, epoch: int = 0) -> RecordChunk:
+        """A chunk of whole rows, its data as the one column the decoder builds (tests, odd rows)."""
+        rows = list(rows)
+        data = pa.array([row.data for row in rows], pa.binary())
+        return cls(
+            stream,
+            shard_id,
+            serial,
+            epoch,
+            sequence_numbers=[row.sequence_number for row in rows],
+            sub_sequence_numbers=[row.sub_sequence_number for row in rows],
+            partition_keys=[row.partition_key for row in rows],
+            explicit_hash_keys=[row.explicit_hash_key for row in rows],
+            arrival_ms=[row.arrival_ms for row in rows],
+            data=data,
+            errors=[row.error for row in rows],
+            data_bytes=sum(len(row.data) for row in rows),
+        )

@@ -23,6 +23,8 @@ SECTIONS = {
     "## 5 and 6. Failover, handoff and DynamoDB cost with two workers": "bench/workers.py",
     "## 7. A fleet: lease-plane cost, balance and takeover at scale": "bench/fleet.py",
     "## 8. A bounded run over a backlog": "bench/bounded.py",
+    "## 9. The whole service's CPU per record": "bench/service_cpu.py",
+    "## 10. The peer, side by side: async-kinesis and efo": "bench/peer.py",
 }
 
 

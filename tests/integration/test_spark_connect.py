@@ -138,12 +138,12 @@ def test_efo_run_with_spark_remote_delivers_exactly_once_through_the_connect_ser
 
 
 def _chunk(shard: str, first: int, count: int, serial: int) -> Any:
-    from efo.pipeline.records import RecordChunk
+    from efo.pipeline.records import RecordChunk, Row
 
-    c = RecordChunk("orders", shard, serial)
-    for i in range(first, first + count):
-        c.append(str(10**40 + i), _payload(i), f"pk-{i % 3}", 1_700_000_000_000 + i)
-    return c
+    rows = (
+        Row(str(10**40 + i), _payload(i), f"pk-{i % 3}", 1_700_000_000_000 + i) for i in range(first, first + count)
+    )
+    return RecordChunk.of_rows("orders", shard, serial, rows)
 
 
 class _NoActionSink:

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from efo.errors import SinkFailed
 from efo.pipeline.handoff import Handoff
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.batches import INVALID_JSON, BatchRunner, ValueDecoder
 from sparkbridge.sinks import BatchInfo, ConsoleSink, HandlerSink, ParquetSink
 
@@ -21,11 +21,16 @@ pytestmark = pytest.mark.spark
 
 
 def chunk(shard: str, first: int, count: int, *, serial: int = 1, epoch: int = 0, payload: Any = None) -> RecordChunk:
-    c = RecordChunk("orders", shard, serial, epoch)
-    for i in range(first, first + count):
-        data = payload(i) if payload else f"record-{shard}-{i}".encode()
-        c.append(str(10**40 + i), data, f"pk-{i % 3}", 1_700_000_000_000 + i)
-    return c
+    rows = (
+        Row(
+            str(10**40 + i),
+            payload(i) if payload else f"record-{shard}-{i}".encode(),
+            f"pk-{i % 3}",
+            1_700_000_000_000 + i,
+        )
+        for i in range(first, first + count)
+    )
+    return RecordChunk.of_rows("orders", shard, serial, rows, epoch=epoch)
 
 
 class Recorder:

@@ -19,7 +19,7 @@ from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, TableState
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import SHARD_END, Position, RecordChunk, after
+from efo.pipeline.records import SHARD_END, Position, RecordChunk, Row, after
 from efo.worker.bound import BOUND_TRANSITIONS, BoundState, IllegalBoundTransition, RunEnd, ShardBound
 from efo.worker.cycle import parents_finished
 
@@ -46,9 +46,8 @@ def _bound(until: Until = UNTIL, clock: Clock | None = None) -> tuple[ShardBound
 
 def _event(bound: ShardBound, pool: PendingPool, arrivals: list[int], first_seq: int, lag_ms: int = 5) -> RecordChunk:
     """What the subscription does with one event: its lag, the chunk announced, then put."""
-    chunk = RecordChunk("s", bound.shard_id, serial=0, epoch=1)
-    for i, arrival in enumerate(arrivals):
-        chunk.append(str(first_seq + i), b"xy", f"k{i}", arrival)
+    rows = [Row(str(first_seq + i), b"xy", f"k{i}", arrival) for i, arrival in enumerate(arrivals)]
+    chunk = RecordChunk.of_rows("s", bound.shard_id, 0, rows, epoch=1)
     chunk.grant = pool.try_acquire(len(chunk), chunk.data_bytes)
     bound.owned.series.event(lag_ms)
     chunk.serial = bound.next_serial()
@@ -398,3 +397,45 @@ def test_a_cut_shard_s_lag_is_not_reported_any_more() -> None:
     assert end.snapshot()["max_lag_ms"] == 5000, "the cut shard's lag stays the slowest"
     cut.owned.series.event(week_ms - 2)  # an event still in flight when reading stopped
     assert lag("cut-a") is None
+
+
+def test_a_cut_chunk_carrying_the_decoder_s_column_is_cut_whole_and_its_budget_comes_back() -> None:
+    """The decoder hands data over as one Arrow column (not a list of bytes): the cut slices it,
+    counts its bytes, and cuts errors and dead letters at the same record."""
+    import base64
+
+    from efo.kinesis.decoder import decode_payloads
+    from efo.kinesis.kpl import DeadLetter
+
+    bound, handoff, pool = _bound()
+    payloads = [b"a", b"bcd", b"efghij"]
+    chunk = RecordChunk("s", bound.shard_id, serial=0, epoch=1)
+    chunk.sequence_numbers = ["10", "11", "12"]
+    chunk.sub_sequence_numbers = [None, None, None]
+    chunk.partition_keys = ["k0", "k1", "k2"]
+    chunk.explicit_hash_keys = [None, None, None]
+    chunk.arrival_ms = [UNTIL_MS - 2, UNTIL_MS - 1, UNTIL_MS]
+    chunk.data = decode_payloads([base64.b64encode(p).decode() for p in payloads])
+    chunk.errors = [None, "bad", None]
+    chunk.data_bytes = 10
+    chunk.dead_letters = [DeadLetter(seq, "k", UNTIL_MS - 1, b"x", "corrupt") for seq in ("11", "12")]
+    chunk.grant = pool.try_acquire(len(chunk), chunk.data_bytes)
+    bound.owned.series.event(5)
+    chunk.serial = bound.next_serial()
+    bound.enqueued(chunk.serial, after("12"))
+    bound.put(chunk)
+    assert bound.state is BoundState.CUT
+    (taken,) = handoff.take_batch(10_000, 1 << 30, 0.0, 0.0)
+    assert taken.sequence_numbers == ["10", "11"] and taken.data.to_pylist() == [b"a", b"bcd"]
+    assert taken.errors == [None, "bad"] and taken.data_bytes == 4 and bound.bytes == 4
+    assert [letter.sequence_number for letter in taken.dead_letters] == ["11"]
+    # an event past the cut: dropped whole, its budget back
+    later = RecordChunk("s", bound.shard_id, serial=bound.next_serial(), epoch=1)
+    later.sequence_numbers, later.arrival_ms = ["13"], [UNTIL_MS + 1]
+    later.sub_sequence_numbers, later.partition_keys, later.explicit_hash_keys = [None], ["k"], [None]
+    later.data, later.errors = decode_payloads(["eHk="]), [None]
+    later.data_bytes = 2
+    later.grant = pool.try_acquire(1, 2)
+    bound.enqueued(later.serial, after("13"))
+    bound.put(later)
+    assert later.grant is None and len(later) == 0 and later.data_bytes == 0

@@ -334,3 +334,14 @@ def test_redacted_hides_passwords_tokens_and_keys_and_nothing_else(
     location: tuple[str, ...], value: object, shown: object
 ) -> None:
     assert redacted(location, value) == shown
+
+
+def test_a_batch_of_2_gib_or_more_is_refused_naming_the_field_its_env_variable_and_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch's data column is Arrow binary (32-bit offsets): 2 GiB of values cannot be one column."""
+    message = _config_error(monkeypatch, EFO_BATCH__MAX_BYTES=str(2**31))
+    assert "batch.max_bytes (EFO_BATCH__MAX_BYTES)" in message
+    assert "less than or equal to 1073741824" in message
+    _env(monkeypatch, EFO_BATCH__MAX_BYTES=str(2**30))
+    assert load_settings().batch.max_bytes == 2**30

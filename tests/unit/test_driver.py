@@ -139,7 +139,7 @@ def test_a_clean_stop_that_ends_just_after_the_deadline_is_not_cut_short() -> No
 
 def test_no_sink_attempt_starts_after_the_deadline_not_even_the_first_after_dead_letters() -> None:
     from efo.errors import SinkFailed
-    from efo.pipeline.records import RecordChunk
+    from efo.pipeline.records import RecordChunk, Row
     from sparkbridge.batches import BatchRunner
 
     now = [0.0]
@@ -155,8 +155,7 @@ def test_no_sink_attempt_starts_after_the_deadline_not_even_the_first_after_dead
             calls.append(self.name)
             now[0] += self.seconds
 
-    chunk = RecordChunk("s", "shard-0", 1, 1)
-    chunk.append("1", b"x", "k", 0)
+    chunk = RecordChunk.of_rows("s", "shard-0", 1, [Row("1", b"x", "k", 0)], epoch=1)
     chunk.dead_letters.append(
         type(
             "Letter",

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from efo.pipeline.handoff import Handoff, HandoffClosed
-from efo.pipeline.records import RecordChunk
+from efo.pipeline.records import RecordChunk, Row
 
 JOIN_S = 5.0  # only ever reached when a test fails
 
 
 def _chunk(serial: int, records: int = 1, nbytes: int = 10, shard: str = "shard-0") -> RecordChunk:
-    chunk = RecordChunk("s", shard, serial)
-    for i in range(records):
-        chunk.sequence_numbers.append(f"{serial}{i:04d}")
-        chunk.sub_sequence_numbers.append(None)
-        chunk.partition_keys.append("pk")
-        chunk.explicit_hash_keys.append(None)
-        chunk.arrival_ms.append(0)
-        chunk.data.append(b"x")
-        chunk.errors.append(None)
+    chunk = RecordChunk.of_rows("s", shard, serial, [Row(f"{serial}{i:04d}", b"x", "pk", 0) for i in range(records)])
     chunk.data_bytes = nbytes
     return chunk
 
@@ -274,3 +267,47 @@ def test_a_cut_while_nothing_is_queued_wakes_the_idle_taker_with_nothing() -> No
     handoff.cut()
     thread.join(JOIN_S)
     assert not thread.is_alive() and result == [[]]
+
+
+@pytest.mark.parametrize("closing", ["records", "bytes", "overflow"])
+def test_a_driver_waiting_in_a_batch_is_woken_once_what_is_queued_can_close_it(closing: str) -> None:
+    """Not at every put (each wake-up is a GIL hand-over): only when the queue reaches the batch's
+    room left, by records or by bytes, or holds a chunk that does not fit; the batch is the same."""
+    handoff = Handoff(clock=_frozen_clock())  # max_wait_s never passes: only a put can close the batch
+    notified: list[int] = []
+    notify = handoff._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        notified.append(n)
+        notify(n)
+
+    handoff._cond.notify = counting_notify  # type: ignore[method-assign]
+    batches: list[list[RecordChunk]] = []
+    taker = threading.Thread(
+        target=lambda: batches.append(handoff.take_batch(10, 100, 60.0, idle_wait_s=JOIN_S)), daemon=True
+    )
+    taker.start()
+    try:
+        _closes_on_the_put_that_can_close_it(handoff, notified, batches, taker, closing)
+    finally:
+        handoff.close()  # a failed check must not leave the driver waiting
+
+
+def _closes_on_the_put_that_can_close_it(
+    handoff: Handoff, notified: list[int], batches: list[list[RecordChunk]], taker: threading.Thread, closing: str
+) -> None:
+    handoff.put(_chunk(1, 2, 10))
+    deadline = time.monotonic() + 10.0
+    while not handoff._wake_records:  # the driver took it and waits for more
+        assert time.monotonic() < deadline, "the driver never waited for more records in the middle of a batch"
+        time.sleep(0.01)
+    notified.clear()
+    handoff.put(_chunk(2, 2, 10))
+    handoff.put(_chunk(3, 2, 10))
+    assert notified == [] and not batches
+    last = {"records": _chunk(4, 4, 10), "bytes": _chunk(4, 1, 70), "overflow": _chunk(4, 9, 10)}[closing]
+    handoff.put(last)
+    taker.join(JOIN_S)
+    assert notified == [1]
+    assert _serials(batches[0]) == ([1, 2, 3] if closing == "overflow" else [1, 2, 3, 4])
+    assert _serials(handoff.take_batch(10, 100, 0.0)) == ([4] if closing == "overflow" else [])

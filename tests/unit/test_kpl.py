@@ -6,12 +6,14 @@ import hashlib
 import tracemalloc
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 from aws_kinesis_agg.messages_pb2 import AggregatedRecord
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from efo.kinesis.columns import as_list, column_bytes
 from efo.kinesis.kpl import (
     CORRUPT_AGGREGATE,
     MAGIC,
@@ -413,6 +415,7 @@ class Event:
         self.partition_keys: list[str] = []
         self.arrival_ms: list[int] = []
         self.data: list[bytes] = []
+        self.column: Any = None  # what expand was last given: the decoder's shape, an Arrow column
 
     def add(self, sequence: int, data: bytes, partition_key: str = "outer") -> Event:
         self.sequence_numbers.append(str(sequence))
@@ -422,7 +425,8 @@ class Event:
         return self
 
     def expand(self, delivered: tuple[int, int] | None = None, **options: Any) -> Any:
-        return expand(self.sequence_numbers, self.partition_keys, self.arrival_ms, self.data, delivered, **options)
+        self.column = pa.array(self.data, pa.binary())
+        return expand(self.sequence_numbers, self.partition_keys, self.arrival_ms, self.column, delivered, **options)
 
 
 def rows(out: Any) -> list[tuple[Any, ...]]:
@@ -432,11 +436,11 @@ def rows(out: Any) -> list[tuple[Any, ...]]:
         out.partition_keys,
         out.explicit_hash_keys,
         out.arrival_ms,
-        out.data,
+        as_list(out.data),
         out.errors,
     )
     assert len({len(column) for column in columns}) == 1
-    assert out.data_bytes == sum(map(len, out.data))
+    assert out.data_bytes == column_bytes(out.data)
     return list(zip(*columns, strict=True))
 
 
@@ -452,10 +456,11 @@ def test_plain_events_come_back_as_the_same_lists() -> None:
     assert out.sequence_numbers is event.sequence_numbers
     assert out.partition_keys is event.partition_keys
     assert out.arrival_ms is event.arrival_ms
-    assert out.data is event.data
+    assert out.data is event.column
     assert out.sub_sequence_numbers == out.explicit_hash_keys == out.errors == [None] * 3
     assert (out.duplicates, out.corrupt, out.dead_letters, out.data_bytes) == (0, 0, [], 11)
-    assert event.expand((BIG, MAX_SUB_SEQUENCE)).data is event.data
+    out = event.expand((BIG, MAX_SUB_SEQUENCE))
+    assert out.data is event.column
 
 
 def test_a_magic_prefix_too_short_for_an_aggregate_is_a_plain_record() -> None:

@@ -28,7 +28,7 @@ from efo.errors import (
     translate,
 )
 from efo.kinesis.shards import Shard, ShardGraph
-from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
+from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, Row, after
 from sparkbridge.arrow import SCHEMA, to_table
 
 BIG = "49590338271490256608559692538361571095921575989136588898"
@@ -246,17 +246,19 @@ def test_error_code_reads_the_aws_code_or_none() -> None:
 
 
 def _chunk(shard: str, serial: int, seqs: list[str], *, epoch_ms: int = 1_700_000_000_123) -> RecordChunk:
-    chunk = RecordChunk("orders", shard, serial)
-    for i, seq in enumerate(seqs):
-        chunk.sequence_numbers.append(seq)
-        chunk.sub_sequence_numbers.append(i if i % 2 else None)
-        chunk.partition_keys.append(f"pk-{seq}")
-        chunk.explicit_hash_keys.append("123" if i % 2 else None)
-        chunk.arrival_ms.append(epoch_ms + i)
-        chunk.data.append(seq.encode())
-        chunk.errors.append("invalid_json" if i == 2 else None)
-        chunk.data_bytes += len(seq)
-    return chunk
+    rows = [
+        Row(
+            seq,
+            seq.encode(),
+            f"pk-{seq}",
+            epoch_ms + i,
+            sub_sequence_number=i if i % 2 else None,
+            explicit_hash_key="123" if i % 2 else None,
+            error="invalid_json" if i == 2 else None,
+        )
+        for i, seq in enumerate(seqs)
+    ]
+    return RecordChunk.of_rows("orders", shard, serial, rows)
 
 
 def test_to_table_has_exactly_the_public_schema() -> None:

@@ -19,7 +19,7 @@ from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import Lease
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, RecordChunk, after
+from efo.pipeline.records import Position, RecordChunk, Row, after
 from efo.worker.bound import BoundState, RunEnd, ShardBound
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
@@ -156,9 +156,8 @@ class CutThenEnd:
         self.handoff, self.progress, self.pool, self.shard_id = handoff, progress, pool, shard_id
 
     async def run(self) -> ShardEnded:
-        chunk = RecordChunk("s", self.shard_id, serial=0, epoch=1)
-        chunk.append("10", b"xy", "k", UNTIL_MS - 1)
-        chunk.append("11", b"xy", "k", UNTIL_MS)
+        rows = [Row("10", b"xy", "k", UNTIL_MS - 1), Row("11", b"xy", "k", UNTIL_MS)]
+        chunk = RecordChunk.of_rows("s", self.shard_id, 0, rows, epoch=1)
         chunk.grant = self.pool.try_acquire(len(chunk), chunk.data_bytes)
         chunk.serial = self.progress.next_serial()
         self.progress.enqueued(chunk.serial, after("11"))

@@ -310,7 +310,7 @@ def test_chunk_columns_carry_data_keys_and_arrival_in_epoch_milliseconds() -> No
     h = harness([[ev, shard_end()]])
     run(h.subscription.run())
     [chunk] = h.chunks()
-    assert chunk.data == [b"abc", b"de"]
+    assert chunk.data.to_pylist() == [b"abc", b"de"]
     assert chunk.partition_keys == ["k1", "k2"]
     assert chunk.arrival_ms == [1_700_000_000_123, 1_700_000_001_000]
     assert chunk.data_bytes == 5
