@@ -323,6 +323,13 @@ def _fleet_case(cases: list[dict[str, Any]], shards: int, workers: int) -> tuple
     return case, f"{case['shards']:,} x {case['workers']}"
 
 
+def _within(goal: str, case: dict[str, Any], phase: str, key: str, limit_s: float) -> Verdict:
+    """A fleet phase's seconds against a limit; None (never reached) is not met."""
+    seconds = (case.get(phase) or {}).get(key)
+    measured = "not reached" if seconds is None else f"{seconds:.1f} s"
+    return Verdict(goal, measured, seconds is not None and seconds <= limit_s)
+
+
 def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
     cases = figures["cases"]
     verdicts = []
@@ -367,33 +374,14 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
         )
     else:
         verdicts.append(Verdict(f"fleet {size} busy: busiest partition key", "not measured", False))
-    balanced = (case.get("start") or {}).get("balanced_s")
-    verdicts.append(
-        Verdict(
-            f"fleet {size}: balanced within 30 s of the start",
-            "not balanced" if balanced is None else f"{balanced:.1f} s",
-            balanced is not None and balanced <= 30,
-        )
-    )
+    verdicts.append(_within(f"fleet {size}: balanced within 30 s of the start", case, "start", "balanced_s", 30))
     case, size = _fleet_case(cases, 1024, 16)
-    ready = (case.get("start") or {}).get("ready_s")
-    verdicts.append(
-        Verdict(
-            f"fleet {size}: every worker ready (service.ready) within 30 s of starting next to the free shards",
-            "not ready" if ready is None else f"{ready:.1f} s",
-            ready is not None and ready <= 30,
-        )
-    )
+    goal = f"fleet {size}: every worker ready (service.ready) within 30 s of starting next to the free shards"
+    verdicts.append(_within(goal, case, "start", "ready_s", 30))
     case, size = _fleet_case(cases, 4096, 64)
-    takeover = (case.get("takeover") or {}).get("takeover_s")
-    goal = figures["failover_s"] + 2
-    verdicts.append(
-        Verdict(
-            f"fleet {size}: takeover within failover_s + 2 = {goal:g} s",
-            "not taken over" if takeover is None else f"{takeover:.1f} s",
-            takeover is not None and takeover <= goal,
-        )
-    )
+    limit_s = figures["failover_s"] + 2
+    goal = f"fleet {size}: takeover within failover_s + 2 = {limit_s:g} s"
+    verdicts.append(_within(goal, case, "takeover", "takeover_s", limit_s))
     for case in cases:
         idle = case.get("idle")
         if not idle:
