@@ -26,13 +26,6 @@ class Handoff:
         self._cut = False  # batches close at once with what is queued ...
         self._cut_chunks = 0  # ... until the chunks queued at the cut have been taken
         self._clock = clock
-        self._queued_records = 0
-        self._queued_bytes = 0
-        # While the driver waits in the middle of a batch, a put wakes it only once what is queued
-        # could close the batch (its room left): one wake-up per batch, not one per event, each of
-        # them a GIL hand-over between the two threads. 0: wake at every put.
-        self._wake_records = 0
-        self._wake_bytes = 0
 
     def __len__(self) -> int:
         """Chunks waiting for the driver."""
@@ -43,10 +36,7 @@ class Handoff:
             if self._closed:
                 raise HandoffClosed()
             self._chunks.append(chunk)
-            self._queued_records += len(chunk)
-            self._queued_bytes += chunk.data_bytes
-            if self._queued_records >= self._wake_records or self._queued_bytes >= self._wake_bytes:
-                self._cond.notify()
+            self._cond.notify()
 
     def cut(self) -> None:
         """Close the batch being taken now (or, if none is, the next one) with what is queued,
@@ -63,7 +53,6 @@ class Handoff:
             self._closed = True
             left = list(self._chunks)
             self._chunks.clear()
-            self._queued_records = self._queued_bytes = 0
             self._cond.notify_all()
             return left
 
@@ -94,8 +83,6 @@ class Handoff:
                 if batch and (records + len(chunk) > max_records or nbytes + chunk.data_bytes > max_bytes):
                     return batch
                 self._chunks.popleft()
-                self._queued_records -= len(chunk)
-                self._queued_bytes -= chunk.data_bytes
                 self._cut_chunks = max(0, self._cut_chunks - 1)
                 batch.append(chunk)
                 records += len(chunk)
@@ -105,9 +92,5 @@ class Handoff:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return batch
-            self._wake_records, self._wake_bytes = max_records - records, max_bytes - nbytes
-            try:
-                self._cond.wait(remaining)
-            finally:
-                self._wake_records = self._wake_bytes = 0
+            self._cond.wait(remaining)
         return batch
