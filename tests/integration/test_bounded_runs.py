@@ -61,11 +61,19 @@ def test_two_workers_read_a_backlog_to_caught_up_across_a_split_and_both_exit_0(
     w = Workers(local_stack, kinesis_client, dynamodb_client, tmp_path, shards=4, EFO_RUN__UNTIL="caught-up")
     backlog = w.producer.put(400)
     parent = shard_ids(kinesis_client, w.stream)[0]
-    # The parent answers nothing for its first 8 s, so the split below lands while the run reads it.
-    faults.add(operation="SubscribeToShard", action="stall", shard_id=parent, stall_s=8.0, count=1)
+    # No shard listing until both workers are alive (each retried its bootstrap, after its first
+    # heartbeat): the first lease cycle of each sees two live workers, so each claims its share and
+    # neither can take every lease before the other is seen, however slowly either one starts.
+    faults.add(operation="ListShards", action="error", status=500, error_code="InternalFailure", count=1_000_000)
     w.start("w1")
     w.start("w2")
-    w.wait_until(lambda: sum(w.holdings().values()) >= 1, 60, "a lease claimed")
+    w.wait_until(
+        lambda: all(w.events(name, "leases.bootstrap_failed") for name in ("w1", "w2")), 60, "both workers alive"
+    )
+    faults.clear()
+    # The parent answers nothing for its first 8 s, so the split below lands while the run reads it.
+    faults.add(operation="SubscribeToShard", action="stall", shard_id=parent, stall_s=8.0, count=1)
+    w.wait_until(lambda: len(w.holdings()) == 2, 60, "both workers holding leases")
     assert split_first_shard(kinesis_client, w.stream) == parent
     after_split = w.producer.put(200)  # into the children and the other shards, during the run
     assert wait_exit(w, "w1") == EXIT_OK and wait_exit(w, "w2") == EXIT_OK, w.runs["w1"].tail() + w.runs["w2"].tail()
