@@ -17,12 +17,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, InitSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from efo.errors import ConfigError
 
@@ -318,6 +319,98 @@ class SparkSettings(_Section):
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (YAML map).")
 
 
+#: What one entry of ``streams`` may set for its stream alone; the rest comes from the top level.
+STREAM_ENTRY_KEYS: Final = ("stream", "initial_position", "skip_older_than", "consumer_name", "consumer_arn")
+_STREAM_ARN = re.compile(r"arn:[^:]+:kinesis:[^:]*:[^:]*:stream/(?P<name>[^/]+)")
+
+
+def stream_name(name_or_arn: str) -> str:
+    """The stream's name, from its name or its ARN."""
+    match = _STREAM_ARN.fullmatch(name_or_arn.strip())
+    return match.group("name") if match else name_or_arn.strip()
+
+
+class StreamEntry(BaseModel):
+    """One stream of ``streams``: a name or ARN, and what it sets for itself alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stream: str
+    initial_position: str | None = None
+    skip_older_than: str | None = None
+    consumer_name: str | None = None
+    consumer_arn: str | None = None
+
+    @property
+    def name(self) -> str:
+        return stream_name(self.stream)
+
+    def given(self) -> dict[str, str]:
+        """The settings this entry sets, by name (``stream`` included)."""
+        return {key: value for key in STREAM_ENTRY_KEYS if (value := getattr(self, key)) is not None}
+
+
+def _stream_entries(value: object) -> list[StreamEntry]:
+    """``streams`` as entries: a comma-separated string (the environment's form), or a list of
+    names, ARNs and mappings (YAML); every mistake named with its place in the list."""
+    if isinstance(value, str):
+        raw: list[object] = [part.strip() for part in value.split(",")] if value.strip() else []
+    elif isinstance(value, (list, tuple)):
+        raw = list(value)
+    else:
+        raise ValueError("allowed: a list of stream names or ARNs, or of mappings with 'stream'")
+    if not raw:
+        raise ValueError("names no stream: name at least one, or set stream (EFO_STREAM) instead")
+    entries = []
+    for number, item in enumerate(raw, 1):
+        where = f"entry {number}"
+        if isinstance(item, StreamEntry):
+            entries.append(item)
+            continue
+        if isinstance(item, str):
+            item = {"stream": item}
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} is {item!r}: allowed: a stream name or ARN, or a mapping with 'stream'")
+        unknown = sorted(set(item) - set(STREAM_ENTRY_KEYS))
+        if unknown:
+            raise ValueError(
+                f"{where} has {', '.join(map(repr, unknown))}: allowed keys: {', '.join(STREAM_ENTRY_KEYS)}"
+            )
+        name = item.get("stream")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{where} is empty: each entry names a stream (a name or an ARN)")
+        for key, setting in item.items():
+            if setting is not None and not isinstance(setting, str):
+                raise ValueError(f"{where}: {key} = {setting!r}: allowed: a string")
+        for key, parse in (("initial_position", InitialPosition.parse), ("skip_older_than", parse_duration_s)):
+            if item.get(key) is None:
+                continue
+            try:
+                parsed = parse(item[key])
+            except ValueError as exc:
+                raise ValueError(f"{where}: {key} = {item[key]!r}: {exc}") from None
+            item[key] = f"{parsed:g}s" if isinstance(parsed, float) else str(parsed)
+        consumer_arn = item.get("consumer_arn")
+        if consumer_arn is not None and not consumer_arn.startswith("arn:"):
+            raise ValueError(f"{where}: consumer_arn = {consumer_arn!r}: allowed: a consumer ARN")
+        if consumer_arn is not None and item.get("consumer_name") is not None:
+            raise ValueError(f"{where}: set consumer_name or consumer_arn, not both")
+        entries.append(StreamEntry(**{**item, "stream": name.strip()}))
+    seen: dict[str, str] = {}
+    for entry in entries:
+        if entry.name in seen:
+            raise ValueError(
+                f"names stream {entry.name!r} twice ({seen[entry.name]!r} and {entry.stream!r}): list each stream once"
+            )
+        seen[entry.name] = entry.stream
+    arns = [entry.consumer_arn for entry in entries if entry.consumer_arn]
+    if len(arns) != len(set(arns)):
+        raise ValueError("one consumer_arn is given for several streams: a consumer belongs to one stream")
+    return entries
+
+
+#: Stands for ``stream`` when neither it nor ``streams`` is set: validation reports it missing.
+_NO_STREAM: Final = "\0no stream"
 #: Command-line flags of the ``load_settings`` call being validated: they win over the environment.
 _FLAGS: ContextVar[Mapping[str, Any] | None] = ContextVar("efo_setting_flags", default=None)
 
@@ -333,7 +426,15 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    stream: str = Field(description="Stream name or ARN (required).")
+    stream: str | None = Field(
+        None, description="Stream name or ARN (required, unless `streams` lists several streams)."
+    )
+    streams: Annotated[list[StreamEntry] | None, NoDecode] = Field(
+        None,
+        description="Several streams in one application, instead of `stream`: names or ARNs, comma-separated "
+        "in the environment; in YAML also mappings of `stream` and any of `initial_position`, "
+        "`skip_older_than`, `consumer_name`, `consumer_arn`, which apply to that stream alone.",
+    )
     app: str = Field(description="Application name (required); also the table and consumer name unless set.")
     table: str | None = Field(None, description="DynamoDB lease and checkpoint table. Default: app.")
     consumer_name: str | None = Field(None, description="EFO consumer to find or register. Default: app.")
@@ -407,10 +508,41 @@ class Settings(BaseSettings):
 
     @field_validator("stream", "app")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value == _NO_STREAM:
+            raise PydanticCustomError("missing", "Field required")
         if not value.strip():
             raise ValueError("must not be empty")
         return value.strip()
+
+    @field_validator("streams", mode="before")
+    @classmethod
+    def _streams(cls, value: object) -> list[StreamEntry] | None:
+        return None if value is None else _stream_entries(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_stream_is_required(cls, data: Any) -> Any:
+        """Neither ``stream`` nor ``streams``: reported as ``stream`` missing, beside any other error."""
+        if isinstance(data, dict) and data.get("stream") is None and data.get("streams") is None:
+            return {**data, "stream": _NO_STREAM}
+        return data
+
+    @model_validator(mode="after")
+    def _one_stream_form(self) -> Settings:
+        if self.stream is not None and self.streams is not None:
+            raise ValueError(
+                f"stream (EFO_STREAM) = {self.stream!r} and streams (EFO_STREAMS) = "
+                f"{','.join(entry.stream for entry in self.streams)!r}: set one of them, not both"
+            )
+        if self.streams is not None and len(self.streams) > 1 and self.consumer_arn:
+            raise ValueError(
+                f"consumer_arn (EFO_CONSUMER_ARN) = {self.consumer_arn!r} with {len(self.streams)} streams: a "
+                "consumer belongs to one stream; give each entry of streams its own consumer_arn, or use consumer_name"
+            )
+        return self
 
     @field_validator("initial_position")
     @classmethod
@@ -496,9 +628,17 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _until_agrees(self) -> Settings:
         """A bounded run whose window is empty by its own settings is a mistake, not a quick exit."""
+        for each in self.per_stream():
+            try:
+                each._check_until()
+            except ValueError as exc:
+                raise ValueError(f"stream {each.stream!r}: {exc}" if self.streams else str(exc)) from None
+        return self
+
+    def _check_until(self) -> None:
         bound = self.run.bound
         if bound is None or bound.time is None:
-            return self
+            return
         until = f"run.until (EFO_RUN__UNTIL) = {self.run.until!r}"
         start = self.start
         if start.timestamp is not None and start.timestamp >= bound.time:
@@ -514,7 +654,30 @@ class Settings(BaseSettings):
                 f"{until} is older than skip_older_than (EFO_SKIP_OLDER_THAN) = {self.skip_older_than!r} "
                 "ago: every record before it would be skipped; unset one of them"
             )
-        return self
+
+    def per_stream(self) -> list[Settings]:
+        """The settings of each stream read (one for ``stream``): ``stream`` set, the entry's own
+        settings over the top level's, ``streams`` unset."""
+        if self.streams is None:
+            return [self]
+        # An entry's consumer_name replaces the top level's consumer_arn (never both in one stream).
+        return [
+            self.model_copy(
+                update={**({"consumer_arn": None} if entry.consumer_name else {}), **entry.given(), "streams": None}
+            )
+            for entry in self.streams
+        ]
+
+    @property
+    def stream_names(self) -> list[str]:
+        """The name of each stream read, in the configured order."""
+        return [stream_name(each.stream or "") for each in self.per_stream()]
+
+    @property
+    def stream_ref(self) -> str:
+        """The one stream of these settings (name or ARN); several streams: see :meth:`per_stream`."""
+        assert self.stream is not None, "settings of several streams: use per_stream()"
+        return self.stream
 
     @property
     def skip_older_than_s(self) -> float | None:
@@ -552,7 +715,8 @@ def _describe(error: ValidationError) -> str:
         field = ".".join(str(part) for part in location) or "configuration"
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "missing":
-            lines.append(f"{field} ({_env_name(location)}) is required")
+            also = ", or streams (EFO_STREAMS) for several streams" if location == ("stream",) else ""
+            lines.append(f"{field} ({_env_name(location)}) is required{also}")
         elif item["type"] == "extra_forbidden":
             lines.append(f"{field} ({_env_name(location)}) is not a setting")
         elif item["type"] == "value_error" and isinstance(item.get("input"), dict):
@@ -718,6 +882,8 @@ def settings_table() -> str:
         name = location[-1]
         if field.is_required():
             default = "required"
+        elif location == ("stream",):
+            default = "required, or `streams`"
         elif field.default_factory is not None:
             default = "host-pid" if name == "worker_id" else f"`{field.default_factory()!r}`"  # type: ignore[call-arg]
         elif field.default is None:

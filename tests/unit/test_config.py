@@ -6,6 +6,7 @@ import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -268,7 +269,7 @@ def test_readme_configuration_table_is_the_generated_settings_table_verbatim() -
 def test_settings_table_lists_every_setting_with_its_env_variable_and_default() -> None:
     table = settings_table()
     assert "| `pool.max_pending_bytes` | `EFO_POOL__MAX_PENDING_BYTES` | `268435456` |" in table
-    assert "| `stream` | `EFO_STREAM` | required |" in table
+    assert "| `stream` | `EFO_STREAM` | required, or `streams` |" in table
     assert "| `worker_id` | `EFO_WORKER_ID` | host-pid |" in table
 
 
@@ -345,3 +346,78 @@ def test_a_batch_of_2_gib_or_more_is_refused_naming_the_field_its_env_variable_a
     assert "less than or equal to 1073741824" in message
     _env(monkeypatch, EFO_BATCH__MAX_BYTES=str(2**30))
     assert load_settings().batch.max_bytes == 2**30
+
+
+# ---- several streams --------------------------------------------------------------------
+
+
+def _streams_error(monkeypatch: pytest.MonkeyPatch, **values: Any) -> str:
+    _env(monkeypatch, EFO_APP="lake", EFO_SINK="console")
+    with pytest.raises(ConfigError) as info:
+        load_settings(**values)
+    assert info.value.exit_code == EXIT_CONFIG
+    return str(info.value)
+
+
+def test_streams_from_the_environment_are_comma_separated_names_or_arns(monkeypatch: pytest.MonkeyPatch) -> None:
+    arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/payments"
+    _env(monkeypatch, EFO_APP="lake", EFO_SINK="console", EFO_STREAMS=f"orders, {arn}")
+    settings = load_settings()
+    assert settings.stream_names == ["orders", "payments"]
+    assert [each.stream for each in settings.per_stream()] == ["orders", arn]
+    assert all(each.streams is None for each in settings.per_stream())
+
+
+def test_a_stream_entry_overrides_the_top_level_for_its_stream_alone(tmp_path: Path) -> None:
+    path = tmp_path / "efo.yaml"
+    path.write_text(
+        "app: lake\nsink: console\ninitial_position: LATEST\nconsumer_name: shared\n"
+        "streams:\n  - {stream: orders, initial_position: TRIM_HORIZON, skip_older_than: 2h}\n  - payments\n"
+        "  - {stream: clicks, consumer_arn: 'arn:aws:kinesis:eu-west-1:1:stream/clicks/consumer/c:1'}\n"
+    )
+    orders, payments, clicks = load_settings(path).per_stream()
+    assert (orders.stream, orders.initial_position, orders.skip_older_than_s) == ("orders", "TRIM_HORIZON", 7200)
+    assert (payments.initial_position, payments.skip_older_than, payments.consumer) == ("LATEST", None, "shared")
+    assert clicks.consumer_arn == "arn:aws:kinesis:eu-west-1:1:stream/clicks/consumer/c:1"
+
+
+def test_one_stream_is_its_own_only_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, **REQUIRED)
+    settings = load_settings()
+    assert settings.per_stream() == [settings] and settings.stream_names == ["orders"]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"stream": "orders", "streams": "payments"}, "stream (EFO_STREAM) = 'orders' and streams (EFO_STREAMS) = "),
+        ({"streams": "orders,"}, "streams (EFO_STREAMS) = 'orders,': entry 2 is empty"),
+        ({"streams": ""}, "streams (EFO_STREAMS) = '': names no stream"),
+        ({"streams": "orders,arn:aws:kinesis:eu-west-1:1:stream/orders"}, "names stream 'orders' twice"),
+        ({"streams": [{"stream": "orders", "batch_size": "5"}]}, "entry 1 has 'batch_size': allowed keys: stream, "),
+        ({"streams": [{"stream": "orders", "initial_position": "EARLIEST"}]}, "entry 1: initial_position = 'EARLIEST'"),
+        ({"streams": [{"stream": "orders", "skip_older_than": "soon"}]}, "entry 1: skip_older_than = 'soon'"),
+        (
+            {"streams": "orders,payments", "consumer_arn": "arn:aws:kinesis:eu-west-1:1:stream/orders/consumer/c:1"},
+            "with 2 streams: a consumer belongs to one stream",
+        ),
+        (
+            {"streams": [{"stream": "a", "consumer_arn": "arn:x"}, {"stream": "b", "consumer_arn": "arn:x"}]},
+            "one consumer_arn is given for several streams",
+        ),
+        ({}, "stream (EFO_STREAM) is required, or streams (EFO_STREAMS) for several streams"),
+    ],
+)
+def test_a_bad_list_of_streams_is_refused_naming_the_field_and_the_value(
+    monkeypatch: pytest.MonkeyPatch, values: dict[str, Any], expected: str
+) -> None:
+    assert expected in _streams_error(monkeypatch, **values)
+
+
+def test_a_bounded_run_checks_each_streams_own_initial_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _streams_error(
+        monkeypatch,
+        streams=[{"stream": "orders", "initial_position": "AT_TIMESTAMP:2026-01-02T00:00:00Z"}, "payments"],
+        run={"until": "2026-01-01T00:00:00Z"},
+    )
+    assert "stream 'orders': run.until (EFO_RUN__UNTIL) = '2026-01-01T00:00:00+00:00' is not after" in message
