@@ -52,6 +52,7 @@ from efo.worker.liveness import HeartbeatWriter, Liveness, Trust
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import HANDOVER_POLL_S, ShardRunner
 from efo.worker.shardsync import ShardSync
+from efo.worker.streams import StreamShares
 
 log = structlog.get_logger("efo.coordinator")
 
@@ -76,6 +77,7 @@ class Coordinator:
         pool: PendingPool,
         handoff: Handoff,
         heartbeats: HeartbeatWriter | None = None,
+        shares: StreamShares | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
@@ -88,7 +90,7 @@ class Coordinator:
         self._log = log.bind(worker_id=table.worker_id)
         self._ready = False
         self.stopping = asyncio.Event()  # nothing new is claimed or started
-        self.owned = OwnedLeases(table.worker_id, pool, self._on_change)
+        self.owned = OwnedLeases(table.worker_id, pool, self._on_change, stream=stream.name)
         self.liveness = Liveness(
             heartbeats or table,
             settings.lease,
@@ -164,6 +166,7 @@ class Coordinator:
             stopping=self.stopping,
             in_doubt=lambda: self.liveness.in_doubt,
             after_cycle=self._check_ready,
+            shares=shares,
             clock=clock,
         )
         # What each part learns of another, wired here rather than inside either.

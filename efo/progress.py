@@ -80,3 +80,15 @@ class TerminalProgress:
             handler.setStream(stream)
         self._handlers.clear()
         self._progress.stop()
+
+
+def combined(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several streams' progress as one line: shards, records and bytes summed, the slowest lag."""
+    lags = [s["max_lag_ms"] for s in snapshots if s.get("max_lag_ms") is not None]
+    return {
+        "shards_done": sum(s["shards_done"] for s in snapshots),
+        "shards_total": sum(s["shards_total"] for s in snapshots),
+        "records": sum(s["records"] for s in snapshots),
+        "bytes": sum(s["bytes"] for s in snapshots),
+        "max_lag_ms": max(lags) if lags else None,
+    }

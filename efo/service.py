@@ -3,14 +3,22 @@
 The Spark driver owns the main thread and the signals; it starts a :class:`Service`, takes
 batches from its :class:`Handoff`, and reports commits back. Everything that crosses between
 the two threads goes through the thread-safe methods below.
+
+Several streams (``streams``): one :class:`Coordinator` per stream, each with its own consumer,
+its own rows in the one lease table, its own heartbeat and its own lease cycle; all of them share
+the pool, the handoff and the Spark driver. Each stream's commits go to its own coordinator. A
+fatal error of one stops them all the way a SIGTERM does (each finishes its final checkpoints),
+then the service fails with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import structlog
 
@@ -26,6 +34,7 @@ from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
+from efo.worker.streams import StreamShares
 
 log = structlog.get_logger("efo.service")
 
@@ -44,8 +53,9 @@ class Service:
         self._loop_ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._driver_done: asyncio.Event | None = None
-        self._coordinator: Coordinator | None = None
-        self._checked: tuple[StreamInfo, str] | None = None  # stream and consumer, once checked
+        self._coordinators: list[Coordinator] = []
+        #: Each stream's description and consumer ARN, by its place in settings.per_stream(), once checked.
+        self._checked: list[tuple[StreamInfo, str]] | None = None
         #: A bounded run (run.until) that reached its end: everything read committed and checkpointed.
         self.completed = False
         self.incomplete: str | None = None  # a bounded run's reason for not being complete (Coordinator.incomplete)
@@ -66,11 +76,24 @@ class Service:
 
     def batch_started(self) -> None:
         """The driver handed a batch to the sink (for stall detection)."""
-        self._call(lambda: self._coordinator.batch_started() if self._coordinator else None)
+        self._call(self._batch_started)
+
+    def _batch_started(self) -> None:
+        for coordinator in self._coordinators:
+            coordinator.batch_started()
 
     def commit(self, commits: Iterable[Commit]) -> None:
+        """Every coordinator hears of every commit (its stall clock stops), with its own stream's chunks."""
         commits = list(commits)
-        self._call(lambda: self._coordinator.on_committed(commits) if self._coordinator else None)
+        self._call(lambda: self._committed(commits))
+
+    def _committed(self, commits: list[Commit]) -> None:
+        if len(self._coordinators) == 1:
+            self._coordinators[0].on_committed(commits)
+            return
+        for coordinator in self._coordinators:
+            name = coordinator.stream.name
+            coordinator.on_committed([commit for commit in commits if commit.stream == name])
 
     def request_stop(self) -> None:
         self._call(lambda: self._stop.set() if self._stop else None)
@@ -143,76 +166,136 @@ class Service:
     def _endpoints(self) -> Endpoints:
         return Endpoints(self.settings.region, self.settings.kinesis_endpoint, self.settings.dynamodb_endpoint)
 
-    async def _prepare(self, clients: Clients) -> Coordinator:
-        """The coordinator, after checking the stream, the table and the consumer and bootstrapping
-        the leases; what the pre-flight already checked is not asked again."""
-        settings = self.settings
+    async def _prepare(self, clients: Clients) -> list[Coordinator]:
+        """A coordinator per stream, after checking each stream, the table and each consumer;
+        what the pre-flight already checked is not asked again. One pool for all of them."""
         kinesis = await clients.kinesis()
-        if self._checked is None:
-            stream = await describe_stream(kinesis, settings.stream)
-        else:
-            stream, consumer_arn = self._checked
-        table = LeaseTable(
-            await clients.dynamodb(),
-            table=settings.table_name,
-            app=settings.app,
-            stream_arn=stream.arn,
-            worker_id=settings.worker_id,
-        )
-        if self._checked is None:
-            await table.ensure_table()
-            consumer_arn = await ensure_consumer(
-                kinesis,
+        dynamodb = await clients.dynamodb()
+        checking = self._checked is None
+        pool = PendingPool.of(self.settings.pool)
+        shares = StreamShares()  # each stream's cycle counts this worker's share over every stream
+        coordinators: list[Coordinator] = []
+        checked: list[tuple[StreamInfo, str]] = []
+        for place, settings in enumerate(self.settings.per_stream()):
+            if self._checked is None:
+                stream = await describe_stream(kinesis, settings.stream_ref)
+                consumer_arn = await ensure_consumer(
+                    kinesis,
+                    stream_arn=stream.arn,
+                    name=None if settings.consumer_arn else settings.consumer,
+                    arn=settings.consumer_arn,
+                )
+            else:
+                stream, consumer_arn = self._checked[place]
+            table = LeaseTable(
+                dynamodb,
+                table=settings.table_name,
+                app=settings.app,
                 stream_arn=stream.arn,
-                name=None if settings.consumer_arn else settings.consumer,
-                arn=settings.consumer_arn,
+                worker_id=settings.worker_id,
             )
-        table.consumer_arn = consumer_arn  # its heartbeat row says which consumer it reads through
-        # The heartbeat's own client (its own connections): no lease or checkpoint traffic delays it.
-        heartbeats = table.with_client(await clients.dynamodb())
-        coordinator = Coordinator(
-            settings=settings,
-            stream=stream,
-            consumer_arn=consumer_arn,
-            kinesis=kinesis,
-            subscriber=clients.subscriber(settings.subscription.read_timeout_s),
-            table=table,
-            pool=PendingPool.of(settings.pool),
-            handoff=self.handoff,
-            heartbeats=heartbeats,
-        )
-        if self._checked is None:
-            await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
-            self._checked = (stream, consumer_arn)
-        return coordinator
+            if checking and not coordinators:
+                await table.ensure_table()  # one table for every stream of the application
+            table.consumer_arn = consumer_arn  # its heartbeat row says which consumer it reads through
+            coordinator = Coordinator(
+                settings=settings,
+                stream=stream,
+                consumer_arn=consumer_arn,
+                kinesis=kinesis,
+                subscriber=clients.subscriber(settings.subscription.read_timeout_s),
+                table=table,
+                pool=pool,
+                handoff=self.handoff,
+                # The heartbeat's own client (its own connections): no lease or checkpoint traffic delays it.
+                heartbeats=table.with_client(await clients.dynamodb()),
+                shares=shares,
+            )
+            if checking:
+                await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
+            checked.append((stream, consumer_arn))
+            coordinators.append(coordinator)
+        self._checked = checked
+        return coordinators
 
     async def _serve(self) -> None:
         assert self._stop is not None and self._driver_done is not None
         async with Clients(self._endpoints()) as clients:
-            coordinator = await self._prepare(clients)
-            log.info("consumer.active", stream=coordinator.stream.name, consumer_arn=coordinator.consumer_arn)
-            pool = coordinator.pool
+            coordinators = await self._prepare(clients)
+            for coordinator in coordinators:
+                log.info("consumer.active", stream=coordinator.stream.name, consumer_arn=coordinator.consumer_arn)
+            pool = coordinators[0].pool
             METRICS.pool_records.set_function(lambda: pool.records)
             METRICS.pool_bytes.set_function(lambda: pool.bytes)
             METRICS.pool_capacity_records.set(pool.max_records)
             METRICS.pool_capacity_bytes.set(pool.max_bytes)
-            self.health.ready_check("table", coordinator.table_problem)
-            self.health.ready_check("shards", coordinator.shards_problem)
-            self._coordinator = coordinator
-            display = None
-            if coordinator.bounds is not None and progress.wanted(self.settings.log.format):
-                display = progress.TerminalProgress(str(coordinator.bounds.until)).start()
-                coordinator.bounds.on_progress = display.update
+            self.health.ready_check("table", _first_problem(coordinators, lambda c: c.table_problem()))
+            self.health.ready_check("shards", _first_problem(coordinators, lambda c: c.shards_problem()))
+            self._coordinators = coordinators
+            display = self._progress_display(coordinators)
             try:
-                await coordinator.run(self._stop, self._driver_done)
+                await self._run_all(coordinators)
             finally:
                 if display is not None:
                     display.close()
-            self.completed = coordinator.completed
-            self.incomplete = coordinator.incomplete
+            self.completed = all(coordinator.completed for coordinator in coordinators)
+            self.incomplete = next((c.incomplete for c in coordinators if c.incomplete is not None), None)
+
+    async def _run_all(self, coordinators: list[Coordinator]) -> None:
+        """Every stream's coordinator until each ends; the first fatal error stops the others as a
+        SIGTERM would (their final checkpoints and releases land), then is raised."""
+        assert self._stop is not None and self._driver_done is not None
+        stop, driver_done = self._stop, self._driver_done
+        errors: list[BaseException] = []
+
+        async def run(coordinator: Coordinator) -> None:
+            try:
+                await coordinator.run(stop, driver_done)
+            except Exception as error:
+                if not errors:
+                    log.error("service.stream_failed", stream=coordinator.stream.name, error=str(error))
+                errors.append(error)
+                stop.set()
+
+        async with asyncio.TaskGroup() as group:
+            for coordinator in coordinators:
+                group.create_task(run(coordinator), name=f"stream:{coordinator.stream.name}")
+        if errors:
+            raise errors[0]
+
+    def _progress_display(self, coordinators: list[Coordinator]) -> progress.TerminalProgress | None:
+        """A bounded run on a terminal: one line for every stream together."""
+        bounds = [c.bounds for c in coordinators if c.bounds is not None]
+        if not bounds or not progress.wanted(self.settings.log.format):
+            return None
+        display = progress.TerminalProgress(str(bounds[0].until)).start()
+        latest: dict[int, dict[str, Any]] = {}
+
+        def update(place: int, fields: dict[str, Any]) -> None:
+            latest[place] = fields
+            display.update(progress.combined(list(latest.values())))
+
+        for place, bound in enumerate(bounds):
+            bound.on_progress = functools.partial(update, place)
+        return display
 
     @property
     def stopped_before_end(self) -> bool:
         """A bounded run (run.until) that ended before the stream was read to its end (a SIGTERM):
         what it read is checkpointed, and a run started again reads on from there."""
         return self.settings.run.until is not None and not self.completed
+
+
+def _first_problem(
+    coordinators: list[Coordinator], check: Callable[[Coordinator], str | None]
+) -> Callable[[], str | None]:
+    """One readiness check over every stream: the first stream's problem, naming the stream."""
+    several = len(coordinators) > 1
+
+    def first() -> str | None:
+        for coordinator in coordinators:
+            problem = check(coordinator)
+            if problem is not None:
+                return f"stream {coordinator.stream.name!r}: {problem}" if several else problem
+        return None
+
+    return first

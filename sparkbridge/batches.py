@@ -33,12 +33,13 @@ INVALID_JSON = "invalid_json"
 
 
 def describe_batch(batch_id: str, chunks: Sequence[RecordChunk], attempt: int = 1) -> BatchInfo:
-    shards: dict[str, ShardRange] = {}
+    shards: dict[tuple[str, str], ShardRange] = {}
     for chunk in chunks:
-        known = shards.get(chunk.shard_id)
+        key = (chunk.stream, chunk.shard_id)
+        known = shards.get(key)
         first = known.first_sequence_number if known else chunk.sequence_numbers[0]
         count = (known.records if known else 0) + len(chunk)
-        shards[chunk.shard_id] = ShardRange(first, chunk.sequence_numbers[-1], count)
+        shards[key] = ShardRange(first, chunk.sequence_numbers[-1], count)
     return BatchInfo(
         batch_id=batch_id,
         records=sum(len(c) for c in chunks),
@@ -54,12 +55,12 @@ class DeliveryWatermark:
     was restarted at an explicit position) resets it, which may move it backwards on purpose."""
 
     def __init__(self) -> None:
-        self._marks: dict[str, tuple[int, int, int]] = {}  # shard -> (epoch, sequence, sub)
+        self._marks: dict[tuple[str, str], tuple[int, int, int]] = {}  # (stream, shard) -> (epoch, sequence, sub)
 
     def filter(self, chunk: RecordChunk) -> tuple[RecordChunk, int]:
         if not len(chunk):
             return chunk, 0
-        mark = self._marks.get(chunk.shard_id)
+        mark = self._marks.get((chunk.stream, chunk.shard_id))
         if mark is not None and mark[0] != chunk.epoch:
             mark = None
         # A chunk is in sequence order: past the mark at its first row, it is past it everywhere.
@@ -68,7 +69,7 @@ class DeliveryWatermark:
         else:
             keep = range(next((i for i in range(len(chunk)) if self._key(chunk, i) > mark[1:]), len(chunk)), len(chunk))
         if keep:
-            self._marks[chunk.shard_id] = (chunk.epoch, *self._key(chunk, keep[-1]))
+            self._marks[(chunk.stream, chunk.shard_id)] = (chunk.epoch, *self._key(chunk, keep[-1]))
         dropped = len(chunk) - len(keep)
         if not dropped:
             return chunk, 0

@@ -39,7 +39,7 @@ class BatchInfo:
     batch_id: str  # stable across retries of the same batch
     records: int
     bytes: int
-    shards: dict[str, ShardRange] = field(default_factory=dict)
+    shards: dict[tuple[str, str], ShardRange] = field(default_factory=dict)  # by (stream, shard id)
     attempt: int = 1
 
 

@@ -32,7 +32,7 @@ from efo.leases.lifecycle import ShardPhase
 from efo.observability import METRICS, ShardSeries
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
-from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after
+from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after, shard_key
 
 log = structlog.get_logger("efo.kinesis.subscription")
 
@@ -113,6 +113,7 @@ class ShardSubscription:
         self._consumer_arn = consumer_arn
         self.stream = stream
         self.shard_id = shard_id
+        self._pool_owner = shard_key(stream, shard_id)
         self.position = start
         self._delivered = start.delivered_through()
         self._pool = pool
@@ -174,7 +175,7 @@ class ShardSubscription:
                     position=str(self.position),
                 )
                 self._on_phase(ShardPhase.BACKPRESSURED)
-                self._held = await self._pool.acquire(waited.records, waited.bytes, self.shard_id)
+                self._held = await self._pool.acquire(waited.records, waited.bytes, self._pool_owner)
                 continue
             except Exception as exc:
                 if self._streaming:
@@ -384,14 +385,14 @@ class ShardSubscription:
                 self._pool.shrink(held, records, nbytes)
                 return held
             self._pool.release(held)
-        grant = self._pool.try_acquire(records, nbytes, self.shard_id)
+        grant = self._pool.try_acquire(records, nbytes, self._pool_owner)
         if grant is not None:
             METRICS.pool_wait.observe(0.0)
             return grant
         self._on_phase(ShardPhase.BACKPRESSURED)
         waiting_since = self._clock()
         try:
-            grant = await self._pool.acquire(records, nbytes, self.shard_id, timeout_s=self._backpressure_timeout_s)
+            grant = await self._pool.acquire(records, nbytes, self._pool_owner, timeout_s=self._backpressure_timeout_s)
         except TimeoutError:
             raise Backpressure(records, nbytes) from None
         finally:

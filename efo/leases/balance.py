@@ -1,8 +1,9 @@
 """How many shards each worker reads, decided by each worker on its own from one read of the table.
 
 Of the ``n`` shards that can be read now (not finished, parents finished) and the ``w`` live
-workers, each worker's share is ``floor(n / w)``, one more for the first ``n mod w`` workers in
-name order: every worker computes every share from the same table, so they agree without talking.
+workers, each worker's share is ``floor(n / w)``, one more for ``n mod w`` workers in name order
+(from the ``rank_offset``-th on, around: several streams deal their extras in turn): every worker
+computes every share from the same table, so they agree without talking.
 In one cycle a worker:
 
 1. **claims** free leases (unowned, or held by a dead worker) up to its share (and
@@ -53,14 +54,20 @@ def plan(
     stranded: AbstractSet[str] = frozenset(),
     asked: int = 0,
     may_ask: bool = True,
-    max_leases: int = 0,
+    max_leases: int | None = None,
     max_steals: int = 1,
+    rank_offset: int = 0,
+    exact: bool = False,
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
     leases another live worker asked for, still fresh; ``stranded``: free leases that are still this
     worker's in the table (taken back first: no move); ``asked``: this worker's requests still open;
-    ``may_ask``: this worker has been short for long enough that the others had their chance to shed."""
+    ``may_ask``: this worker has been short for long enough that the others had their chance to shed;
+    ``max_leases``: at most this many here (None: no limit); ``rank_offset``: the extra shards go to
+    the workers from this rank on, in name order and around (:mod:`efo.worker.streams`); ``exact``: a
+    spread of one moves too when the extra is not where the offset puts it (several streams: spreads
+    of one in the same direction add up over the streams)."""
     leases = sorted(readable, key=lambda lease: lease.shard_id)
     workers = sorted(set(live) | {me})
     count, width = len(leases), len(workers)
@@ -68,8 +75,8 @@ def plan(
     ceiling = floor + (1 if extra else 0)
 
     def share(worker: str) -> int:
-        base = floor + (1 if workers.index(worker) < extra else 0)
-        return min(base, max_leases) if max_leases else base
+        base = floor + (1 if (workers.index(worker) - rank_offset) % width < extra else 0)
+        return min(base, max_leases) if max_leases is not None else base
 
     load = Counter(lease.owner for lease in leases if lease.owner in workers)
     mine, target = load[me], share(me)
@@ -91,12 +98,16 @@ def plan(
     start = workers.index(me) * len(rest) // width
     free = first + rest[start:] + rest[:start]
     missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
-    cap = target if len(free) <= missing else max(target, min(ceiling, max_leases) if max_leases else ceiling)
+    cap = (
+        target if len(free) <= missing else max(target, min(ceiling, max_leases) if max_leases is not None else ceiling)
+    )
     claim = free[: max(0, cap - mine)]
     held = mine + len(claim)
 
     shed: list[str] = []
-    short = any(load[worker] < min(floor, share(worker)) for worker in workers if worker != me)
+    short = any(
+        load[worker] < (share(worker) if exact else min(floor, share(worker))) for worker in workers if worker != me
+    )
     if held > target and (held > ceiling or short):
         movable = [lease.shard_id for lease in leases if lease.owner == me and lease.shard_id not in moved_recently]
         shed = sorted(movable, reverse=True)[: held - target]

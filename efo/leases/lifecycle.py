@@ -83,7 +83,8 @@ class IllegalTransition(AssertionError):
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """The driver's acknowledgement of one committed chunk: which claim, which chunk, its budget."""
+    """The driver's acknowledgement of one committed chunk: which claim, which chunk, its budget,
+    and of which stream (the service hands each stream's commits to that stream's coordinator)."""
 
     shard_id: str
     epoch: int
@@ -91,10 +92,11 @@ class Commit:
     records: int
     grant: Grant | None = None
     bytes: int = 0
+    stream: str = ""
 
     @classmethod
     def of(cls, chunk: RecordChunk) -> Commit:
-        return cls(chunk.shard_id, chunk.epoch, chunk.serial, len(chunk), chunk.grant, chunk.data_bytes)
+        return cls(chunk.shard_id, chunk.epoch, chunk.serial, len(chunk), chunk.grant, chunk.data_bytes, chunk.stream)
 
 
 @dataclass(eq=False)

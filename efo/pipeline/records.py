@@ -87,6 +87,12 @@ def empty_payloads() -> Payloads:
 SHARD_END: Final = Position("SHARD_END")
 
 
+def shard_key(stream: str, shard_id: str) -> str:
+    """One shard's name among the shards of every stream read here (shard ids repeat across
+    streams): the pool's owner of its budget."""
+    return f"{stream}/{shard_id}"
+
+
 def after(sequence_number: str) -> Position:
     return Position("AFTER_SEQUENCE_NUMBER", sequence_number)
 

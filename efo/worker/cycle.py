@@ -31,6 +31,7 @@ from efo.observability import METRICS
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
 from efo.worker.shardsync import ShardSync
+from efo.worker.streams import StreamShares
 
 log = structlog.get_logger("efo.worker.cycle")
 
@@ -55,9 +56,11 @@ class LeaseCycle:
         stopping: asyncio.Event,
         in_doubt: Callable[[], bool],
         after_cycle: Callable[[], None] = lambda: None,
+        shares: StreamShares | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
+        self._shares = shares or StreamShares()  # this worker's other streams, for its share of them all
         self._table = table
         self._owned = owned
         self._runner = runner
@@ -128,6 +131,8 @@ class LeaseCycle:
         METRICS.shards_unowned.set(
             sum(1 for lease in readable if lease.owner is None or self.view.owner_is_dead(lease.owner))
         )
+        arn = self._table.stream_arn
+        self._shares.publish(arn, readable=len(readable), held=sum(1 for lease in readable if lease.owner == self._me))
         interval_s = self._settings.lease.sync_interval_s
         short_for_s = None if self._short_since is None else self._clock() - self._short_since
         busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
@@ -140,8 +145,10 @@ class LeaseCycle:
             stranded=stranded,
             asked=len(self.asked),
             may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * interval_s,
-            max_leases=self._settings.lease.max_leases_per_worker,
+            max_leases=self._shares.room(arn, self._settings.lease.max_leases_per_worker),
             max_steals=self._settings.lease.max_steals_per_cycle,
+            rank_offset=self._shares.rank_offset(arn),
+            exact=self._shares.several,
         )
         if not moves.short:
             self._short_since = None

@@ -14,14 +14,20 @@ from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease
 from efo.observability import METRICS
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position
+from efo.pipeline.records import Position, shard_key
 
 
 class OwnedLeases(Mapping[str, OwnedShard]):
     def __init__(
-        self, worker_id: str, pool: PendingPool, on_change: Callable[[OwnedShard], None] = lambda owned: None
+        self,
+        worker_id: str,
+        pool: PendingPool,
+        on_change: Callable[[OwnedShard], None] = lambda owned: None,
+        *,
+        stream: str = "",
     ) -> None:
         self.worker_id = worker_id
+        self.stream = stream  # the name of the stream these shards belong to (the pool's owners are per stream)
         self._pool = pool
         self._on_change = on_change
         self._shards: dict[str, OwnedShard] = {}
@@ -49,14 +55,14 @@ class OwnedLeases(Mapping[str, OwnedShard]):
 
     def add(self, owned: OwnedShard) -> None:
         self._shards[owned.shard_id] = owned
-        self._pool.register(owned.shard_id)
+        self._pool.register(shard_key(self.stream, owned.shard_id))
         METRICS.leases_held.set(len(self._shards))
 
     def forget(self, owned: OwnedShard) -> None:
         if self._shards.get(owned.shard_id) is owned:
             del self._shards[owned.shard_id]
             METRICS.forget_shard(owned.shard_id)
-        self._pool.unregister(owned.shard_id)
+        self._pool.unregister(shard_key(self.stream, owned.shard_id))
         METRICS.leases_held.set(len(self._shards))
         self.on_forget()
 

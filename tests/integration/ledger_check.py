@@ -69,7 +69,7 @@ def write(table: Any, batch: Any) -> None:
     either there or not), named so that files sort in commit order on this machine."""
     _misbehave()
     directory = Path(os.environ[OUTPUT_ENV])
-    rows = table.select(["shard_id", "sequence_number", "partition_key", "data"]).to_pylist()
+    rows = table.select(["stream", "shard_id", "sequence_number", "partition_key", "data"]).to_pylist()
     committed_ns = time.time_ns()
     name = f"{committed_ns:020d}-{batch.batch_id}"
     temporary = directory / f".{name}.tmp"
@@ -78,6 +78,7 @@ def write(table: Any, batch: Any) -> None:
             out.write(
                 json.dumps(
                     {
+                        "stream": row["stream"],
                         "shard": row["shard_id"],
                         "seq": row["sequence_number"],
                         "key": row["partition_key"],
@@ -194,16 +195,21 @@ class Verdict:
         )
 
 
-def committed_rows(directory: Path) -> list[dict[str, Any]]:
+def committed_rows(directory: Path, stream: str | None = None) -> list[dict[str, Any]]:
+    """What the sink committed, in commit order; of one stream only if ``stream`` is given."""
     rows: list[dict[str, Any]] = []
     for path in sorted(directory.glob("*.jsonl")):
         rows.extend(json.loads(line) for line in path.read_text().splitlines() if line)
-    return rows
+    return rows if stream is None else [row for row in rows if row["stream"] == stream]
 
 
-def check(produced: Iterable[Produced], directory: Path, disruptions: Iterable[Disruption] = ()) -> Verdict:
+def check(
+    produced: Iterable[Produced], directory: Path, disruptions: Iterable[Disruption] = (), *, stream: str | None = None
+) -> Verdict:
+    """The verdict over what the sink committed (of ``stream`` only, if given: several streams
+    have the same shard ids and partition keys)."""
     produced = list(produced)
-    rows = committed_rows(directory)
+    rows = committed_rows(directory, stream)
     disruptions = list(disruptions)
     # Each commit a disruption left uncheckpointed may be committed once more by the next reader:
     # a record's extra copies are due up to the number of its commits some disruption accounts for.

@@ -66,12 +66,13 @@ class ServiceRun:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    args: tuple[str, ...] = ()  # after ``efo run``, e.g. ("--config", path)
 
     def start(self) -> ServiceRun:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "efo.cli", "run"],
+                [sys.executable, "-m", "efo.cli", "run", *self.args],
                 env=self.env,
                 stdout=log,
                 stderr=log,

@@ -62,8 +62,8 @@ def test_batch_rows_keep_schema_values_and_per_shard_sequence_order(spark: Spark
     result = runner(spark, sink).run("b-1", chunks)
     ((info, rows),) = sink.calls
     assert [r["sequence_number"] for r in rows if r["shard_id"] == "s-1"] == [str(10**40 + i) for i in range(10)]
-    assert info.shards["s-1"].records == 10 and info.shards["s-2"].records == 3
-    assert info.shards["s-1"].first_sequence_number == str(10**40) and info.batch_id == "b-1"
+    assert info.shards["orders", "s-1"].records == 10 and info.shards["orders", "s-2"].records == 3
+    assert info.shards["orders", "s-1"].first_sequence_number == str(10**40) and info.batch_id == "b-1"
     first = rows[0]
     assert first["approximate_arrival_timestamp"] == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC).replace(
         tzinfo=None

@@ -9,6 +9,7 @@ import pytest
 from efo.leases.balance import plan
 from efo.leases.table import Lease
 from efo.pipeline.records import Position
+from efo.worker.streams import StreamShares
 
 
 def leases(owners: dict[str, str | None], wanted: dict[str, str] | None = None) -> list[Lease]:
@@ -122,9 +123,50 @@ def test_leases_of_dead_workers_are_free() -> None:
     assert len(moves.claim) == 2
 
 
-@pytest.mark.parametrize(("limit", "expected"), [(3, 3), (0, 8)])
-def test_max_leases_per_worker_caps_claims(limit: int, expected: int) -> None:
+@pytest.mark.parametrize(("limit", "expected"), [(3, 3), (0, 0), (None, 8)])
+def test_max_leases_per_worker_caps_claims(limit: int | None, expected: int) -> None:
     assert len(plan("a", leases(shards(8)), ["a"], max_leases=limit).claim) == expected
+
+
+def test_the_rank_offset_moves_the_extra_shards_to_the_next_workers_in_turn() -> None:
+    free = leases(shards(3))
+    assert [plan(w, free, ["a", "b"]).target for w in "ab"] == [2, 1]
+    assert [plan(w, free, ["a", "b"], rank_offset=1).target for w in "ab"] == [1, 2]
+    assert [plan(w, free, ["a", "b"], rank_offset=3).target for w in "ab"] == [1, 2]
+
+
+def test_three_streams_of_three_shards_on_two_workers_end_five_and_four_not_six_and_three() -> None:
+    """Each stream balanced alone would give its extra shard to the first worker each time."""
+    shares = {"a": StreamShares(), "b": StreamShares()}
+    arns = ["arn:clicks", "arn:orders", "arn:payments"]
+    owners: dict[str, dict[str, str | None]] = {arn: {**shards(3, "a")} for arn in arns}  # "a" started first
+    for _ in range(4):  # a few cycles: each worker publishes what it saw, then claims
+        for worker in "ab":
+            for arn in arns:
+                readable = leases(owners[arn])
+                held = sum(1 for lease in readable if lease.owner == worker)
+                shares[worker].publish(arn, readable=len(readable), held=held)
+                moves = plan(worker, readable, ["a", "b"], rank_offset=shares[worker].rank_offset(arn), exact=True)
+                for lease in moves.claim:
+                    owners[arn][lease.shard_id] = worker
+                for shard_id in moves.shed:
+                    owners[arn][shard_id] = None
+    totals = Counter(owner for arn in arns for owner in owners[arn].values())
+    assert sorted(totals.values()) == [4, 5], totals
+
+
+def test_one_stream_keeps_its_hysteresis_a_spread_of_one_moves_nothing() -> None:
+    owners = {"s00": "b", "s01": "b", "s02": "a"}  # b holds the extra that rank order would give a
+    assert plan("b", leases(owners), ["a", "b"]).shed == []
+    assert plan("b", leases(owners), ["a", "b"], exact=True).shed == ["s01"]
+
+
+def test_max_leases_per_worker_counts_every_stream() -> None:
+    shares = StreamShares()
+    shares.publish("arn:orders", readable=8, held=3)
+    shares.publish("arn:payments", readable=8, held=2)
+    assert shares.room("arn:payments", 4) == 1 and shares.room("arn:orders", 4) == 2
+    assert shares.room("arn:clicks", 4) == 0 and shares.room("arn:clicks", 0) is None
 
 
 def cycles(owners: dict[str, str | None], live: list[str], rounds: int) -> int:

@@ -341,9 +341,20 @@ def test_describe_batch_gives_per_shard_first_and_last_sequence_and_counts() -> 
     assert info.records == 6
     assert info.bytes == sum(c.data_bytes for c in chunks)
     assert info.shards == {
-        "s-0": ShardRange("9", "13", 5),
-        "s-1": ShardRange(BIG, BIG, 1),
+        ("orders", "s-0"): ShardRange("9", "13", 5),
+        ("orders", "s-1"): ShardRange(BIG, BIG, 1),
     }
+
+
+def test_describe_batch_keeps_the_same_shard_id_of_two_streams_apart() -> None:
+    pytest.importorskip("pyspark")
+    from sparkbridge.batches import describe_batch
+    from sparkbridge.sinks import ShardRange
+
+    payments = _chunk("s-0", 1, ["20"])
+    payments.stream = "payments"
+    info = describe_batch("batch-1", [_chunk("s-0", 1, ["9", "10"]), payments])
+    assert info.shards == {("orders", "s-0"): ShardRange("9", "10", 2), ("payments", "s-0"): ShardRange("20", "20", 1)}
 
 
 def test_describe_batch_defaults_to_the_first_attempt() -> None:
@@ -351,3 +362,18 @@ def test_describe_batch_defaults_to_the_first_attempt() -> None:
     from sparkbridge.batches import describe_batch
 
     assert describe_batch("b", [_chunk("s-0", 1, ["1"])]).attempt == 1
+
+
+def test_the_delivery_watermark_of_a_shard_id_does_not_drop_another_streams_rows() -> None:
+    pytest.importorskip("pyspark")
+    from sparkbridge.batches import DeliveryWatermark
+
+    watermark = DeliveryWatermark()
+    kept, dropped = watermark.filter(_chunk("s-0", 1, ["50", "51"]))
+    assert (len(kept), dropped) == (2, 0)
+    payments = _chunk("s-0", 1, ["7", "8"])  # below orders' mark of the same shard id
+    payments.stream = "payments"
+    kept, dropped = watermark.filter(payments)
+    assert (len(kept), dropped) == (2, 0)
+    kept, dropped = watermark.filter(_chunk("s-0", 2, ["50", "52"]))  # orders' own overlap is still dropped
+    assert (len(kept), dropped) == (1, 1)

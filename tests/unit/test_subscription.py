@@ -26,7 +26,7 @@ from efo.errors import (
 from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, Backoff, ShardEnded, ShardSubscription
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, RecordChunk, after
+from efo.pipeline.records import Position, RecordChunk, after, shard_key
 
 SHARD = "shardId-000000000001"
 STREAM = "orders"
@@ -611,7 +611,7 @@ def test_a_quiet_shard_is_admitted_from_its_reserve_while_another_shard_waits_fo
     async def scenario() -> None:
         pool = PendingPool(100, 1 << 30, reserved_records=10, reserved_bytes=1 << 20)
         pool.register("hot")
-        pool.register(SHARD)
+        pool.register(shard_key(STREAM, SHARD))  # the pool names a shard by its stream too
         hot = await pool.acquire(85, 85, "hot")
         hot_waiter = asyncio.ensure_future(pool.acquire(10, 10, "hot"))
         h = harness([FakeStream([event("1", continuation="1"), event("2", continuation="2")], hang=True)], pool=pool)

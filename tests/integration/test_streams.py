@@ -1,0 +1,196 @@
+"""Several streams in one application (``streams``), as real ``efo run`` processes on the local
+stack (kinesis-local behind the conformance proxy, the local DynamoDB) with the Spark-free sink of
+ledger_check.py: one lease table, one pool and one driver per process for every stream; each
+stream's own starting position, parent-before-child order and checkpoints; workers sharing every
+shard of every stream; a stream removed from the list and added back; a stream that does not exist."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from efo.devstack.leases import shard_leases
+from efo.devstack.stack import StackEndpoints
+from efo.errors import EXIT_NOT_FOUND, EXIT_OK
+
+from .ledger_check import Checkpoint, Disruption, Produced, Producer, check, committed_rows
+from .service import ServiceRun, arrow_env, create_stream, split_first_shard, unique
+
+pytestmark = pytest.mark.integration
+
+
+class Streams:
+    """Streams of one application, their producers, a config file per list, and the workers."""
+
+    def __init__(
+        self, stack: StackEndpoints, kinesis: Any, dynamodb: Any, tmp_path: Path, names: list[str], shards: int
+    ) -> None:
+        self.kinesis, self.dynamodb, self.tmp_path = kinesis, dynamodb, tmp_path
+        self.app = unique("app")
+        self.names = {name: unique(name) for name in names}  # short name -> the stream's real name
+        self.producers: dict[str, Producer] = {}
+        self.arns: dict[str, str] = {}
+        for name, stream in self.names.items():
+            create_stream(kinesis, stream, shards)
+            producer = Producer(kinesis, stream)
+            producer.keys = [f"{name}-{i:03d}" for i in range(24)]  # a row's key says its stream
+            self.producers[name] = producer
+            summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+            self.arns[name] = summary["StreamARN"]
+        self.sink = tmp_path / "sink"
+        self.env = arrow_env(stack, stream="", app=self.app, sink_dir=self.sink, initial_position="LATEST")
+        del self.env["EFO_STREAM"]
+        self.runs: dict[str, ServiceRun] = {}
+
+    def config(self, entries: list[Any]) -> Path:
+        """A YAML file listing ``entries`` (short names, or mappings with a short ``stream``)."""
+        resolved = [
+            self.names[entry] if isinstance(entry, str) else {**entry, "stream": self.names[entry["stream"]]}
+            for entry in entries
+        ]
+        path = self.tmp_path / f"efo-{len(list(self.tmp_path.glob('efo-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump({"streams": resolved}))
+        return path
+
+    def start(self, worker: str, config: Path, **env: str) -> ServiceRun:
+        log = self.tmp_path / f"{worker}-{len(self.runs)}.log"
+        run = ServiceRun({**self.env, "EFO_WORKER_ID": worker, **env}, log, args=("--config", str(config))).start()
+        self.runs[worker] = run
+        return run
+
+    def leases(self, name: str) -> dict[str, dict[str, Any]]:
+        return shard_leases(self.dynamodb, self.app, self.app, self.arns[name])
+
+    def holdings(self) -> Counter[str]:
+        """Leases held, by worker, over every stream."""
+        return Counter(
+            item["lease_owner"]["S"]
+            for name in self.names
+            for item in self.leases(name).values()
+            if item.get("lease_owner") and item.get("position_kind", {}).get("S") != "SHARD_END"
+        )
+
+    def rows(self, name: str) -> list[dict[str, Any]]:
+        return committed_rows(self.sink, self.names[name])
+
+    def delivered(self, name: str) -> set[tuple[str, str]]:
+        return {(row["shard"], row["seq"]) for row in self.rows(name)}
+
+    def wait_until(self, condition: Any, timeout_s: float, what: str) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            for worker, run in self.runs.items():
+                if run.process is not None and run.process.poll() not in (None, 0, -9):
+                    raise AssertionError(f"worker {worker} exited {run.process.returncode}:\n{run.tail()}")
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s: {dict(self.holdings())}"
+            time.sleep(0.3)
+
+    def wait_delivered(self, name: str, produced: list[Produced], timeout_s: float = 90.0) -> None:
+        wanted = {(p.shard_id, p.sequence_number) for p in produced}
+        self.wait_until(lambda: wanted <= self.delivered(name), timeout_s, f"every record of {name}")
+
+    def checkpoints(self, name: str, worker: str) -> dict[str, Checkpoint]:
+        return {
+            shard_id: Checkpoint.of(lease)
+            for shard_id, lease in self.leases(name).items()
+            if lease.get("lease_owner", {}).get("S") == worker
+        }
+
+
+def test_three_streams_two_workers_positions_per_stream_a_split_and_a_kill_lose_nothing(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "payments", "clicks"], shards=3)
+    before = {name: s.producers[name].put(60) for name in s.names}  # orders reads them (TRIM_HORIZON), not the others
+    config = s.config([{"stream": "orders", "initial_position": "TRIM_HORIZON"}, "payments", "clicks"])
+    s.start("w1", config)
+    s.start("w2", config)
+    # The share counts every stream: 9 shards on 2 workers end 5 and 4 (each stream alone: 6 and 3).
+    s.wait_until(lambda: sorted(s.holdings().values()) == [4, 5], 60, "9 shards held 5 and 4 over 3 streams")
+    after = {name: s.producers[name].put(90) for name in s.names}
+    split_first_shard(kinesis_client, s.names["payments"])
+    for name in s.names:
+        after[name] += s.producers[name].put(90)  # into payments' children too
+    for name in s.names:
+        s.wait_delivered(name, after[name][:30])
+
+    victim = s.runs["w2"]
+    assert victim.process is not None
+    pid = victim.process.pid
+    checkpoints = {name: s.checkpoints(name, "w2") for name in s.names}
+    victim.stop(signal.SIGKILL)
+    for name in s.names:
+        checkpoints[name] |= s.checkpoints(name, "w2")  # a claim may have landed in between
+        after[name] += s.producers[name].put(60)
+    for name in s.names:
+        s.wait_delivered(name, after[name])
+    assert s.runs["w1"].stop() == EXIT_OK
+
+    for name in s.names:
+        kill = Disruption("SIGKILL w2", checkpoints[name], frozenset({("w2", pid)}))
+        wanted = [*before[name], *after[name]] if name == "orders" else after[name]
+        verdict = check(wanted, s.sink, [kill], stream=s.names[name])
+        assert not verdict.lost and not verdict.out_of_order and not verdict.undue, (name, verdict)
+        rows = s.rows(name)
+        assert all(row["key"].startswith(f"{name}-") for row in rows), f"a row of another stream is named {name}"
+        if name != "orders":
+            skipped = {(p.shard_id, p.sequence_number) for p in before[name]}
+            assert not s.delivered(name) & skipped, f"{name} starts at LATEST, yet read what was there before"
+    parent = next(iter(sorted(s.leases("payments"))))
+    assert s.leases("payments")[parent]["position_kind"]["S"] == "SHARD_END", "payments' split parent not ended"
+
+
+def test_a_stream_removed_from_the_list_is_left_alone_then_resumes_where_it_stopped(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "payments"], shards=2)
+    both = s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in s.names])
+    orders_only = s.config([{"stream": "orders", "initial_position": "TRIM_HORIZON"}])
+    first = {name: s.producers[name].put(60) for name in s.names}
+    s.start("w1", both)
+    for name in s.names:
+        s.wait_delivered(name, first[name])
+
+    # A rolling restart to the shorter list: the new worker runs beside the old one. Both share
+    # orders; payments stays with the worker that still lists it, and nothing fights over it.
+    s.start("w2", orders_only)
+    s.wait_until(
+        lambda: {o.get("lease_owner", {}).get("S") for o in s.leases("orders").values()} == {"w1", "w2"},
+        60,
+        "orders shared by both workers",
+    )
+    assert {o.get("lease_owner", {}).get("S") for o in s.leases("payments").values()} == {"w1"}
+    assert s.runs["w1"].stop() == EXIT_OK  # the old worker leaves: payments' leases released, checkpoints kept
+    assert not any(item.get("lease_owner") for item in s.leases("payments").values())
+
+    second = {name: s.producers[name].put(60) for name in s.names}
+    s.wait_delivered("orders", second["orders"])
+    assert not s.delivered("payments") & {(p.shard_id, p.sequence_number) for p in second["payments"]}
+    assert not any(item.get("lease_owner") for item in s.leases("payments").values()), "a worker took payments"
+
+    s.start("w1", both)  # listed again: payments resumes at its checkpoints
+    s.wait_delivered("payments", second["payments"])
+    assert s.runs["w1"].stop() == EXIT_OK and s.runs["w2"].stop() == EXIT_OK
+    for name in s.names:
+        verdict = check([*first[name], *second[name]], s.sink, stream=s.names[name])
+        assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, (name, verdict)
+
+
+def test_a_stream_that_does_not_exist_at_start_exits_3_naming_it(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders"], shards=1)
+    missing = unique("missing")
+    path = tmp_path / "efo-missing.yaml"
+    path.write_text(yaml.safe_dump({"streams": [s.names["orders"], missing]}))
+    run = s.start("w1", path)
+    assert run.process is not None
+    assert run.process.wait(60) == EXIT_NOT_FOUND, run.tail()
+    assert missing in run.tail()
