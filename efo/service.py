@@ -26,7 +26,7 @@ from efo import progress
 from efo.aws import Clients, Endpoints
 from efo.config import Settings
 from efo.coordinator import Coordinator
-from efo.errors import EfoError, translate
+from efo.errors import EfoError, ResourceNotFound, translate
 from efo.health import Health, loop_answers
 from efo.kinesis.registration import StreamInfo, describe_stream, ensure_consumer
 from efo.leases.lifecycle import Commit
@@ -233,26 +233,40 @@ class Service:
             self._coordinators = coordinators
             display = self._progress_display(coordinators)
             try:
-                await self._run_all(coordinators)
+                await self._run_all(coordinators, await clients.kinesis())
             finally:
                 if display is not None:
                     display.close()
             self.completed = all(coordinator.completed for coordinator in coordinators)
             self.incomplete = next((c.incomplete for c in coordinators if c.incomplete is not None), None)
 
-    async def _run_all(self, coordinators: list[Coordinator]) -> None:
-        """Every stream's coordinator until each ends; the first fatal error stops the others as a
-        SIGTERM would (their final checkpoints and releases land), then is raised."""
+    async def _run_all(self, coordinators: list[Coordinator], kinesis: Any) -> None:
+        """Every stream's coordinator until each ends. A stream deleted while several are read
+        stops being read (its coordinator wrote its last checkpoints and released its leases) and
+        the others go on; any other fatal error stops the others as a SIGTERM would (their final
+        checkpoints and releases land), then is raised. So is the error of the last stream left."""
         assert self._stop is not None and self._driver_done is not None
         stop, driver_done = self._stop, self._driver_done
         errors: list[BaseException] = []
+        gone: list[BaseException] = []
 
         async def run(coordinator: Coordinator) -> None:
             try:
                 await coordinator.run(stop, driver_done)
             except Exception as error:
+                name = coordinator.stream.name
+                if len(gone) + 1 < len(coordinators) and await _stream_gone(kinesis, coordinator.stream, error):
+                    log.error(
+                        "stream.deleted",
+                        stream=name,
+                        error=str(error),
+                        hint="no longer read; the other streams go on. Remove it from streams (its checkpoints "
+                        "stay until 'efo checkpoints reset --delete-all --stream NAME') and restart",
+                    )
+                    gone.append(error)
+                    return
                 if not errors:
-                    log.error("service.stream_failed", stream=coordinator.stream.name, error=str(error))
+                    log.error("service.stream_failed", stream=name, error=str(error))
                 errors.append(error)
                 stop.set()
 
@@ -299,3 +313,17 @@ def _first_problem(
         return None
 
     return first
+
+
+async def _stream_gone(kinesis: Any, stream: StreamInfo, error: BaseException) -> bool:
+    """``error`` (a coordinator's end) is its stream being gone: deleted, or deleted and recreated."""
+    found = error.subgroup(ResourceNotFound) if isinstance(error, BaseExceptionGroup) else error
+    if not isinstance(found, (ResourceNotFound, BaseExceptionGroup)):
+        return False
+    try:
+        now = await describe_stream(kinesis, stream.arn)
+    except ResourceNotFound:
+        return True
+    except EfoError:
+        return False
+    return now.created_at != stream.created_at or now.status == "DELETING"

@@ -194,3 +194,22 @@ def test_a_stream_that_does_not_exist_at_start_exits_3_naming_it(
     assert run.process is not None
     assert run.process.wait(60) == EXIT_NOT_FOUND, run.tail()
     assert missing in run.tail()
+
+
+def test_a_stream_deleted_while_running_stops_being_read_and_the_others_go_on(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "clicks"], shards=2)
+    run = s.start("w1", s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in s.names]))
+    first = {name: s.producers[name].put(40) for name in s.names}
+    for name in s.names:
+        s.wait_delivered(name, first[name])
+    kinesis_client.delete_stream(StreamName=s.names["clicks"], EnforceConsumerDeletion=True)
+    deleted = run.wait_for_event("stream.deleted", timeout_s=60)
+    assert deleted["stream"] == s.names["clicks"], deleted
+    later = s.producers["orders"].put(40)
+    s.wait_delivered("orders", later)
+    assert run.process is not None and run.process.poll() is None, run.tail()
+    assert run.stop() == EXIT_OK
+    verdict = check([*first["orders"], *later], s.sink, stream=s.names["orders"])
+    assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
