@@ -137,8 +137,10 @@ class EfoProcess:
         *,
         cwd: Path | None = None,
         module: str = "efo.cli",
+        args: tuple[str, ...] = (),
     ) -> None:
-        """``module``: what ``python -m`` runs with the argument ``run`` (bench/named_threads.py wraps efo.cli)."""
+        """``module``: what ``python -m`` runs with the argument ``run`` (bench/named_threads.py wraps efo.cli),
+        followed by ``args`` (e.g. ``--config FILE``)."""
         from efo.devstack.stack import die_with_parent_process
 
         self.log_path = log_path
@@ -151,7 +153,12 @@ class EfoProcess:
 
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", module, "run"], env=env, stdout=log, stderr=log, preexec_fn=prepare, cwd=cwd
+                [sys.executable, "-m", module, "run", *args],
+                env=env,
+                stdout=log,
+                stderr=log,
+                preexec_fn=prepare,
+                cwd=cwd,
             )
         self.pid = self.process.pid
 

@@ -155,6 +155,33 @@ BENCHMARKS = [
         "library a user would otherwise pick, GetRecords) and with efo's subscription layer (SubscribeToShard), "
         "each in a process of its own. No goal: the comparison a user would make.",
     ),
+    Benchmark(
+        "streams",
+        "11. Several streams in one deployment",
+        "streams.py",
+        [
+            "--streams",
+            "3",
+            "--shards",
+            "64",
+            "--rate",
+            "2000",
+            "--sink",
+            "parquet",
+            "--warmup",
+            "20",
+            "--seconds",
+            "30",
+        ],
+        [
+            *("--streams", "2", "--shards", "2", "--rate", "200", "--records-per-event", "10", "--sink", "noop"),
+            *("--warmup", "1", "--seconds", "12"),
+        ],
+        "One `efo run` reading 3 streams x 64 shards (1 KiB records at one fixed offered rate, the synthetic "
+        "server, the Parquet sink) against three deployments of one stream each: ready time, RSS of every process "
+        "and its JVM together, CPU-seconds per 10,000 records. No goal: what a team saves by reading its streams "
+        "in one deployment.",
+    ),
 ]
 
 
@@ -416,6 +443,7 @@ GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "workers": workers_goals,
     "fleet": fleet_goals,
     "bounded": lambda figures: [],  # measured beside its baseline, no goal (issue 22)
+    "streams": lambda figures: [],  # one deployment against several, no goal (issue 20)
 }
 
 

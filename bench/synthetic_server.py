@@ -14,8 +14,9 @@ moment its event is written, so a consumer can measure arrival-to-commit latency
 server's clock (the same host's).
 
 For ``efo run`` it also answers the few control-plane calls the service makes, for a stream
-named ``bench-<shards>``: DescribeStreamSummary, ListShards, DescribeStreamConsumer (any ARN is
-ACTIVE) and RegisterStreamConsumer. Leases and checkpoints stay in a real (local) DynamoDB.
+named ``bench-<shards>`` (or ``bench-<shards>-<tag>``: several streams of one size):
+DescribeStreamSummary, ListShards, DescribeStreamConsumer (any ARN is ACTIVE) and
+RegisterStreamConsumer. Leases and checkpoints stay in a real (local) DynamoDB.
 
 With ``--hold``, every subscription sends only empty events (one a second) until ``POST /_bench/release``:
 a consumer becomes ready before any record arrives (bench/memory_bound.py measures its baseline then).
@@ -48,7 +49,7 @@ INITIAL_RESPONSE = encode_message(
     {":message-type": "event", ":event-type": "initial-response", ":content-type": "application/json"}, b"{}"
 )
 ARN_SHAPE = re.compile(rb"bench-(\d+)-(\d+)-(\d+)(?:-(\d+(?:\.\d+)?))?:")
-STREAM_SHAPE = re.compile(r"bench-(\d+)$")
+STREAM_SHAPE = re.compile(r"bench-(\d+)(?:-[a-z0-9]+)?$")
 ACCOUNT_ARN = "arn:aws:kinesis:us-east-1:000000000000"
 ARRIVAL_PLACEHOLDER = "1700000000.123"  # epoch seconds, 3 decimals: the same width until 2286
 FIRST_SEQUENCE = 49590338271490256608559692538361571095921575989136588898
@@ -60,8 +61,8 @@ def consumer_arn(record_bytes: int, records_per_event: int, events: int = 0, per
     return f"{ACCOUNT_ARN}:stream/bench/consumer/bench-{record_bytes}-{records_per_event}-{events}{pace}:1"
 
 
-def stream_name(shards: int) -> str:
-    return f"bench-{shards}"
+def stream_name(shards: int, tag: str = "") -> str:
+    return f"bench-{shards}-{tag}" if tag else f"bench-{shards}"
 
 
 class EventFactory:
