@@ -4,6 +4,8 @@ several streams in one application). No AWS: every case here is decided before a
 from __future__ import annotations
 
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +225,20 @@ def test_each_thing_not_found_is_its_own_line_and_exit_3(capsys: pytest.CaptureF
     missing = Covered([1], ["stream 'a' not found; create it", "stream 'b' not found; create it"])
     assert missing.report_missing() == EXIT_NOT_FOUND
     assert capsys.readouterr().err == "efo: stream 'a' not found; create it\nefo: stream 'b' not found; create it\n"
+
+
+# ---- efo run --stream ----------------------------------------------------------------------------
+
+
+def test_run_with_stream_runs_that_configured_stream_alone_with_its_settings(
+    config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[Any] = []
+    fake = types.ModuleType("sparkbridge.app")
+    fake.run = lambda settings: ran.append(settings) or EXIT_OK  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sparkbridge.app", fake)
+    assert main(["run", "--config", config, "--stream", "payments"]) == EXIT_OK
+    assert main(["run", "--config", config]) == EXIT_OK
+    selected, every = ran
+    assert (selected.stream, selected.streams, selected.consumer_name) == ("payments", None, "pay")
+    assert every.stream is None and every.stream_names == ["orders", "payments", "refunds"]
