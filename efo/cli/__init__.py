@@ -7,7 +7,8 @@ Exit codes of every command:
 - 1: a runtime failure (an AWS error, a wait that timed out, a refusal because a live worker uses the
   consumer, a confirmation answered no)
 - 2: usage or configuration (a bad flag or setting, or ``--yes`` missing without a terminal to ask on)
-- 3: a named resource not found (stream, consumer, lease table, application, shard)
+- 3: a named resource not found (stream, consumer, lease table, application, shard); a listing of
+  several streams still shows the others
 - 75: a bounded run (``efo run --until``) stopped before its end (SIGTERM), or its final checkpoints
   and releases did not all land: run it again
 
@@ -40,7 +41,8 @@ from efo.errors import EXIT_CONFIG, EXIT_RUNTIME, EfoError
         "efo checkpoints reset --stream orders --app billing --all --to LATEST --wait",
     )
     + "\n\nEvery operator command takes --stream, --app and --config (flags win over EFO_* variables, "
-    "which win over the file) and --json. Exit codes: 0 ok, 1 failed, 2 usage, 3 not found, "
+    "which win over the file) and --json. With several streams configured (streams), the listings cover "
+    "each of them and --stream selects one. Exit codes: 0 ok, 1 failed, 2 usage, 3 not found, "
     "75 a bounded run (efo run --until) stopped before its end. "
     "Older names still work: 'efo consumer ...' and 'efo leases'.",
 )

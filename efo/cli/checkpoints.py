@@ -14,12 +14,14 @@ from typing import Any
 import click
 
 from efo.cli.common import (
+    STREAM_COLUMN,
     Column,
     Connection,
     Group,
     Scope,
     confirm,
     examples,
+    for_each_stream,
     json_option,
     live_workers,
     now,
@@ -28,6 +30,7 @@ from efo.cli.common import (
     refuse_without_terminal,
     say,
     scoped,
+    scoped_streams,
     wait_s_option,
     wait_until,
     with_stream,
@@ -53,11 +56,11 @@ def checkpoints() -> None:
     """Where each shard of the application resumes; move it while workers run."""
 
 
-def checkpoint_records(state: TableState, scope: Scope) -> list[dict[str, Any]]:
-    """The ``--json`` shape of ``checkpoints show``, by shard id."""
+def checkpoint_records(stream: str, state: TableState, scope: Scope) -> list[dict[str, Any]]:
+    """The ``--json`` shape of ``checkpoints show`` for one stream (its name), by shard id."""
     live = live_workers(state, scope)
     return [
-        {"shard_id": lease.shard_id, "parents": list(lease.parents), "counter": lease.counter}
+        {"stream": stream, "shard_id": lease.shard_id, "parents": list(lease.parents), "counter": lease.counter}
         | lease_record(lease, live)
         for lease in sorted(state.leases.values(), key=lambda lease: lease.shard_id)
     ]
@@ -70,6 +73,7 @@ def _age(text: str | None) -> str:
 
 
 CHECKPOINT_COLUMNS = (
+    STREAM_COLUMN,
     Column("shard", lambda r: r["shard_id"]),
     Column("owner", lambda r: r["owner"] or ""),
     Column("lease", lambda r: r["lease_state"], lambda r: LEASE_STYLES.get(r["lease_state"], "")),
@@ -84,23 +88,28 @@ CHECKPOINT_COLUMNS = (
 @checkpoints.command(
     "show",
     short_help="Each shard's owner, checkpoint, lag, pending reset.",
-    epilog=examples("efo checkpoints show --stream orders --app billing", "efo leases --stream orders --app billing"),
+    epilog=examples(
+        "efo checkpoints show --app billing --config efo.yaml",
+        "efo checkpoints show --stream orders --app billing",
+        "efo leases --stream orders --app billing",
+    ),
 )
-@scoped(need_app=True)
+@scoped_streams(need_app=True)
 @json_option
-def show_command(scope: Scope, as_json: bool) -> int:
+def show_command(scopes: list[Scope], as_json: bool) -> int:
     """Each shard's lease: owner, lease state, counter, checkpoint, when it was written, lag, and
-    any reset not yet applied."""
+    any reset not yet applied; of every configured stream, or of the one --stream names."""
 
-    async def body(conn: Connection) -> TableState:
-        return await conn.table_state()
+    async def body(conn: Connection) -> list[dict[str, Any]]:
+        return checkpoint_records(conn.stream.name, await conn.table_state(), conn.scope)
 
-    records = checkpoint_records(with_stream(scope, body), scope)
+    covered = for_each_stream(scopes, body)
+    records = [record for records in covered.results for record in records]
     if as_json:
         print_json(records)
-        return EXIT_OK
-    print_table(records, CHECKPOINT_COLUMNS, empty=f"application {scope.app!r} has no leases yet")
-    return EXIT_OK
+    elif records or not covered.missing:
+        print_table(records, CHECKPOINT_COLUMNS, empty=f"application {scopes[0].app!r} has no leases yet")
+    return covered.report_missing()
 
 
 def reset_position(text: str) -> Position:
@@ -183,12 +192,17 @@ def reset_command(
             )
         owners = {state.leases[shard].owner for shard in shards} - {None}
         confirm(
-            f"Reset {len(shards)} shard(s) of application {scope.app!r} to {position}? "
+            f"Reset {len(shards)} shard(s) of application {scope.app!r} on stream {conn.stream.name!r} to {position}? "
             f"{len(owners)} worker(s) hold them and restart them there.",
             yes=yes,
         )
         reset_id = await table.request_reset(shards, position)
-        record: dict[str, Any] = {"reset_id": reset_id, "position": str(position), "shard_ids": shards}
+        record: dict[str, Any] = {
+            "reset_id": reset_id,
+            "position": str(position),
+            "shard_ids": shards,
+            "stream": conn.stream.name,
+        }
         if not as_json:
             applies = "their owners apply it within a lease cycle" if owners else "it applies at the next start"
             say(f"reset of {len(shards)} shard(s) to {position} requested (id {reset_id}); {applies}")

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import click
 import structlog
@@ -24,14 +24,15 @@ from rich.table import Table
 
 from efo.aws import Clients, Endpoints
 from efo.cli.status import worker_statuses
-from efo.config import Settings, load_settings, setting_sources
-from efo.errors import EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound, translate
+from efo.config import Settings, load_settings, setting_sources, stream_name
+from efo.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound, translate
 from efo.kinesis.registration import StreamInfo, describe_stream
 from efo.leases.table import LeaseTable, TableState
 
 T = TypeVar("T")
 Command = TypeVar("Command", bound=Callable[..., Any])
 
+NO_STREAM = "no stream given: pass --stream NAME, or set EFO_STREAM (or EFO_STREAMS for several)"
 NO_APP = "no application given: pass --app NAME or set EFO_APP (it names the lease table's rows)"
 NO_TABLE = "name the lease table with --app (or EFO_TABLE), or start 'efo run' once to create it"
 
@@ -94,10 +95,15 @@ def wait_s_option(default_s: float) -> Callable[[Command], Command]:
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """What an operator command works on: the settings, the stream, and the application if given."""
+    """What an operator command works on: one stream's settings, and the application if given."""
 
     settings: Settings
     app: str | None
+
+    @property
+    def stream(self) -> str:
+        """The stream's name or ARN, as configured (or given with --stream)."""
+        return self.settings.stream_ref
 
     @property
     def table(self) -> str | None:
@@ -114,30 +120,90 @@ class Scope:
         return self.app
 
 
-def load_scope(config: str | None, stream: str | None, app: str | None, *, need_app: bool) -> Scope:
-    """The settings of an operator command (the sink is not needed: console), with the stream
-    required and the application required only when ``need_app``."""
-    flags = {"stream": stream, "app": app}
-    sources = setting_sources(config, flags=flags)
-    if sources["stream"].kind == "default":
-        raise ConfigError("no stream given: pass --stream NAME or set EFO_STREAM")
+def select_stream(settings: Settings, stream: str) -> Settings:
+    """The settings of the stream ``--stream`` names in a ``streams`` configuration: its entry's
+    effective settings when it is listed (by name or ARN), else the top level's (a stream removed
+    from the list stays reachable, e.g. to delete its rows)."""
+    wanted = stream_name(stream)
+    for each in settings.per_stream():
+        if stream_name(each.stream_ref) == wanted:
+            return each
+    return settings.model_copy(update={"stream": stream.strip(), "streams": None})
+
+
+def load_for_stream(
+    config: str | None,
+    stream: str | None,
+    *,
+    defaults: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> Settings:
+    """The settings with ``--stream`` applied. With ``stream`` (or nothing) configured, the flag
+    wins over it as any flag does; with ``streams`` configured, the flag selects one stream
+    (:func:`select_stream`) rather than colliding with the list. No flag: the settings as loaded."""
+    flags = dict(flags or {})
+    if stream is not None and setting_sources(config, flags=flags)["streams"].kind == "default":
+        return load_settings(config, defaults=defaults, flags={**flags, "stream": stream})
+    settings = load_settings(config, defaults=defaults, flags=flags)
+    return settings if stream is None else select_stream(settings, stream)
+
+
+def load_scopes(config: str | None, stream: str | None, app: str | None, *, need_app: bool) -> list[Scope]:
+    """The streams an operator command works on, each with its effective settings (the sink is
+    not needed: console): the one ``--stream`` names, else every configured stream. The
+    application is required only when ``need_app``."""
+    sources = setting_sources(config, flags={"stream": stream, "app": app})
+    if sources["stream"].kind == "default" and sources["streams"].kind == "default":
+        raise ConfigError(NO_STREAM)
     has_app = sources["app"].kind != "default"
     if need_app and not has_app:
         raise ConfigError(NO_APP)
     defaults = {"sink": "console"} | ({} if has_app else {"app": _APP_STAND_IN})
-    settings = load_settings(config, defaults=defaults, flags=flags)
-    return Scope(settings, settings.app if has_app else None)
+    settings = load_for_stream(config, stream, defaults=defaults, flags={"app": app})
+    return [Scope(each, each.app if has_app else None) for each in settings.per_stream()]
+
+
+def one_stream(scopes: Sequence[Scope]) -> Scope:
+    """The one stream of a command that acts on one: with several configured, a usage error naming
+    them and ``--stream`` (nothing is done to every stream at once by default)."""
+    if len(scopes) == 1:
+        return scopes[0]
+    command = click.get_current_context().command_path
+    names = ", ".join(stream_name(scope.stream) for scope in scopes)
+    raise ConfigError(f"'{command}' acts on one stream and {len(scopes)} are configured ({names}): pass --stream NAME")
+
+
+def streams_text(scopes: Sequence[Scope]) -> str:
+    """``stream 'orders'``, or ``streams 'orders', 'payments'``, for sentences."""
+    names = ", ".join(repr(scope.stream) for scope in scopes)
+    return f"stream {names}" if len(scopes) == 1 else f"streams {names}"
 
 
 def scoped(*, need_app: bool) -> Callable[[Command], Command]:
-    """Add the settings options to a command and hand it a :class:`Scope` as ``scope``."""
+    """Add the settings options to a command that acts on one stream and hand it a :class:`Scope`
+    as ``scope`` (refused without --stream when several streams are configured)."""
 
     def decorate(command: Command) -> Command:
         @functools.wraps(command)
         def with_scope(*args: Any, config: str | None, stream: str | None, app: str | None, **kwargs: Any) -> Any:
-            return command(*args, scope=load_scope(config, stream, app, need_app=need_app), **kwargs)
+            scope = one_stream(load_scopes(config, stream, app, need_app=need_app))
+            return command(*args, scope=scope, **kwargs)
 
         return settings_options(with_scope)  # type: ignore[return-value]
+
+    return decorate
+
+
+def scoped_streams(*, need_app: bool) -> Callable[[Command], Command]:
+    """Add the settings options to a command that shows every configured stream (or the one
+    --stream names) and hand it their :class:`Scope` list as ``scopes``."""
+
+    def decorate(command: Command) -> Command:
+        @functools.wraps(command)
+        def with_scopes(*args: Any, config: str | None, stream: str | None, app: str | None, **kwargs: Any) -> Any:
+            return command(*args, scopes=load_scopes(config, stream, app, need_app=need_app), **kwargs)
+
+        return settings_options(with_scopes)  # type: ignore[return-value]
 
     return decorate
 
@@ -190,20 +256,52 @@ def live_workers(state: TableState, scope: Scope) -> set[str]:
 
 def with_stream(scope: Scope, body: Callable[[Connection], Awaitable[T]]) -> T:
     """Run ``body`` with the AWS clients and the described stream."""
-    settings = scope.settings
+    [result] = for_each_stream([scope], body).results
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Covered(Generic[T]):
+    """What a command found on each stream it covers: the results in the streams' order, and what
+    was not found (one sentence each, without repeats: a missing lease table is missing once)."""
+
+    results: list[T]
+    missing: list[str]
+
+    def report_missing(self) -> int:
+        """Each thing not found as its own error line: exit 3 when there is one, else 0."""
+        for message in self.missing:
+            click.echo(f"efo: {message}", err=True)
+        return EXIT_NOT_FOUND if self.missing else EXIT_OK
+
+
+def for_each_stream(scopes: Sequence[Scope], body: Callable[[Connection], Awaitable[T]]) -> Covered[T]:
+    """Run ``body`` on each stream in turn, with one set of AWS clients. With one stream, anything
+    not found fails the command (exit 3); with several, a stream that is not found (or an
+    application without rows on it) is kept in :attr:`Covered.missing` and the others are shown."""
+    settings = scopes[0].settings  # the endpoints and the region are the application's, not a stream's
     operator_logging()
 
-    async def main() -> T:
+    async def main() -> Covered[T]:
         endpoints = Endpoints(settings.region, settings.kinesis_endpoint, settings.dynamodb_endpoint)
+        covered: Covered[T] = Covered([], [])
         try:
             async with Clients(endpoints) as clients:
                 kinesis = await clients.kinesis()
-                stream = await describe_stream(kinesis, settings.stream)
-                return await body(Connection(scope, clients, kinesis, stream))
+                for scope in scopes:
+                    try:
+                        stream = await describe_stream(kinesis, scope.stream)
+                        covered.results.append(await body(Connection(scope, clients, kinesis, stream)))
+                    except ResourceNotFound as exc:
+                        if len(scopes) == 1:
+                            raise
+                        if str(exc) not in covered.missing:
+                            covered.missing.append(str(exc))
         except EfoError:
             raise
         except Exception as exc:  # e.g. no region configured: one line and its exit code, no traceback
             raise translate(exc, resource="the AWS clients") from None
+        return covered
 
     return asyncio.run(main())
 
@@ -237,6 +335,10 @@ class Column(NamedTuple):
     header: str
     text: Callable[[dict[str, Any]], str]
     style: Callable[[dict[str, Any]], str] | None = None  # a rich style, seen on a terminal only
+
+
+#: The first column of every listing that covers the configured streams.
+STREAM_COLUMN = Column("stream", lambda r: r["stream"])
 
 
 def print_table(records: Sequence[dict[str, Any]], columns: Sequence[Column], *, empty: str) -> None:

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
-from efo.cli.common import Column, examples, json_option, print_json, print_table, say, settings_options
-from efo.config import load_settings, redacted, setting_locations, setting_sources, settings_table
+from efo.cli.common import (
+    Column,
+    examples,
+    json_option,
+    load_for_stream,
+    print_json,
+    print_table,
+    say,
+    select_stream,
+    settings_options,
+)
+from efo.config import (
+    STREAM_ENTRY_KEYS,
+    Settings,
+    SettingSource,
+    load_settings,
+    redacted,
+    setting_locations,
+    setting_sources,
+    settings_table,
+    stream_name,
+)
 from efo.errors import EXIT_OK
 
 
@@ -28,19 +49,32 @@ def config() -> None:
 @settings_options
 @json_option
 def validate_command(config: str | None, stream: str | None, app: str | None, as_json: bool) -> int:
-    """Exit 0 when the settings are valid, 2 naming every bad one; makes no AWS call."""
-    settings = load_settings(config, flags={"stream": stream, "app": app})
+    """Exit 0 when the settings are valid, 2 naming every bad one; makes no AWS call. With several
+    streams configured, --stream checks the settings of that one."""
+    settings = load_for_stream(config, stream, flags={"app": app})
+    names = settings.stream_names
     if as_json:
-        print_json({"valid": True, "stream": settings.stream, "app": settings.app, "sink": settings.sink})
+        print_json(
+            {"valid": True, "stream": settings.stream, "streams": names, "app": settings.app, "sink": settings.sink}
+        )
     else:
-        say(f"configuration is valid: stream={settings.stream} app={settings.app} sink={settings.sink}")
+        streams = f"stream={settings.stream}" if settings.stream else f"streams={','.join(names)}"
+        say(f"configuration is valid: {streams} app={settings.app} sink={settings.sink}")
     return EXIT_OK
 
 
-def settings_records(config: str | None, flags: dict[str, str | None]) -> list[dict[str, Any]]:
+def _streams_configured(config: str | None, flags: Mapping[str, str | None]) -> bool:
+    return setting_sources(config, flags=flags)["streams"].kind != "default"
+
+
+def settings_records(config: str | None, stream: str | None, app: str | None) -> list[dict[str, Any]]:
     """The ``--json`` shape of ``config show``: every setting, its effective value (secrets
     redacted), and where it came from (``source``: default, file, environment or flag; ``origin``:
-    the file, the variable or the flag)."""
+    the file, the variable or the flag), with ``stream`` null; then each stream's own settings
+    (:func:`stream_records`). With ``streams`` configured, ``--stream`` selects the stream shown
+    instead of replacing the list."""
+    selects = stream is not None and _streams_configured(config, {"app": app})
+    flags = {"app": app} if selects else {"stream": stream, "app": app}
     settings = load_settings(config, defaults={"sink": "console"}, flags=flags)
     values = settings.model_dump(mode="json")
     sources = setting_sources(config, flags=flags)
@@ -50,16 +84,47 @@ def settings_records(config: str | None, flags: dict[str, str | None]) -> list[d
         for name in location:
             value = value[name]
         dotted = ".".join(location)
-        source = sources[dotted]
-        records.append(
-            {
-                "setting": dotted,
-                "value": redacted(location, value),
-                "source": source.kind,
-                "origin": source.origin or None,
-            }
-        )
+        records.append(_record(None, dotted, redacted(location, value), sources[dotted], None))
+    chosen = [select_stream(settings, stream)] if selects and stream is not None else settings.per_stream()
+    for each in chosen:
+        records += stream_records(settings, each, sources, selected_by_flag=selects)
     return records
+
+
+def stream_records(
+    settings: Settings, each: Settings, sources: Mapping[str, SettingSource], *, selected_by_flag: bool
+) -> list[dict[str, Any]]:
+    """One stream's effective ``stream``, ``initial_position``, ``skip_older_than``,
+    ``consumer_name`` and ``consumer_arn``, and where each came from: its entry in ``streams``
+    (``entry``: its number in the list, 1 for the first), else the top level or the default
+    (``entry`` null). A stream not in ``streams`` named with --stream has the top level's."""
+    name = stream_name(each.stream_ref)
+    number, entry = next(
+        ((n, e) for n, e in enumerate(settings.streams or [], 1) if e.name == name),
+        (None, None),
+    )
+    records = []
+    for key in STREAM_ENTRY_KEYS:
+        value = redacted((key,), getattr(each, key))
+        cleared = key == "consumer_arn" and settings.consumer_arn is not None and each.consumer_arn is None
+        if entry is not None and (key in entry.given() or cleared):  # an entry's consumer_name clears consumer_arn
+            records.append(_record(name, key, value, sources["streams"], number))
+        elif key == "stream" and selected_by_flag:
+            records.append(_record(name, key, value, SettingSource("flag", "--stream"), None))
+        else:
+            records.append(_record(name, key, value, sources[key], None))
+    return records
+
+
+def _record(stream: str | None, setting: str, value: Any, source: SettingSource, entry: int | None) -> dict[str, Any]:
+    return {
+        "stream": stream,
+        "setting": setting,
+        "value": value,
+        "source": source.kind,
+        "origin": source.origin or None,
+        "entry": entry,
+    }
 
 
 def _text(value: Any) -> str:
@@ -68,11 +133,17 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _source_text(record: dict[str, Any]) -> str:
+    text = str(record["source"]) + (f" {record['origin']}" if record["origin"] else "")
+    return text + (f" (streams entry {record['entry']})" if record["entry"] else "")
+
+
 SETTING_COLUMNS = (
     Column("setting", lambda r: r["setting"]),
     Column("value", lambda r: _text(r["value"])),
-    Column("source", lambda r: r["source"] + (f" {r['origin']}" if r["origin"] else "")),
+    Column("source", _source_text),
 )
+STREAM_SETTING_COLUMNS = (Column("stream", lambda r: r["stream"]), *SETTING_COLUMNS)
 
 
 @config.command(
@@ -80,6 +151,7 @@ SETTING_COLUMNS = (
     short_help="The effective settings and their sources.",
     epilog=examples(
         "efo config show --config efo.yaml --app billing",
+        "efo config show --config efo.yaml --stream payments",
         "efo config show --json | jq '.[] | select(.source != \"default\")'",
     ),
 )
@@ -87,12 +159,16 @@ SETTING_COLUMNS = (
 @json_option
 def show_command(config: str | None, stream: str | None, app: str | None, as_json: bool) -> int:
     """The effective settings and where each came from (default, file, environment, flag), with
-    secrets redacted. The sink defaults to console here (operator commands need none)."""
-    records = settings_records(config, {"stream": stream, "app": app})
+    secrets redacted; then each stream's own settings (of every configured stream, or of the one
+    --stream names) and whether its entry in streams, the top level or the default sets them. The
+    sink defaults to console here (operator commands need none)."""
+    records = settings_records(config, stream, app)
     if as_json:
         print_json(records)
-    else:
-        print_table(records, SETTING_COLUMNS, empty="")
+        return EXIT_OK
+    print_table([r for r in records if r["stream"] is None], SETTING_COLUMNS, empty="")
+    print()
+    print_table([r for r in records if r["stream"] is not None], STREAM_SETTING_COLUMNS, empty="")
     return EXIT_OK
 
 

@@ -14,12 +14,14 @@ from typing import Any
 import click
 
 from efo.cli.common import (
+    STREAM_COLUMN,
     Column,
     Connection,
     Group,
     Scope,
     confirm,
     examples,
+    for_each_stream,
     iso,
     json_option,
     now,
@@ -28,7 +30,9 @@ from efo.cli.common import (
     refuse_without_terminal,
     say,
     scoped,
+    scoped_streams,
     shown,
+    streams_text,
     wait_s_option,
     wait_until,
     with_stream,
@@ -135,10 +139,11 @@ def consumer_fields(description: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def consumer_record(description: dict[str, Any], readers: list[Reader] | None) -> dict[str, Any]:
-    """The ``--json`` shape of a consumer in ``list`` and ``describe`` (``in_use`` and ``readers``
-    are null when no lease table was given)."""
+def consumer_record(stream: str, description: dict[str, Any], readers: list[Reader] | None) -> dict[str, Any]:
+    """The ``--json`` shape of a consumer of ``stream`` (its name) in ``list`` and ``describe``
+    (``in_use`` and ``readers`` are null when no lease table was given)."""
     return {
+        "stream": stream,
         **consumer_fields(description),
         "in_use": None if readers is None else bool(readers),
         "readers": None if readers is None else [reader.to_json() for reader in readers],
@@ -158,6 +163,7 @@ def _status_style(record: dict[str, Any]) -> str:
 
 
 CONSUMER_COLUMNS = (
+    STREAM_COLUMN,
     Column("name", lambda r: r["name"]),
     Column("status", lambda r: r["status"], _status_style),
     Column("created", lambda r: shown(r["created_at"])),
@@ -174,25 +180,28 @@ UNKNOWN_READERS = "IN USE '?': who reads through it is unknown; name the lease t
     short_help="Every consumer, and who reads through it.",
     epilog=examples(
         "efo consumers list --stream orders --app billing",
+        "efo consumers list --config efo.yaml --app billing",
         "efo consumers list --stream orders --table billing --table fraud --json",
     ),
 )
-@scoped(need_app=False)
+@scoped_streams(need_app=False)
 @tables_option
 @json_option
-def list_command(scope: Scope, tables: tuple[str, ...], as_json: bool) -> int:
-    """Every consumer of the stream: name, status, creation time, and whether a live worker uses it."""
+def list_command(scopes: list[Scope], tables: tuple[str, ...], as_json: bool) -> int:
+    """Every consumer of every configured stream (or of the one --stream names): name, status,
+    creation time, and whether a live worker uses it."""
 
     async def body(conn: Connection) -> list[dict[str, Any]]:
         described = await list_consumers(conn.kinesis, conn.stream.arn)
         return await with_readers(conn, sorted(described, key=lambda d: str(d["ConsumerName"])), tables)
 
-    records = with_stream(scope, body)
+    covered = for_each_stream(scopes, body)
+    records = [record for records in covered.results for record in records]
     if as_json:
         print_json(records)
-    else:
-        print_consumer_table(records, empty=f"no consumers are registered on stream {scope.settings.stream!r}")
-    return EXIT_OK
+    elif records or not covered.missing:
+        print_consumer_table(records, empty=f"no consumers are registered on {streams_text(scopes)}")
+    return covered.report_missing()
 
 
 async def with_readers(
@@ -202,7 +211,10 @@ async def with_readers(
     each, from ``--table`` or else the settings' lease table (unknown with neither)."""
     searched = searched_tables(conn.scope, tables)
     readers = await live_readers(conn, searched) if searched else None
-    return [consumer_record(d, None if readers is None else readers.get(d["ConsumerARN"], [])) for d in descriptions]
+    return [
+        consumer_record(conn.stream.name, d, None if readers is None else readers.get(d["ConsumerARN"], []))
+        for d in descriptions
+    ]
 
 
 def searched_tables(scope: Scope, tables: Sequence[str]) -> list[str]:
@@ -330,7 +342,7 @@ def register_command(scope: Scope, name: str | None, wait: bool, wait_s: float, 
         return EXIT_OK
     what = "registered" if done.registered else "already registered:"
     after = f" after {done.waited_s:.1f} s" if done.waited_s is not None else ""
-    say(f"{what} consumer {consumer!r} on stream {scope.settings.stream!r}, {record['status']}{after}")
+    say(f"{what} consumer {consumer!r} on stream {scope.stream!r}, {record['status']}{after}")
     say(f"arn: {record['arn']}")
     if done.registered:
         say(
@@ -431,9 +443,7 @@ def deregister_command(
         checked = f"{len(readers)} live worker(s) read through it (--force): " + ", ".join(map(str, readers))
     else:
         checked = f"no worker read through it (lease tables checked: {', '.join(searched_tables(scope, tables))})"
-    say(
-        f"deregistered consumer {record['name']!r} from stream {scope.settings.stream!r} in {waited_s:.1f} s; {checked}"
-    )
+    say(f"deregistered consumer {record['name']!r} from stream {scope.stream!r} in {waited_s:.1f} s; {checked}")
     say(f"arn: {record['arn']}")
     return EXIT_OK
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from efo.cli.common import examples, settings_options
-from efo.config import load_settings
+from efo.cli.common import examples, load_for_stream, settings_options
 
 
 @click.command(
@@ -27,9 +26,10 @@ from efo.config import load_settings
 )
 def run_command(config: str | None, stream: str | None, app: str | None, until: str | None) -> int:
     """Consume the stream into the sink until SIGTERM (then finish and checkpoint the running batch),
-    or with --until until the stream is read to that point."""
+    or with --until until the stream is read to that point. With several streams configured,
+    --stream runs that one alone, with its entry's settings."""
     bounded = {"until": until} if until is not None else None
-    settings = load_settings(config, flags={"stream": stream, "app": app, "run": bounded})
+    settings = load_for_stream(config, stream, flags={"app": app, "run": bounded})
     from sparkbridge.app import run  # lazily: efo itself never imports pyspark
 
     return run(settings)

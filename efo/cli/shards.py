@@ -8,27 +8,28 @@ from typing import Any
 import click
 
 from efo.cli.common import (
+    STREAM_COLUMN,
     Column,
     Connection,
     Scope,
     examples,
+    for_each_stream,
     json_option,
     live_workers,
     print_json,
     print_table,
-    scoped,
-    with_stream,
+    scoped_streams,
+    streams_text,
 )
 from efo.cli.status import LEASE_STYLES, hash_share, lag_text, lease_record, tree_order
-from efo.errors import EXIT_OK
 from efo.kinesis.shards import ShardGraph, list_shards
 from efo.leases.table import TableState
 
 
-def shard_records(graph: ShardGraph, state: TableState | None, live: set[str]) -> list[dict[str, Any]]:
-    """The ``--json`` shape: one record per shard in tree order. ``state`` is ``open``, ``closed``
-    or ``expired`` (a lease of a shard past the stream's retention); the lease fields are null
-    without an application."""
+def shard_records(stream: str, graph: ShardGraph, state: TableState | None, live: set[str]) -> list[dict[str, Any]]:
+    """The ``--json`` shape of one stream (its name): one record per shard in tree order. ``state``
+    is ``open``, ``closed`` or ``expired`` (a lease of a shard past the stream's retention); the
+    lease fields are null without an application."""
     leases = state.leases if state is not None else {}
     records = []
     for shard_id, depth in tree_order(graph, leases):
@@ -43,6 +44,7 @@ def shard_records(graph: ShardGraph, state: TableState | None, live: set[str]) -
             kind = "closed" if graph.is_closed(shard_id) else "open"
             hash_keys = (str(shard.starting_hash_key), str(shard.ending_hash_key))
         record: dict[str, Any] = {
+            "stream": stream,
             "shard_id": shard_id,
             "depth": depth,
             "state": kind,
@@ -66,6 +68,7 @@ def _hash_range(record: dict[str, Any]) -> str:
 
 
 TREE_COLUMNS = (
+    STREAM_COLUMN,
     Column("shard", lambda r: "  " * r["depth"] + ("└ " if r["depth"] else "") + r["shard_id"]),
     Column("state", lambda r: r["state"], lambda r: "green" if r["state"] == "open" else "dim"),
     Column("hash range", _hash_range),
@@ -86,28 +89,33 @@ LEASE_COLUMNS = (
     epilog=examples(
         "efo shards --stream orders",
         "efo shards --stream orders --app billing",
+        "efo shards --config efo.yaml --app billing",
         "efo shards --stream orders --app billing --json | jq '.[] | select(.lease_state != \"reading\")'",
     ),
 )
-@scoped(need_app=False)
+@scoped_streams(need_app=False)
 @json_option
-def shards_command(scope: Scope, as_json: bool) -> int:
-    """The shard tree: parents, children, hash ranges, open or closed. With --app (or EFO_APP), each
-    shard's owner, lease state, lag (the MillisBehindLatest its owner last wrote) and checkpoint.
+def shards_command(scopes: list[Scope], as_json: bool) -> int:
+    """The shard tree of every configured stream (or of the one --stream names): parents, children,
+    hash ranges, open or closed. With --app (or EFO_APP), each shard's owner, lease state, lag (the
+    MillisBehindLatest its owner last wrote) and checkpoint.
 
     Lease states: reading (a live worker holds it), owner-dead (its owner's heartbeat is older than
     lease.failover_s), free, finished (SHARD_END), no-lease (not yet seen by a worker).
     """
+    with_app = scopes[0].app is not None
 
-    async def body(conn: Connection) -> tuple[ShardGraph, TableState | None]:
+    async def body(conn: Connection) -> list[dict[str, Any]]:
         graph = await list_shards(conn.kinesis, conn.stream.arn)
-        return graph, (await conn.table_state() if scope.app else None)
+        state = await conn.table_state() if with_app else None
+        live = live_workers(state, conn.scope) if state is not None else set()
+        return shard_records(conn.stream.name, graph, state, live)
 
-    graph, state = with_stream(scope, body)
-    records = shard_records(graph, state, live_workers(state, scope) if state is not None else set())
+    covered = for_each_stream(scopes, body)
+    records = [record for records in covered.results for record in records]
     if as_json:
         print_json(records)
-        return EXIT_OK
-    columns = TREE_COLUMNS + (LEASE_COLUMNS if state is not None else ())
-    print_table(records, columns, empty=f"stream {scope.settings.stream!r} has no shards")
-    return EXIT_OK
+    elif records or not covered.missing:
+        columns = TREE_COLUMNS + (LEASE_COLUMNS if with_app else ())
+        print_table(records, columns, empty=f"no shards on {streams_text(scopes)}")
+    return covered.report_missing()

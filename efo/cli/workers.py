@@ -7,27 +7,28 @@ from typing import Any
 import click
 
 from efo.cli.common import (
+    STREAM_COLUMN,
     Column,
     Connection,
     Scope,
     examples,
+    for_each_stream,
     iso,
     json_option,
     now,
     print_json,
     print_table,
-    scoped,
+    scoped_streams,
     shown,
-    with_stream,
+    streams_text,
 )
 from efo.cli.status import duration, worker_statuses
-from efo.errors import EXIT_OK
 from efo.leases.table import TableState
 
 
-def worker_records(state: TableState, failover_s: float) -> list[dict[str, Any]]:
-    """The ``--json`` shape: live workers first, then by id. A lease owner without a heartbeat row
-    is listed dead, with null heartbeat fields."""
+def worker_records(stream: str, state: TableState, failover_s: float) -> list[dict[str, Any]]:
+    """The ``--json`` shape of one stream (its name): live workers first, then by id. A lease owner
+    without a heartbeat row is listed dead, with null heartbeat fields."""
     held: dict[str, list[str]] = {}
     for lease in state.leases.values():
         if lease.owner:
@@ -38,6 +39,7 @@ def worker_records(state: TableState, failover_s: float) -> list[dict[str, Any]]
         age = status.heartbeat_age_s
         records.append(
             {
+                "stream": stream,
                 "worker_id": status.worker_id,
                 "live": status.live,
                 "heartbeat_age_s": None if age is None else round(age, 3),
@@ -58,6 +60,7 @@ def consumer_name(arn: str | None) -> str:
 
 
 WORKER_COLUMNS = (
+    STREAM_COLUMN,
     Column("worker", lambda r: r["worker_id"]),
     Column("state", lambda r: "live" if r["live"] else "dead", lambda r: "green" if r["live"] else "red"),
     Column(
@@ -73,27 +76,34 @@ WORKER_COLUMNS = (
 @click.command(
     "workers",
     short_help="Live and dead workers: heartbeats, leases, versions.",
-    epilog=examples("efo workers --stream orders --app billing", "efo workers --stream orders --app billing --json"),
+    epilog=examples(
+        "efo workers --stream orders --app billing",
+        "efo workers --config efo.yaml --app billing",
+        "efo workers --stream orders --app billing --json",
+    ),
 )
-@scoped(need_app=True)
+@scoped_streams(need_app=True)
 @json_option
-def workers_command(scope: Scope, as_json: bool) -> int:
-    """Each worker of the application, live or dead: heartbeat age, leases held, version, consumer.
+def workers_command(scopes: list[Scope], as_json: bool) -> int:
+    """Each worker of the application on every configured stream (or on the one --stream names),
+    live or dead: heartbeat age, leases held, version, consumer.
 
     A worker is live while its heartbeat row was written less than lease.failover_s ago (on this
     machine's clock). A dead worker's leases are taken over by the live ones.
     """
 
-    async def body(conn: Connection) -> TableState:
-        return await conn.table_state()
+    async def body(conn: Connection) -> list[dict[str, Any]]:
+        state = await conn.table_state()
+        return worker_records(conn.stream.name, state, conn.scope.settings.lease.failover_s)
 
-    records = worker_records(with_stream(scope, body), scope.settings.lease.failover_s)
+    covered = for_each_stream(scopes, body)
+    records = [record for records in covered.results for record in records]
     if as_json:
         print_json(records)
-        return EXIT_OK
-    print_table(
-        records,
-        WORKER_COLUMNS,
-        empty=f"no workers of application {scope.app!r} on stream {scope.settings.stream!r} (none running)",
-    )
-    return EXIT_OK
+    elif records or not covered.missing:
+        print_table(
+            records,
+            WORKER_COLUMNS,
+            empty=f"no workers of application {scopes[0].app!r} on {streams_text(scopes)} (none running)",
+        )
+    return covered.report_missing()

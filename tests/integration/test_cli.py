@@ -105,6 +105,7 @@ def test_config_validate_exits_0_with_valid_settings(offline_env: dict[str, str]
     assert json.loads(as_json.stdout) == {
         "valid": True,
         "stream": offline_env["EFO_STREAM"],
+        "streams": [offline_env["EFO_STREAM"]],
         "app": "billing",
         "sink": f"parquet:{tmp_path / 'out'}",
     }
@@ -149,8 +150,11 @@ def test_config_show_says_where_each_setting_came_from_flag_environment_file_or_
     }
     result = efo(env, "config", "show", "--config", str(config), "--stream", "from-flag", "--json")
     assert result.code == EXIT_OK, result.stderr
-    shown = {row["setting"]: row for row in json.loads(result.stdout)}
-    assert set(next(iter(shown.values()))) == {"setting", "value", "source", "origin"}
+    records = json.loads(result.stdout)
+    assert all(set(row) == {"stream", "setting", "value", "source", "origin", "entry"} for row in records)
+    shown = {row["setting"]: row for row in records if row["stream"] is None}
+    [flagged] = [row for row in records if row["stream"] == "from-flag" and row["setting"] == "stream"]
+    assert (flagged["value"], flagged["source"], flagged["origin"]) == ("from-flag", "flag", "--stream")
 
     def where(setting: str) -> tuple[Any, str, str | None]:
         return shown[setting]["value"], shown[setting]["source"], shown[setting]["origin"]
@@ -170,11 +174,23 @@ def test_config_show_says_where_each_setting_came_from_flag_environment_file_or_
 
     table = efo(env, "config", "show", "--config", str(config))
     assert table.code == EXIT_OK, table.stderr
-    header, rows = table_rows(table.stdout)
+    settings_table, streams_table = table.stdout.split("\n\n")
+    header, rows = table_rows(settings_table)
     assert header == ["SETTING", "VALUE", "SOURCE"]
     by_setting = {row[0]: row[1:] for row in rows}
     assert by_setting["app"] == ["orders", "environment", "EFO_APP"]
     assert by_setting["batch.max_records"] == ["50000", "default"]
+    header, rows = table_rows(streams_table)
+    assert header == ["STREAM", "SETTING", "VALUE", "SOURCE"]
+    stream = offline_env["EFO_STREAM"]
+    assert rows[0] == [stream, "stream", stream, "environment", "EFO_STREAM"]
+    assert {row[1] for row in rows} == {
+        "stream",
+        "initial_position",
+        "skip_older_than",
+        "consumer_name",
+        "consumer_arn",
+    }
     assert "hunter2" not in table.stdout and "s3cr3t" not in table.stdout
 
 
@@ -206,6 +222,7 @@ def test_shards_shows_the_tree_across_a_split_with_hash_ranges(
     assert [s["shard_id"] for s in shards][:3] == [parent, *children]  # each child right after its parent
     for child in children:
         assert by_id[child] | {"starting_hash_key": None, "ending_hash_key": None} == {
+            "stream": stream,
             "shard_id": child,
             "depth": 1,
             "state": "open",
@@ -227,11 +244,11 @@ def test_shards_shows_the_tree_across_a_split_with_hash_ranges(
 
     table = efo(env, "shards", "--stream", stream)
     header, rows = table_rows(table.stdout)
-    assert header == ["SHARD", "STATE", "HASH", "RANGE", "PARENTS", "CHILDREN"]
-    assert rows[0] == [parent, "closed", "0.0-50.0%", "-", ",".join(children)]
-    assert rows[1] == ["└", children[0], "open", "0.0-25.0%", parent, "-"]
-    assert rows[2] == ["└", children[1], "open", "25.0-50.0%", parent, "-"]
-    assert rows[3][1:] == ["open", "50.0-100.0%", "-", "-"]
+    assert header == ["STREAM", "SHARD", "STATE", "HASH", "RANGE", "PARENTS", "CHILDREN"]
+    assert rows[0] == [stream, parent, "closed", "0.0-50.0%", "-", ",".join(children)]
+    assert rows[1] == [stream, "└", children[0], "open", "0.0-25.0%", parent, "-"]
+    assert rows[2] == [stream, "└", children[1], "open", "25.0-50.0%", parent, "-"]
+    assert rows[3][2:] == ["open", "50.0-100.0%", "-", "-"]
 
 
 def test_shards_with_an_application_shows_released_leases_and_the_lag_their_owner_wrote(
@@ -307,6 +324,7 @@ def test_checkpoints_show_and_its_alias_leases_print_released_leases_as_a_table_
     assert [lease["shard_id"] for lease in leases] == ran_once.shard_ids
     for lease in leases:
         assert set(lease) == {
+            "stream",
             "shard_id",
             "parents",
             "counter",
@@ -325,9 +343,12 @@ def test_checkpoints_show_and_its_alias_leases_print_released_leases_as_a_table_
     alias = efo(ran_once.env, "leases")
     assert alias.code == EXIT_OK, alias.stderr
     header, rows = table_rows(alias.stdout)
-    assert header == ["SHARD", "OWNER", "LEASE", "COUNTER", "CHECKPOINT", "WRITTEN", "LAG", "RESET", "PENDING"]
+    assert header == [
+        "STREAM", "SHARD", "OWNER", "LEASE", "COUNTER", "CHECKPOINT", "WRITTEN", "LAG", "RESET", "PENDING"
+    ]  # fmt: skip
     for row, lease in zip(rows, leases, strict=True):
-        assert row[:5] == [lease["shard_id"], "-", "free", str(lease["counter"]), lease["checkpoint"]]
+        assert lease["stream"] == ran_once.stream
+        assert row[:6] == [ran_once.stream, lease["shard_id"], "-", "free", str(lease["counter"]), lease["checkpoint"]]
         assert row[-1] == "-"
 
 
@@ -406,13 +427,14 @@ def test_consumers_list_and_describe_show_a_consumer_no_live_worker_uses(ran_onc
     alias = efo(ran_once.env, "consumer", "show", "--arn", mine["arn"])
     assert alias.code == EXIT_OK, alias.stderr
     header, rows = table_rows(alias.stdout)
-    assert header == ["NAME", "STATUS", "CREATED", "IN", "USE", "ARN"]
+    assert header == ["STREAM", "NAME", "STATUS", "CREATED", "IN", "USE", "ARN"]
     created = mine["created_at"]
-    assert rows == [[ran_once.app, "ACTIVE", created[:10], created[11:19] + "Z", "no", mine["arn"]]]
+    assert mine["stream"] == ran_once.stream
+    assert rows == [[ran_once.stream, ran_once.app, "ACTIVE", created[:10], created[11:19] + "Z", "no", mine["arn"]]]
 
     unknown = efo(without(ran_once.env, "EFO_APP"), "consumers", "list", "--stream", ran_once.stream)
     assert unknown.code == EXIT_OK, unknown.stderr
-    assert all(row[4] == "?" for row in table_rows(unknown.stdout)[1])
+    assert all(row[5] == "?" for row in table_rows(unknown.stdout)[1])
     assert "IN USE '?': who reads through it is unknown; name the lease table(s) with --table or --app" in (
         unknown.stderr
     )
@@ -443,7 +465,12 @@ def test_consumers_deregister_without_a_terminal_and_without_yes_exits_2_and_lea
             EXIT_CONFIG,
             "efo: No such option '--bogus'; see 'efo consumers list --help'",
         ),
-        (["shards"], ("EFO_STREAM",), EXIT_CONFIG, "efo: no stream given: pass --stream NAME or set EFO_STREAM"),
+        (
+            ["shards"],
+            ("EFO_STREAM",),
+            EXIT_CONFIG,
+            "efo: no stream given: pass --stream NAME, or set EFO_STREAM (or EFO_STREAMS for several)",
+        ),
         (
             ["workers"],
             ("EFO_APP",),

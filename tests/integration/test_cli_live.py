@@ -88,9 +88,10 @@ def test_workers_shows_the_live_worker_with_its_leases_version_and_consumer(live
     assert f"/consumer/{w.app}:" in worker["consumer_arn"]
 
     header, *rows = efo(w.env, "workers").stdout.splitlines()
-    assert header.split() == ["WORKER", "STATE", "HEARTBEAT", "LEASES", "VERSION", "STARTED", "CONSUMER"]
+    assert header.split() == ["STREAM", "WORKER", "STATE", "HEARTBEAT", "LEASES", "VERSION", "STARTED", "CONSUMER"]
     [row] = rows
-    assert row.split()[:2] == ["w1", "live"] and row.split()[4:6] == ["2", worker["version"]]
+    assert worker["stream"] == w.stream
+    assert row.split()[:3] == [w.stream, "w1", "live"] and row.split()[5:7] == ["2", worker["version"]]
     assert row.split()[-1] == w.app
 
 
@@ -149,9 +150,12 @@ def test_checkpoints_reset_asks_on_a_terminal_and_waits_until_the_owner_applied_
         w.env, "checkpoints", "reset", "--shard", shard, "--to", "TRIM_HORIZON", "--wait", "--json", answer="y"
     )
     assert reset.prompted and reset.code == EXIT_OK, reset.output
-    assert f"Reset 1 shard(s) of application {w.app!r} to TRIM_HORIZON? 1 worker(s) hold them" in reset.output
+    assert (
+        f"Reset 1 shard(s) of application {w.app!r} on stream {w.stream!r} to TRIM_HORIZON? 1 worker(s) hold them"
+        in reset.output
+    )
     applied = json.loads(reset.output[reset.output.index("{") :])
-    assert applied["shard_ids"] == [shard] and applied["position"] == "TRIM_HORIZON"
+    assert applied["shard_ids"] == [shard] and applied["position"] == "TRIM_HORIZON" and applied["stream"] == w.stream
     assert applied["applied"] is True and len(applied["reset_id"]) == 32
     [lease] = [s for s in json.loads(efo(w.env, "checkpoints", "show", "--json").stdout) if s["shard_id"] == shard]
     assert lease["reset_pending"] is None and lease["owner"] == "w1"
