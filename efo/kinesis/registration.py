@@ -49,7 +49,7 @@ async def describe_stream(kinesis: Any, stream: str) -> StreamInfo:
         raise translate(
             exc,
             resource=f"stream {stream!r}",
-            hint="check EFO_STREAM and EFO_REGION, or create the stream",
+            hint="check EFO_STREAM (or EFO_STREAMS) and EFO_REGION, or create the stream",
         ) from None
     return StreamInfo(
         name=summary["StreamName"],

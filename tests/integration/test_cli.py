@@ -562,7 +562,7 @@ def test_operator_commands_on_a_missing_stream_exit_3_naming_it(ran_once: RanOnc
         assert result.stdout == ""
         line = result.one_error_line()
         assert line.startswith(f"efo: stream {stream!r} not found")
-        assert "check EFO_STREAM and EFO_REGION, or create the stream" in line
+        assert "check EFO_STREAM (or EFO_STREAMS) and EFO_REGION, or create the stream" in line
 
 
 def test_an_unreachable_endpoint_exits_1_naming_the_settings(ran_once: RanOnce) -> None:
