@@ -2,9 +2,11 @@
 helm/efo/dashboards/efo.json, which the chart ships in a ConfigMap for Grafana's sidecar.
 
 Every panel reads the metrics of efo/observability.py; ``$job`` selects the release (the job label a
-ServiceMonitor gives it) and ``$datasource`` the Prometheus. Run after changing a panel; a test
-checks that the committed JSON is what this writes, and that every expression returns data from a
-real Prometheus scraping a running service.
+ServiceMonitor gives it), ``$stream`` the streams it reads (the ``stream`` label of what each stream
+does apart: shards, leases, subscriptions, checkpoints) and ``$datasource`` the Prometheus. Run
+after changing a panel; a test checks that the committed JSON is what this writes
+(tests/unit/test_dashboard.py), and that every expression returns data from a real Prometheus
+scraping a running service.
 
     .venv/bin/python deploy/dashboard.py
 """
@@ -22,6 +24,8 @@ from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSou
 DASHBOARD_PATH = Path(__file__).resolve().parents[1] / "helm" / "efo" / "dashboards" / "efo.json"
 UID = "efo-overview"
 JOB = 'job=~"$job"'
+#: The series of the streams selected (a metric with the ``stream`` label).
+STREAM = f'{JOB},stream=~"$stream"'
 RATE = "[$__rate_interval]"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
@@ -57,15 +61,17 @@ PANELS = (
         "Lag per shard",
         "s",
         "MillisBehindLatest of each shard's last event: how far behind the stream's tip it reads.",
-        (Query(f"max by (shard_id) (efo_shard_lag_seconds{{{JOB}}})", "{{shard_id}}"),),
+        (Query(f"max by (stream, shard_id) (efo_shard_lag_seconds{{{STREAM}}})", "{{stream}}/{{shard_id}}"),),
     ),
     PanelSpec(
         "Throughput (records/s)",
         "rps",
-        "Records read from Kinesis (after deaggregation) and committed by the sink.",
+        "Records read from Kinesis (after deaggregation) and committed by the sink, per stream.",
         (
-            Query(f"sum(rate(efo_records_received_total{{{JOB}}}{RATE}))", "in: received"),
-            Query(f"sum(rate(efo_records_committed_total{{{JOB}}}{RATE}))", "out: committed"),
+            Query(f"sum by (stream) (rate(efo_records_received_total{{{STREAM}}}{RATE}))", "in: {{stream}} received"),
+            Query(
+                f"sum by (stream) (rate(efo_records_committed_total{{{STREAM}}}{RATE}))", "out: {{stream}} committed"
+            ),
         ),
     ),
     PanelSpec(
@@ -77,10 +83,10 @@ PANELS = (
     PanelSpec(
         "Throughput (bytes/s)",
         "Bps",
-        "Payload bytes read and committed.",
+        "Payload bytes read and committed, per stream.",
         (
-            Query(f"sum(rate(efo_bytes_received_total{{{JOB}}}{RATE}))", "in: received"),
-            Query(f"sum(rate(efo_bytes_committed_total{{{JOB}}}{RATE}))", "out: committed"),
+            Query(f"sum by (stream) (rate(efo_bytes_received_total{{{STREAM}}}{RATE}))", "in: {{stream}} received"),
+            Query(f"sum by (stream) (rate(efo_bytes_committed_total{{{STREAM}}}{RATE}))", "out: {{stream}} committed"),
         ),
     ),
     PanelSpec(
@@ -107,27 +113,29 @@ PANELS = (
     PanelSpec(
         "Leases per worker",
         "short",
-        "Shards each worker holds; live workers and shards nobody owns, as the workers see the table.",
+        "Shards of each stream each worker holds; live workers and shards nobody owns, per stream, as the "
+        "workers see the table.",
         (
-            Query(f"sum by (pod) (efo_leases_held{{{JOB}}})", "{{pod}}"),
-            Query(f"max(efo_workers_live{{{JOB}}})", "live workers"),
-            Query(f"max(efo_shards_unowned{{{JOB}}})", "unowned shards"),
+            Query(f"sum by (pod, stream) (efo_leases_held{{{STREAM}}})", "{{pod}} {{stream}}"),
+            Query(f"max by (stream) (efo_workers_live{{{STREAM}}})", "live workers {{stream}}"),
+            Query(f"max by (stream) (efo_shards_unowned{{{STREAM}}})", "unowned shards {{stream}}"),
         ),
     ),
     PanelSpec(
         "Errors",
         "short",
-        "Per second: failed subscriptions by AWS code, sink failures, checkpoint writes that did not "
-        "succeed, backpressure timeouts.",
+        "Per second: failed subscriptions by stream and AWS code, sink failures, checkpoint writes that did "
+        "not succeed (by stream), backpressure timeouts.",
         (
             Query(
-                f"sum by (code) (rate(efo_subscription_errors_total{{{JOB}}}{RATE})) or vector(0)",
-                "subscription {{code}}",
+                f"sum by (stream, code) (rate(efo_subscription_errors_total{{{STREAM}}}{RATE})) or vector(0)",
+                "subscription {{stream}} {{code}}",
             ),
             Query(f"sum(rate(efo_sink_failures_total{{{JOB}}}{RATE}))", "sink failures"),
             Query(
-                f'sum by (outcome) (rate(efo_checkpoint_writes_total{{{JOB},outcome!="ok"}}{RATE})) or vector(0)',
-                "checkpoint {{outcome}}",
+                f'sum by (stream, outcome) (rate(efo_checkpoint_writes_total{{{STREAM},outcome!="ok"}}{RATE}))'
+                " or vector(0)",
+                "checkpoint {{stream}} {{outcome}}",
             ),
             Query(f"sum(rate(efo_backpressure_timeouts_total{{{JOB}}}{RATE}))", "backpressure timeouts"),
         ),
@@ -172,6 +180,16 @@ def build() -> dashboard.Dashboard:
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .multi(True)
             .include_all(True)
+        )
+        .with_variable(
+            dashboard.QueryVariable("stream")
+            .label("Stream")
+            .datasource(DATASOURCE)
+            .query('label_values(efo_leases_held{job=~"$job"}, stream)')
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")  # every stream, also one that is not in the list yet
         )
     )
     for spec in PANELS:

@@ -39,9 +39,9 @@ class Series:
     values: list[float]
 
 
-def concrete(expr: str, job: str, rate_interval: str) -> str:
-    """The dashboard's expression with Grafana's variables filled in."""
-    return expr.replace("$job", job).replace("$__rate_interval", rate_interval)
+def concrete(expr: str, job: str, rate_interval: str, stream: str = ".*") -> str:
+    """The dashboard's expression with Grafana's variables filled in (``$stream``: every stream)."""
+    return expr.replace("$job", job).replace("$stream", stream).replace("$__rate_interval", rate_interval)
 
 
 def query_range(prometheus: str, expr: str, start_s: float, end_s: float, step_s: float) -> list[dict[str, Any]]:

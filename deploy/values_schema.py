@@ -21,7 +21,8 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "helm" / "efo" / "values.sch
 
 #: Settings the chart sets itself: EFO_METRICS_PORT from metrics.port, EFO_WORKER_ID from the pod name.
 CHART_OWNED = ("metrics_port", "worker_id")
-REQUIRED = ("stream", "app", "sink")
+#: ``stream`` is required too, unless ``streams`` is set: the chart checks that at render (efo.checks).
+REQUIRED = ("app", "sink")
 
 _UNSET = {"type": "null"}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
@@ -42,6 +43,12 @@ def _field_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
     schema.pop("required", None)
     spark_conf = defs["SparkSettings"]["properties"]["conf"]
     spark_conf["additionalProperties"] = {"type": ["string", "number", "boolean"]}  # the chart quotes them
+    # In YAML, an entry of streams is a name or ARN, or a mapping (StreamEntry, no other keys); a
+    # list names at least one stream (efo.config's _stream_entries reads them so).
+    defs["StreamEntry"]["properties"]["stream"]["minLength"] = 1
+    [entries, _] = schema["properties"]["streams"]["anyOf"]
+    entries["items"] = {"anyOf": [{"type": "string", "minLength": 1}, entries["items"]]}
+    entries["minItems"] = 1
     return schema, defs
 
 

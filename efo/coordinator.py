@@ -43,6 +43,7 @@ from efo.errors import EfoError, SinkStalled
 from efo.kinesis.registration import StreamInfo
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import LeaseTable
+from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.worker.bound import RunEnd
@@ -90,6 +91,7 @@ class Coordinator:
         self._log = log.bind(worker_id=table.worker_id)
         self._ready = False
         self.stopping = asyncio.Event()  # nothing new is claimed or started
+        METRICS.add_stream(stream.name)  # its series at 0 from the start
         self.owned = OwnedLeases(table.worker_id, pool, self._on_change, stream=stream.name)
         self.liveness = Liveness(
             heartbeats or table,
@@ -125,6 +127,7 @@ class Coordinator:
                 parents_finished=parents_finished,
                 on_change=lambda: self.shards.list_now(),
                 clock=clock,
+                stream=stream.name,
             )
         )
         #: A bounded run that reached its end: everything read was committed and checkpointed.

@@ -88,6 +88,8 @@ SUBSCRIPTION_OUTCOMES = ("renewal", "shard_end", "error", "backpressure", "stopp
 LEASE_CHANGES = ("taken", "stolen", "released", "handed_over", "lost", "finished")
 #: ``efo_checkpoint_writes_total{outcome}``: written, fenced out (the lease moved on), failed.
 CHECKPOINT_OUTCOMES = ("ok", "conflict", "error")
+#: ``efo_lease_table_reads_total{rows}``: the control partition, or lease partitions.
+LEASE_READS = ("control", "leases")
 
 
 class BulkHistogram:
@@ -141,17 +143,20 @@ def _bucket_label(bound: float) -> str:
 
 class ShardSeries:
     """One claimed shard's series, bound once (an event updates them without a label lookup) and
-    removed when the claim ends, so a released shard leaves no stale lag behind."""
+    removed when the claim ends, so a released shard leaves no stale lag behind. Labelled by the
+    stream's name and the shard id: two streams of one application have shards of the same ids."""
 
-    def __init__(self, metrics: Metrics, shard_id: str) -> None:
+    def __init__(self, metrics: Metrics, stream: str, shard_id: str) -> None:
+        self.stream = stream
         self.shard_id = shard_id
         self._metrics = metrics
         self._lag: Gauge | None = None  # from the first event on: no "0 s behind" for a shard never read
-        self._last_event = metrics.shard_last_event.labels(shard_id=shard_id)
-        self._records_received = metrics.records_received.labels(shard_id=shard_id)
-        self._bytes_received = metrics.bytes_received.labels(shard_id=shard_id)
-        self._records_committed = metrics.records_committed.labels(shard_id=shard_id)
-        self._bytes_committed = metrics.bytes_committed.labels(shard_id=shard_id)
+        labels = {"stream": stream, "shard_id": shard_id}
+        self._last_event = metrics.shard_last_event.labels(**labels)
+        self._records_received = metrics.records_received.labels(**labels)
+        self._bytes_received = metrics.bytes_received.labels(**labels)
+        self._records_committed = metrics.records_committed.labels(**labels)
+        self._bytes_committed = metrics.bytes_committed.labels(**labels)
         self.lag_ms: int | None = None  # MillisBehindLatest of the last event, for the lease row
         self._lag_stopped = False  # reading stopped for good in this claim (a bounded run's cut)
 
@@ -160,7 +165,7 @@ class ShardSeries:
         if lag_ms is not None and not self._lag_stopped:
             self.lag_ms = lag_ms
             if self._lag is None:
-                self._lag = self._metrics.shard_lag.labels(shard_id=self.shard_id)
+                self._lag = self._metrics.shard_lag.labels(stream=self.stream, shard_id=self.shard_id)
             self._lag.set(lag_ms / 1000)
         self._last_event.set(time.time())
 
@@ -172,7 +177,7 @@ class ShardSeries:
         if self._lag is not None:
             self._lag = None
             try:
-                self._metrics.shard_lag.remove(self.shard_id)
+                self._metrics.shard_lag.remove(self.stream, self.shard_id)
             except KeyError:
                 pass
 
@@ -235,7 +240,8 @@ class Metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
-        shard = ["shard_id"]
+        shard = ["stream", "shard_id"]
+        stream = ["stream"]  # the stream's name (efo.config.stream_name), on what each stream does apart
         metrics = cls(
             registry=registry,
             build_info=Info("efo_build", "The running build.", registry=registry),
@@ -283,40 +289,45 @@ class Metrics:
             corrupt_aggregates=Counter(
                 "efo_corrupt_aggregates_total",
                 "KPL aggregates that did not decode.",
+                stream,
                 registry=registry,
             ),
             subscriptions_started=Counter(
                 "efo_subscriptions_started_total",
                 "SubscribeToShard calls that opened a stream.",
+                stream,
                 registry=registry,
             ),
             subscriptions_ended=Counter(
                 "efo_subscriptions_ended_total",
                 "Subscriptions that ended, by outcome: renewal (the 5-minute limit or a server close), "
                 "shard_end, error, backpressure (paused for pool budget), stopped (released or lost).",
-                ["outcome"],
+                [*stream, "outcome"],
                 registry=registry,
             ),
             subscription_errors=Counter(
                 "efo_subscription_errors_total",
                 "Failed subscriptions, by AWS error code.",
-                ["code"],
+                [*stream, "code"],
                 registry=registry,
             ),
             positions_expired=Counter(
                 "efo_positions_expired_total",
                 "Starting positions older than the stream's retention: the shard restarted at TRIM_HORIZON "
                 "(records between them were lost to retention).",
+                stream,
                 registry=registry,
             ),
             positions_skipped=Counter(
                 "efo_positions_skipped_total",
                 "Shards started at AT_TIMESTAMP(now - skip_older_than) because their checkpoint was older.",
+                stream,
                 registry=registry,
             ),
             shards_expired=Counter(
                 "efo_shards_expired_total",
                 "Shards gone from the stream (past retention) before they were finished; marked finished.",
+                stream,
                 registry=registry,
             ),
             pool_records=Gauge("efo_pool_pending_records", "Records holding pool budget.", registry=registry),
@@ -339,41 +350,44 @@ class Metrics:
                 "Chunks waiting in the handoff queue for the driver.",
                 registry=registry,
             ),
-            leases_held=Gauge("efo_leases_held", "Leases this worker holds.", registry=registry),
+            leases_held=Gauge("efo_leases_held", "Leases of the stream this worker holds.", stream, registry=registry),
             lease_changes=Counter(
                 "efo_lease_changes_total",
                 "Lease changes at this worker, by reason: taken (free or expired), stolen (asked of a live "
                 "worker), released (at a stop), handed_over (to a worker that asked), lost, finished (SHARD_END).",
-                ["reason"],
+                [*stream, "reason"],
                 registry=registry,
             ),
             lease_reads=Counter(
                 "efo_lease_table_reads_total",
                 "Reads of the lease table by the lease cycle, by what they read: control (the heartbeats "
                 "and the versions, every cycle) or leases (one lease partition: when its version moved).",
-                ["rows"],
+                [*stream, "rows"],
                 registry=registry,
             ),
             workers_live=Gauge(
                 "efo_workers_live",
-                "Workers with a live heartbeat in the lease table.",
+                "Workers with a live heartbeat for the stream in the lease table.",
+                stream,
                 registry=registry,
             ),
             shards_unowned=Gauge(
                 "efo_shards_unowned",
-                "Shards that can be read but have no live owner (this worker's last view).",
+                "Shards of the stream that can be read but have no live owner (this worker's last view).",
+                stream,
                 registry=registry,
             ),
             run_shards_remaining=Gauge(
                 "efo_run_shards_remaining",
-                "A bounded run (run.until): shards this worker holds or could claim that have not reached "
-                "the run's end yet (0 once done, and without run.until).",
+                "A bounded run (run.until): shards of the stream this worker holds or could claim that have not "
+                "reached the run's end yet (0 once done, and without run.until).",
+                stream,
                 registry=registry,
             ),
             checkpoint_writes=Counter(
                 "efo_checkpoint_writes_total",
                 "Checkpoint writes by outcome: ok, conflict (the lease moved on), error (retried later).",
-                ["outcome"],
+                [*stream, "outcome"],
                 registry=registry,
             ),
             checkpoint_write_seconds=Histogram(
@@ -420,20 +434,41 @@ class Metrics:
             ready=Gauge("efo_ready", "1 while /readyz answers 200.", registry=registry),
         )
         metrics.build_info.info({"version": __version__, "python_version": platform.python_version()})
-        for outcome in SUBSCRIPTION_OUTCOMES:
-            metrics.subscriptions_ended.labels(outcome=outcome)
-        for reason in LEASE_CHANGES:
-            metrics.lease_changes.labels(reason=reason)
-        for outcome in CHECKPOINT_OUTCOMES:
-            metrics.checkpoint_writes.labels(outcome=outcome)
-        for rows in ("control", "leases"):
-            metrics.lease_reads.labels(rows=rows)
         return metrics
 
-    def shard(self, shard_id: str) -> ShardSeries:
-        return ShardSeries(self, shard_id)
+    def add_stream(self, stream: str) -> None:
+        """Start the series of a stream read (``stream``: its name) at 0: every outcome and reason is
+        there before it first happens (an ``increase()`` sees the first one), and the dashboard's
+        ``$stream`` lists the stream from its start."""
+        for outcome in SUBSCRIPTION_OUTCOMES:
+            self.subscriptions_ended.labels(stream=stream, outcome=outcome)
+        for reason in LEASE_CHANGES:
+            self.lease_changes.labels(stream=stream, reason=reason)
+        for outcome in CHECKPOINT_OUTCOMES:
+            self.checkpoint_writes.labels(stream=stream, outcome=outcome)
+        for rows in LEASE_READS:
+            self.lease_reads.labels(stream=stream, rows=rows)
+        for family in self.per_stream():
+            family.labels(stream=stream)
 
-    def forget_shard(self, shard_id: str) -> None:
+    def per_stream(self) -> tuple[Counter | Gauge, ...]:
+        """The families labelled by ``stream`` alone."""
+        return (
+            self.corrupt_aggregates,
+            self.subscriptions_started,
+            self.positions_expired,
+            self.positions_skipped,
+            self.shards_expired,
+            self.leases_held,
+            self.workers_live,
+            self.shards_unowned,
+            self.run_shards_remaining,
+        )
+
+    def shard(self, stream: str, shard_id: str) -> ShardSeries:
+        return ShardSeries(self, stream, shard_id)
+
+    def forget_shard(self, stream: str, shard_id: str) -> None:
         """Remove a released shard's series (a later claim starts them again)."""
         for family in (
             self.shard_lag,
@@ -444,7 +479,7 @@ class Metrics:
             self.bytes_committed,
         ):
             try:
-                family.remove(shard_id)
+                family.remove(stream, shard_id)
             except KeyError:
                 pass
 

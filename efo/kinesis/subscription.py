@@ -126,7 +126,7 @@ class ShardSubscription:
         self._lease_check = lease_check
         self._on_phase = on_phase
         self._on_first_event = on_first_event
-        self._series = series if series is not None else METRICS.shard(shard_id)
+        self._series = series if series is not None else METRICS.shard(stream, shard_id)
         self._log = logger if logger is not None else log.bind(shard_id=shard_id)
         self._corrupt_logged = False
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
@@ -159,10 +159,10 @@ class ShardSubscription:
                 ended = await self._subscribe_once()
             except asyncio.CancelledError:
                 if self._streaming:
-                    METRICS.subscriptions_ended.labels(outcome="stopped").inc()
+                    METRICS.subscriptions_ended.labels(stream=self.stream, outcome="stopped").inc()
                 raise
             except Backpressure as waited:
-                METRICS.subscriptions_ended.labels(outcome="backpressure").inc()
+                METRICS.subscriptions_ended.labels(stream=self.stream, outcome="backpressure").inc()
                 METRICS.backpressure_timeouts.inc()
                 # Nothing of the waiting event was admitted. Close the stream rather than hold it
                 # open for ever, wait in line for the event's budget and keep it, so the same event
@@ -179,7 +179,7 @@ class ShardSubscription:
                 continue
             except Exception as exc:
                 if self._streaming:
-                    METRICS.subscriptions_ended.labels(outcome="error").inc()
+                    METRICS.subscriptions_ended.labels(stream=self.stream, outcome="error").inc()
                 error = translate(exc, resource=self._resource())
                 if isinstance(error, LeaseLost):
                     raise error from None
@@ -191,7 +191,9 @@ class ShardSubscription:
                     await self._confirm_lease()
                 await self._retry_after(error)
                 continue
-            METRICS.subscriptions_ended.labels(outcome="renewal" if ended is None else "shard_end").inc()
+            METRICS.subscriptions_ended.labels(
+                stream=self.stream, outcome="renewal" if ended is None else "shard_end"
+            ).inc()
             if ended is not None:
                 return ended
             self._log.info("subscription.renewing", attempt=self.attempt, position=str(self.position))
@@ -201,7 +203,7 @@ class ShardSubscription:
 
     async def _retry_after(self, error: EfoError) -> None:
         delay_s = self._backoff.next_delay_s()
-        METRICS.subscription_errors.labels(code=error.code or type(error).__name__).inc()
+        METRICS.subscription_errors.labels(stream=self.stream, code=error.code or type(error).__name__).inc()
         self._log.warning(
             "subscription.retry",
             attempt=self.attempt,
@@ -223,7 +225,7 @@ class ShardSubscription:
         ):
             return False
         self._expired_restart = True
-        METRICS.positions_expired.inc()
+        METRICS.positions_expired.labels(stream=self.stream).inc()
         self._log.warning("subscription.position_expired", position=str(self.position), error=str(error))
         self.position = Position("TRIM_HORIZON")  # records at or below the old position stay dropped
         return True
@@ -276,7 +278,7 @@ class ShardSubscription:
         response = await self._call()
         self._last_success_at = self._clock()
         self._streaming = True
-        METRICS.subscriptions_started.inc()
+        METRICS.subscriptions_started.labels(stream=self.stream).inc()
         stream = response["EventStream"]
         self._log.info("subscription.started", attempt=self.attempt, position=str(self.position))
         try:
@@ -322,7 +324,7 @@ class ShardSubscription:
             dead_letters=rows.dead_letters,
         )
         if rows.corrupt:
-            METRICS.corrupt_aggregates.inc(rows.corrupt)
+            METRICS.corrupt_aggregates.labels(stream=self.stream).inc(rows.corrupt)
             if not self._corrupt_logged:  # once per shard: a corrupt producer would flood the log
                 self._corrupt_logged = True
                 self._log.warning(

@@ -21,9 +21,15 @@ from efo.observability import METRICS
 
 class LeaseCache:
     def __init__(
-        self, table: LeaseTable, full_read_interval_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        table: LeaseTable,
+        full_read_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        stream: str = "",
     ) -> None:
         self._table = table
+        self._stream = stream  # the stream's name, for the reads' metric
         self._full_read_interval_s = full_read_interval_s
         self._clock = clock
         self._leases: dict[int, dict[str, Lease]] = {}  # lease partition -> its rows, as last read
@@ -39,7 +45,7 @@ class LeaseCache:
         """The heartbeats and versions now, and every lease as fresh as it needs to be. A copy: the
         caller may change it."""
         control = await self._table.read_control()
-        METRICS.lease_reads.labels(rows="control").inc()
+        METRICS.lease_reads.labels(stream=self._stream, rows="control").inc()
         now = self._clock()
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
@@ -57,7 +63,7 @@ class LeaseCache:
                 self._leases[partition] = {}
             for shard_id, lease in fresh.items():
                 self._leases[self._table.partition_of(shard_id)][shard_id] = lease
-            METRICS.lease_reads.labels(rows="leases").inc(len(stale))
+            METRICS.lease_reads.labels(stream=self._stream, rows="leases").inc(len(stale))
         if everything:
             self._read_all_at = now
         for partition, version in control.versions.items():  # an older answer never moves one back

@@ -107,6 +107,7 @@ class OwnedShard:
     ledger: CheckpointLedger
     worker_id: str
     on_change: Callable[[OwnedShard], None] = lambda owned: None
+    stream: str = ""  # the name of the shard's stream (its metrics' stream label)
     phase: ShardPhase = ShardPhase.SUBSCRIBING
     task: asyncio.Task[Any] | None = None
     first_event: bool = False
@@ -120,7 +121,7 @@ class OwnedShard:
         self.log = structlog.get_logger("efo.shard").bind(
             shard_id=self.shard_id, epoch=self.epoch, worker_id=self.worker_id
         )
-        self.series = METRICS.shard(self.shard_id)
+        self.series = METRICS.shard(self.stream, self.shard_id)
 
     @classmethod
     def claim(
@@ -130,10 +131,11 @@ class OwnedShard:
         on_change: Callable[[OwnedShard], None],
         *,
         start: Position | None = None,
+        stream: str = "",
     ) -> OwnedShard:
         """A new claim of ``lease``, read from ``start`` (default: its checkpoint)."""
         assert lease.owner == worker_id, (lease.owner, worker_id)
-        return cls(lease, CheckpointLedger(start or lease.checkpoint), worker_id, on_change)
+        return cls(lease, CheckpointLedger(start or lease.checkpoint), worker_id, on_change, stream)
 
     @property
     def shard_id(self) -> str:

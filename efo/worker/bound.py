@@ -297,8 +297,10 @@ class RunEnd:
         parents_finished: Callable[[Any, TableState, ShardGraph], bool],
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        stream: str = "",
     ) -> None:
         self._settings = settings
+        self._stream = stream  # the stream's name, for the remaining-shards gauge
         self.until = until
         self._on_change = on_change
         self._me = worker_id
@@ -491,5 +493,5 @@ class RunEnd:
             "max_lag_ms": max(lags) if lags else None,
             "duration_s": round(self._clock() - self._started_at, 3),
         }
-        METRICS.run_shards_remaining.set(len(short))
+        METRICS.run_shards_remaining.labels(stream=self._stream).set(len(short))
         return fields

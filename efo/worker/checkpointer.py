@@ -146,25 +146,25 @@ class Checkpointer:
             else:
                 owned.lease = await self._table.checkpoint(owned.lease, due, lag_ms=owned.series.lag_ms)
         except LeaseLost as exc:
-            METRICS.checkpoint_writes.labels(outcome="conflict").inc()
+            METRICS.checkpoint_writes.labels(stream=self.owned.stream, outcome="conflict").inc()
             self.owned.lose(owned, str(exc))
             return
         except EfoError as exc:
-            METRICS.checkpoint_writes.labels(outcome="error").inc()
+            METRICS.checkpoint_writes.labels(stream=self.owned.stream, outcome="error").inc()
             if not exc.retriable:
                 raise
             owned.log.warning("checkpoint.failed", error=str(exc), code=exc.code)
             return
         finally:
             METRICS.checkpoint_write_seconds.observe(self._clock() - started)
-        METRICS.checkpoint_writes.labels(outcome="ok").inc()
+        METRICS.checkpoint_writes.labels(stream=self.owned.stream, outcome="ok").inc()
         if owned.phase.terminal:  # lost while the write was under way (it still landed, fenced)
             return
         owned.ledger.wrote(due, records)
         self.apply_backlog_bound()
         if due == SHARD_END:
             owned.enter(ShardPhase.ENDED)
-            METRICS.lease_changes.labels(reason="finished").inc()
+            METRICS.lease_changes.labels(stream=self.owned.stream, reason="finished").inc()
             owned.log.info("checkpoint.shard_end", children=list(owned.children))
             self.owned.forget(owned)
             self._on_shard_end(owned)  # its children may start now

@@ -75,7 +75,7 @@ class LeaseCycle:
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
-        self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock)
+        self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
         self.read_at: float | None = None  # when it was read, for /readyz
         self.cycles = 0  # cycles run (with a read), for readiness
@@ -110,7 +110,7 @@ class LeaseCycle:
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
         self.view.update(state)
-        METRICS.workers_live.set(len(self.view.live))
+        METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
         await self._apply_requests(state, graph)
         if self._stopping.is_set() or self._in_doubt():
@@ -128,7 +128,7 @@ class LeaseCycle:
                 lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
                 stranded.add(lease.shard_id)
             readable.append(lease)
-        METRICS.shards_unowned.set(
+        METRICS.shards_unowned.labels(stream=self._owned.stream).set(
             sum(1 for lease in readable if lease.owner is None or self.view.owner_is_dead(lease.owner))
         )
         arn = self._table.stream_arn
@@ -247,7 +247,7 @@ class LeaseCycle:
         )
         if lease.owner not in (None, self._me):
             self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
-        METRICS.lease_changes.labels(reason="stolen" if stolen else "taken").inc()
+        METRICS.lease_changes.labels(stream=self._owned.stream, reason="stolen" if stolen else "taken").inc()
         self._runner.start(claimed)
 
     async def _release_stranded(self, lease: Lease) -> None:
@@ -255,7 +255,7 @@ class LeaseCycle:
             await self._table.release(lease)
         except LeaseLost:
             return
-        METRICS.lease_changes.labels(reason="released").inc()
+        METRICS.lease_changes.labels(stream=self._owned.stream, reason="released").inc()
         self._log.info("lease.released_stranded", shard_id=lease.shard_id)
 
     async def _ask(self, lease: Lease) -> None:
@@ -303,7 +303,7 @@ class LeaseCycle:
             except LeaseLost:
                 continue
             owned = self._owned.own(claimed)
-            METRICS.shards_expired.inc()
+            METRICS.shards_expired.labels(stream=self._owned.stream).inc()
             owned.log.warning("shard.expired", position=str(claimed.checkpoint))
             self._runner.end(owned, ())
 

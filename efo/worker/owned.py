@@ -49,21 +49,21 @@ class OwnedLeases(Mapping[str, OwnedShard]):
 
     def own(self, lease: Lease, start: Position | None = None) -> OwnedShard:
         """A new claim of ``lease`` (its owner is this worker), read from ``start``."""
-        owned = OwnedShard.claim(lease, self.worker_id, self._on_change, start=start)
+        owned = OwnedShard.claim(lease, self.worker_id, self._on_change, start=start, stream=self.stream)
         self.add(owned)
         return owned
 
     def add(self, owned: OwnedShard) -> None:
         self._shards[owned.shard_id] = owned
         self._pool.register(shard_key(self.stream, owned.shard_id))
-        METRICS.leases_held.set(len(self._shards))
+        METRICS.leases_held.labels(stream=self.stream).set(len(self._shards))
 
     def forget(self, owned: OwnedShard) -> None:
         if self._shards.get(owned.shard_id) is owned:
             del self._shards[owned.shard_id]
-            METRICS.forget_shard(owned.shard_id)
+            METRICS.forget_shard(self.stream, owned.shard_id)
         self._pool.unregister(shard_key(self.stream, owned.shard_id))
-        METRICS.leases_held.set(len(self._shards))
+        METRICS.leases_held.labels(stream=self.stream).set(len(self._shards))
         self.on_forget()
 
     def lose(self, owned: OwnedShard, reason: str) -> None:
@@ -71,7 +71,7 @@ class OwnedLeases(Mapping[str, OwnedShard]):
         if owned.phase.terminal:
             return
         owned.enter(ShardPhase.LOST)
-        METRICS.lease_changes.labels(reason="lost").inc()
+        METRICS.lease_changes.labels(stream=self.stream, reason="lost").inc()
         owned.log.warning("lease.lost", reason=reason)
         if owned.task is not None and owned.task is not asyncio.current_task():
             owned.task.cancel()

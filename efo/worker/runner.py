@@ -106,7 +106,7 @@ class ShardRunner:
         age_s = (datetime.now(UTC) - lease.updated_at).total_seconds()
         if age_s <= limit_s:
             return start
-        METRICS.positions_skipped.inc()
+        METRICS.positions_skipped.labels(stream=self._owned.stream).inc()
         skipped = Position("AT_TIMESTAMP", timestamp=datetime.now(UTC) - timedelta(seconds=limit_s))
         self._log.info(
             "shard.skipped_old",
@@ -166,7 +166,7 @@ class ShardRunner:
         """The consumer, the stream or the shard is gone. Only the last one is not fatal."""
         graph = await self._retrying(lambda: list_shards(self._kinesis, self._stream.arn))
         if owned.shard_id not in graph.shards:
-            METRICS.shards_expired.inc()
+            METRICS.shards_expired.labels(stream=self._owned.stream).inc()
             owned.log.warning("shard.expired", position=str(owned.ledger.written), error=str(error))
             self.end(owned, ())
             return
@@ -225,7 +225,7 @@ class ShardRunner:
         if owned.phase.terminal or self._stopping.is_set():
             return  # lost meanwhile, or the stop releases it
         if await self._give_up(owned):
-            METRICS.lease_changes.labels(reason="handed_over").inc()
+            METRICS.lease_changes.labels(stream=self._owned.stream, reason="handed_over").inc()
             owned.log.info(
                 "lease.handed_over",
                 waited_s=round(self._clock() - started, 3),
@@ -239,7 +239,7 @@ class ShardRunner:
         if owned.phase.terminal:
             return False
         if await self._give_up(owned):
-            METRICS.lease_changes.labels(reason="released").inc()
+            METRICS.lease_changes.labels(stream=self._owned.stream, reason="released").inc()
             return True
         return False
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def _reads(rows: str) -> float:
-    return METRICS.lease_reads.labels(rows=rows)._value.get()
+    return METRICS.lease_reads.labels(stream="memory", rows=rows)._value.get()
 
 
 def test_every_change_of_a_lease_but_its_checkpoint_moves_the_version(local_stack: Any) -> None:

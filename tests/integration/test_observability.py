@@ -45,6 +45,10 @@ class Scrape:
     def shards(self, name: str) -> set[str]:
         return {labels["shard_id"] for labels, _ in self.samples[name]}
 
+    def streams(self, name: str) -> set[str]:
+        """The ``stream`` label of every sample of ``name``."""
+        return {labels["stream"] for labels, _ in self.samples[name]}
+
 
 def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
     try:
@@ -83,6 +87,20 @@ def test_metrics_health_and_lag_of_two_workers_follow_the_leases_they_hold(
     shard_ids = set(w.owners())
     assert one.shards("efo_shard_lag_seconds") == shard_ids
     assert one.shards("efo_shard_last_event_timestamp_seconds") == shard_ids
+    # Each stream's series carry its name (an application may read several streams).
+    for name in (
+        "efo_shard_lag_seconds",
+        "efo_records_committed_total",
+        "efo_leases_held",
+        "efo_workers_live",
+        "efo_shards_unowned",
+        "efo_lease_changes_total",
+        "efo_subscriptions_started_total",
+        "efo_checkpoint_writes_total",
+    ):
+        assert one.streams(name) == {w.stream}, name
+    assert "stream" not in one.samples["efo_pool_capacity_records"][0][0]  # shared by every stream
+    assert one.value("efo_leases_held", stream=w.stream) == 4
     assert one.value("efo_records_received_total") == one.value("efo_records_committed_total") == 400
     assert one.value("efo_bytes_committed_total") == one.value("efo_bytes_received_total") > 0
     assert one.value("efo_end_to_end_latency_seconds_count") == 400
@@ -116,6 +134,6 @@ def test_metrics_health_and_lag_of_two_workers_follow_the_leases_they_hold(
         == 2
     )
     assert one.value("efo_workers_live") == two.value("efo_workers_live") == 2
-    assert one.value("efo_leases_held") == two.value("efo_leases_held") == 2
+    assert one.value("efo_leases_held", stream=w.stream) == two.value("efo_leases_held", stream=w.stream) == 2
     assert w.stop("w2", signal.SIGTERM) == 0
     assert w.stop("w1", signal.SIGTERM) == 0

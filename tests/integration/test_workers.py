@@ -330,7 +330,10 @@ def test_shards_nobody_may_take_are_reported_unowned(local_stack: Any) -> None:
         kinesis = MemoryKinesis(3)
         async with world(local_stack, kinesis, lease={"max_leases_per_worker": 1}) as a, running(a) as stop:
             await until(lambda: holdings(a) == {"w1": 1}, what="w1 at its cap")
-            await until(lambda: METRICS.registry.get_sample_value("efo_shards_unowned") == 2, what="2 unowned")
+            await until(
+                lambda: METRICS.registry.get_sample_value("efo_shards_unowned", {"stream": "memory"}) == 2,
+                what="2 unowned",
+            )
             await stop()
 
     run(scenario())

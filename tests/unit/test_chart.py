@@ -362,3 +362,112 @@ def test_the_values_and_readme_say_a_deadline_fails_the_job_without_a_retry() ->
     readme = (CHART.parents[1] / "README.md").read_text()
     assert "DeadlineExceeded" in values_text and "DeadlineExceeded" in readme
     assert "activeDeadlineSeconds`, an eviction) or 1\n  fail it, and the Job retries it" not in readme
+
+
+# ---- several streams in one application (streams) ------------------------------------------------
+
+STREAMS = """
+config:
+  EFO_STREAM: ""
+  EFO_APP: clicks-to-lake
+  EFO_SINK: parquet:s3a://lake/clicks
+  EFO_INITIAL_POSITION: LATEST
+settings:
+  streams:
+    - clicks
+    - arn:aws:kinesis:eu-west-1:123456789012:stream/views
+    - {stream: orders, initial_position: TRIM_HORIZON, skip_older_than: 2d, consumer_name: orders-lake}
+prometheusRule: {enabled: true}
+grafanaDashboard: {enabled: true}
+"""
+
+
+def _pod_settings(docs: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """What efo in the pod reads: the rendered environment over the rendered settings file."""
+    settings_file = tmp_path / "settings.yaml"
+    settings_file.write_text(one(docs, "ConfigMap", "-settings")["data"]["settings.yaml"])
+    for name in [n for n in os.environ if n.startswith("EFO_")]:
+        monkeypatch.delenv(name)
+    for name, value in env_of(docs).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("EFO_WORKER_ID", "efo-7d9f-abcde")
+    return load_settings(settings_file)
+
+
+def test_several_streams_lint_as_valid_kubernetes_and_reach_efo_each_with_its_own_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = helm.lint(CHART, values(STREAMS), strict=True, namespace="streaming")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    docs = rendered(STREAMS)
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSIONS[-1], strict=True)
+    assert "EFO_STREAM" not in env_of(docs)  # "" is not set: efo would refuse stream and streams both
+    assert container(docs)["args"] == ["run", "--config", "/etc/efo/settings.yaml"]
+    settings = _pod_settings(docs, tmp_path, monkeypatch)
+    assert settings.stream_names == ["clicks", "views", "orders"]
+    clicks, views, orders = settings.per_stream()
+    assert views.stream == "arn:aws:kinesis:eu-west-1:123456789012:stream/views"
+    assert str(clicks.initial_position) == str(views.initial_position) == "LATEST"  # the top level's
+    assert str(orders.initial_position) == "TRIM_HORIZON" and orders.consumer_name == "orders-lake"
+    assert orders.skip_older_than_s == 2 * 86400 and clicks.skip_older_than_s is None
+
+
+def test_streams_in_config_reach_efo_as_the_environment_s_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = rendered(minimal_with("config: {EFO_STREAM: '', EFO_STREAMS: 'clicks, views'}"))
+    assert env_of(docs)["EFO_STREAMS"] == "clicks, views"
+    for name in [n for n in os.environ if n.startswith("EFO_")]:
+        monkeypatch.delenv(name)
+    for name, value in env_of(docs).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("EFO_WORKER_ID", "efo-0")
+    assert load_settings(None).stream_names == ["clicks", "views"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "settings: {streams: [clicks, views]}",  # beside config.EFO_STREAM (orders)
+        "config: {EFO_STREAMS: 'clicks,views'}",
+        "{config: {EFO_STREAM: ''}, settings: {stream: orders, streams: [clicks]}}",
+    ],
+)
+def test_stream_and_streams_both_set_are_refused_at_render(chart: helm.Chart, extra: str) -> None:
+    message = render_error(chart, minimal_with(extra))
+    assert "stream (config.EFO_STREAM or settings.stream) and streams" in message and "both set" in message
+
+
+def test_neither_stream_nor_streams_is_refused_at_render_naming_both(chart: helm.Chart) -> None:
+    message = render_error(chart, minimal_with("config: {EFO_STREAM: ''}"))
+    assert "config.EFO_STREAM" in message and "settings.streams" in message, message
+
+
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        ("settings: {streams: [{stream: clicks, shards: 4}]}", "/settings/streams"),
+        ("settings: {streams: [{initial_position: LATEST}]}", "/settings/streams"),
+        ("settings: {streams: [{stream: ''}]}", "/settings/streams"),
+        ("settings: {streams: ['']}", "/settings/streams"),
+        ("settings: {streams: []}", "/settings/streams"),
+        ("settings: {streams: [{stream: clicks, initial_position: 3}]}", "/settings/streams"),
+        ("config: {EFO_STREAMS: [clicks, views]}", "/config/EFO_STREAMS"),
+    ],
+)
+def test_the_schema_refuses_a_bad_entry_of_streams(chart: helm.Chart, extra: str, path: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.validate_schema(values(minimal_with(extra)))
+    assert path in str(refused.value)
+
+
+def test_every_accepted_form_of_an_entry_of_streams_is_one_efo_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schema and efo agree: each form the schema lets through loads (no pod that exits 2)."""
+    arn = "arn:aws:kinesis:eu-west-1:1:stream/orders/consumer/x:1"
+    entries = f"[clicks, {{stream: views}}, {{stream: orders, consumer_arn: '{arn}'}}]"
+    text = minimal_with(f"{{config: {{EFO_STREAM: ''}}, settings: {{streams: {entries}}}}}")
+    with helm.Chart.load(CHART) as loaded:
+        loaded.validate_schema(values(text))
+    assert _pod_settings(rendered(text), tmp_path, monkeypatch).stream_names == ["clicks", "views", "orders"]

@@ -23,8 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from efo.config import load_settings
 from efo.health import Health, HealthServer, loop_answers
-from efo.observability import LONG_BUCKETS_S, BulkHistogram, Metrics, metrics_table
+from efo.leases.table import Lease
+from efo.observability import LONG_BUCKETS_S, METRICS, BulkHistogram, Metrics, metrics_table
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position
 from efo.service import Service
+from efo.worker.owned import OwnedLeases
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -133,16 +137,91 @@ def test_the_bulk_histogram_counts_as_prometheus_client_would_one_value_at_a_tim
 
 def test_a_released_shard_leaves_no_series_behind() -> None:
     metrics = Metrics.create()
-    series = metrics.shard("shardId-000000000001")
+    series = metrics.shard("orders", "shardId-000000000001")
     assert "efo_shard_lag_seconds{" not in generate_latest(metrics.registry).decode(), "a lag before any event"
     series.event(1500)
     series.received(3, 30)
     series.committed(3, 30)
     assert series.lag_ms == 1500
     assert "shardId-000000000001" in generate_latest(metrics.registry).decode()
-    metrics.forget_shard("shardId-000000000001")
-    metrics.forget_shard("shardId-000000000001")  # twice: nothing to remove, no error
+    metrics.forget_shard("orders", "shardId-000000000001")
+    metrics.forget_shard("orders", "shardId-000000000001")  # twice: nothing to remove, no error
     assert "shardId-000000000001" not in generate_latest(metrics.registry).decode()
+
+
+def test_shards_of_the_same_id_in_two_streams_have_series_of_their_own() -> None:
+    metrics = Metrics.create()
+    orders, payments = (
+        metrics.shard("orders", "shardId-000000000000"),
+        metrics.shard("payments", "shardId-000000000000"),
+    )
+    orders.event(1000)
+    orders.received(3, 30)
+    payments.event(250)
+    payments.received(5, 50)
+    sample = metrics.registry.get_sample_value
+    for stream, lag, received in (("orders", 1.0, 3), ("payments", 0.25, 5)):
+        labels = {"stream": stream, "shard_id": "shardId-000000000000"}
+        assert sample("efo_shard_lag_seconds", labels) == lag
+        assert sample("efo_records_received_total", labels) == received
+    metrics.forget_shard("orders", "shardId-000000000000")
+    assert sample("efo_records_received_total", {"stream": "orders", "shard_id": "shardId-000000000000"}) is None
+    assert sample("efo_records_received_total", {"stream": "payments", "shard_id": "shardId-000000000000"}) == 5
+    payments.stop_lag()
+    assert sample("efo_shard_lag_seconds", {"stream": "payments", "shard_id": "shardId-000000000000"}) is None
+
+
+def test_a_stream_s_series_start_at_0_apart_from_the_other_stream_s() -> None:
+    metrics = Metrics.create()
+    text = generate_latest(metrics.registry).decode()
+    assert "efo_leases_held{" not in text and "efo_lease_changes_total{" not in text, "no stream yet, no series"
+    metrics.add_stream("orders")
+    metrics.add_stream("payments")
+    sample = metrics.registry.get_sample_value
+    for stream in ("orders", "payments"):
+        for name, labels in (
+            ("efo_leases_held", {}),
+            ("efo_workers_live", {}),
+            ("efo_shards_unowned", {}),
+            ("efo_run_shards_remaining", {}),
+            ("efo_subscriptions_started_total", {}),
+            ("efo_subscriptions_ended_total", {"outcome": "shard_end"}),
+            ("efo_lease_changes_total", {"reason": "taken"}),
+            ("efo_lease_table_reads_total", {"rows": "control"}),
+            ("efo_checkpoint_writes_total", {"outcome": "error"}),
+        ):
+            assert sample(name, {"stream": stream, **labels}) == 0, (name, stream)
+    metrics.leases_held.labels(stream="orders").set(4)
+    metrics.leases_held.labels(stream="payments").set(2)
+    assert sample("efo_leases_held", {"stream": "orders"}) == 4  # one stream's gauge leaves the other's be
+    assert sample("efo_leases_held", {"stream": "payments"}) == 2
+
+
+def test_the_leases_of_two_streams_at_one_worker_are_counted_and_forgotten_apart() -> None:
+    """One worker, two streams (a coordinator each), shards of the same id in both: each stream's
+    leases gauge and shard series are its own, and releasing a shard of one leaves the other's."""
+    pool = PendingPool(1000, 1 << 20)
+    clicks, views = OwnedLeases("me", pool, stream="t-clicks"), OwnedLeases("me", pool, stream="t-views")
+    shard = "shardId-000000000000"
+    owned = {
+        name: leases.own(Lease(shard, (), "me", 1, Position("TRIM_HORIZON")))
+        for name, leases in (("t-clicks", clicks), ("t-views", views))
+    }
+    views.own(Lease("shardId-000000000001", (), "me", 1, Position("TRIM_HORIZON")))
+    owned["t-clicks"].series.received(2, 20)
+    owned["t-views"].series.received(7, 70)
+    sample = METRICS.registry.get_sample_value
+    assert sample("efo_leases_held", {"stream": "t-clicks"}) == 1
+    assert sample("efo_leases_held", {"stream": "t-views"}) == 2
+    assert sample("efo_records_received_total", {"stream": "t-clicks", "shard_id": shard}) == 2
+    assert sample("efo_records_received_total", {"stream": "t-views", "shard_id": shard}) == 7
+    clicks.lose(owned["t-clicks"], "another worker took it")
+    assert sample("efo_lease_changes_total", {"stream": "t-clicks", "reason": "lost"}) == 1
+    assert sample("efo_lease_changes_total", {"stream": "t-views", "reason": "lost"}) in (None, 0)
+    assert sample("efo_leases_held", {"stream": "t-clicks"}) == 0
+    assert sample("efo_records_received_total", {"stream": "t-clicks", "shard_id": shard}) is None
+    assert sample("efo_records_received_total", {"stream": "t-views", "shard_id": shard}) == 7
+    assert sample("efo_leases_held", {"stream": "t-views"}) == 2
 
 
 def _histogram(registry: CollectorRegistry) -> dict[str, float]:

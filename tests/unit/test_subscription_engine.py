@@ -23,7 +23,7 @@ from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END, Position, after
 
-from .test_subscription import SHARD, FakeStream, client_error, event, harness, record, run, settle, shard_end
+from .test_subscription import SHARD, STREAM, FakeStream, client_error, event, harness, record, run, settle, shard_end
 
 
 def aggregate(*items: tuple[str, bytes, str | None]) -> bytes:
@@ -192,7 +192,7 @@ def test_an_event_read_again_after_a_backpressure_timeout_is_counted_received_on
         [first, [event("1", "2", continuation="2"), shard_end()]],
         pool=pool,
         backpressure_timeout_s=0.01,
-        series=metrics.shard(SHARD),
+        series=metrics.shard(STREAM, SHARD),
     )
 
     async def scenario() -> None:
@@ -205,14 +205,16 @@ def test_an_event_read_again_after_a_backpressure_timeout_is_counted_received_on
 
     def ended() -> dict[str, float | None]:
         return {
-            outcome: METRICS.registry.get_sample_value("efo_subscriptions_ended_total", {"outcome": outcome})
+            outcome: METRICS.registry.get_sample_value(
+                "efo_subscriptions_ended_total", {"stream": STREAM, "outcome": outcome}
+            )
             for outcome in ("backpressure", "shard_end")
         }
 
     before = ended()
     run(scenario())
     assert h.delivered() == ["1", "2"]
-    assert metrics.registry.get_sample_value("efo_records_received_total", {"shard_id": SHARD}) == 2
+    assert metrics.registry.get_sample_value("efo_records_received_total", {"stream": STREAM, "shard_id": SHARD}) == 2
     after = ended()
     assert {outcome: (after[outcome] or 0) - (before[outcome] or 0) for outcome in after} == {
         "backpressure": 1,

@@ -71,13 +71,21 @@ with its scalars as strings (pydantic reads EFO_SPARK__CONF='{"k": "v"}'), a lis
 
 {{/*
 What values.schema.json cannot say, checked at render so that `helm install` fails with a message
-instead of a pod that exits 2: the required settings, the chart's own variables, and a grace period
-that outlasts the drain.
+instead of a pod that exits 2: the required settings (stream or streams, not both), the chart's own
+variables, and a grace period that outlasts the drain.
 */}}
 {{- define "efo.checks" -}}
 {{- $settings := .Values.settings | default dict -}}
+{{- $oneStream := or (include "efo.isSet" (index .Values.config "EFO_STREAM")) (include "efo.isSet" (index $settings "stream")) -}}
+{{- $streams := or (include "efo.isSet" (index .Values.config "EFO_STREAMS")) (include "efo.isSet" (index $settings "streams")) -}}
+{{- if and $oneStream $streams -}}
+{{- fail "stream (config.EFO_STREAM or settings.stream) and streams (config.EFO_STREAMS or settings.streams) are both set: set one of them. For several streams, leave config.EFO_STREAM empty" -}}
+{{- end -}}
 {{- $missing := list -}}
-{{- range $name, $meaning := dict "stream" "the Kinesis stream name or ARN" "app" "the application name, also that of the table and the consumer" "sink" "where batches go, e.g. parquet:s3a://lake/orders" -}}
+{{- if not (or $oneStream $streams) -}}
+{{- $missing = append $missing "config.EFO_STREAM (the Kinesis stream name or ARN; several streams: config.EFO_STREAMS or settings.streams instead)" -}}
+{{- end -}}
+{{- range $name, $meaning := dict "app" "the application name, also that of the table and the consumer" "sink" "where batches go, e.g. parquet:s3a://lake/orders" -}}
 {{- $env := printf "EFO_%s" (upper $name) -}}
 {{- if not (or (include "efo.isSet" (index $.Values.config $env)) (include "efo.isSet" (index $settings $name))) -}}
 {{- $missing = append $missing (printf "config.%s (%s)" $env $meaning) -}}
