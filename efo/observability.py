@@ -221,6 +221,7 @@ class Metrics:
     lease_changes: Counter
     lease_reads: Counter
     workers_live: Gauge
+    stream_reading: Gauge
     shards_unowned: Gauge
     run_shards_remaining: Gauge
     checkpoint_writes: Counter
@@ -363,6 +364,13 @@ class Metrics:
                 "Reads of the lease table by the lease cycle, by what they read: control (the heartbeats "
                 "and the versions, every cycle) or leases (one lease partition: when its version moved).",
                 [*stream, "rows"],
+                registry=registry,
+            ),
+            stream_reading=Gauge(
+                "efo_stream_reading",
+                "1 while the stream is read here; 0 once it stopped being read while the others go on "
+                "(deleted while running).",
+                stream,
                 registry=registry,
             ),
             workers_live=Gauge(

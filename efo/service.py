@@ -223,6 +223,7 @@ class Service:
             coordinators = await self._prepare(clients)
             for coordinator in coordinators:
                 log.info("consumer.active", stream=coordinator.stream.name, consumer_arn=coordinator.consumer_arn)
+                METRICS.stream_reading.labels(stream=coordinator.stream.name).set(1)
             pool = coordinators[0].pool
             METRICS.pool_records.set_function(lambda: pool.records)
             METRICS.pool_bytes.set_function(lambda: pool.bytes)
@@ -264,6 +265,7 @@ class Service:
                         "stay until 'efo checkpoints reset --delete-all --stream NAME') and restart",
                     )
                     gone.append(error)
+                    METRICS.stream_reading.labels(stream=name).set(0)
                     return
                 if not errors:
                     log.error("service.stream_failed", stream=name, error=str(error))

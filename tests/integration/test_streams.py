@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from efo.devstack.leases import shard_leases
-from efo.devstack.stack import StackEndpoints
+from efo.devstack.stack import StackEndpoints, free_port
 from efo.errors import EXIT_NOT_FOUND, EXIT_OK
 
 from .ledger_check import Checkpoint, Disruption, Produced, Producer, check, committed_rows
 from .service import ServiceRun, arrow_env, create_stream, split_first_shard, unique
+from .test_observability import Scrape
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +201,12 @@ def test_a_stream_deleted_while_running_stops_being_read_and_the_others_go_on(
     local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
 ) -> None:
     s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "clicks"], shards=2)
-    run = s.start("w1", s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in s.names]))
+    port = free_port()
+    run = s.start(
+        "w1",
+        s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in s.names]),
+        EFO_METRICS_PORT=str(port),
+    )
     first = {name: s.producers[name].put(40) for name in s.names}
     for name in s.names:
         s.wait_delivered(name, first[name])
@@ -210,6 +216,9 @@ def test_a_stream_deleted_while_running_stops_being_read_and_the_others_go_on(
     later = s.producers["orders"].put(40)
     s.wait_delivered("orders", later)
     assert run.process is not None and run.process.poll() is None, run.tail()
+    metrics = Scrape(port)
+    assert metrics.value("efo_stream_reading", stream=s.names["clicks"]) == 0  # what EfoStreamNotRead fires on
+    assert metrics.value("efo_stream_reading", stream=s.names["orders"]) == 1
     assert run.stop() == EXIT_OK
     verdict = check([*first["orders"], *later], s.sink, stream=s.names["orders"])
     assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict

@@ -44,6 +44,7 @@ ALERTS = (
     "EfoShardLagHigh",
     "EfoShardsUnowned",
     "EfoNoRecordsWhileStreamHasTraffic",
+    "EfoStreamNotRead",
     "EfoSubscriptionErrors",
     "EfoSinkFailures",
     "EfoBackpressurePersistent",
