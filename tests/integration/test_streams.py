@@ -49,10 +49,14 @@ class Streams:
         self.runs: dict[str, ServiceRun] = {}
 
     def config(self, entries: list[Any]) -> Path:
-        """A YAML file listing ``entries`` (short names, or mappings with a short ``stream``)."""
+        """A YAML file listing ``entries`` (short names, or mappings with a short ``stream``); a
+        short name written ``arn:<name>`` stands for the stream's ARN."""
+
+        def real(short: str) -> str:
+            return self.arns[short.removeprefix("arn:")] if short.startswith("arn:") else self.names[short]
+
         resolved = [
-            self.names[entry] if isinstance(entry, str) else {**entry, "stream": self.names[entry["stream"]]}
-            for entry in entries
+            real(entry) if isinstance(entry, str) else {**entry, "stream": real(entry["stream"])} for entry in entries
         ]
         path = self.tmp_path / f"efo-{len(list(self.tmp_path.glob('efo-*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump({"streams": resolved}))
@@ -110,7 +114,8 @@ def test_three_streams_two_workers_positions_per_stream_a_split_and_a_kill_lose_
 ) -> None:
     s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "payments", "clicks"], shards=3)
     before = {name: s.producers[name].put(60) for name in s.names}  # orders reads them (TRIM_HORIZON), not the others
-    config = s.config([{"stream": "orders", "initial_position": "TRIM_HORIZON"}, "payments", "clicks"])
+    # payments by its ARN: its rows still name the stream by its name.
+    config = s.config([{"stream": "orders", "initial_position": "TRIM_HORIZON"}, "arn:payments", "clicks"])
     s.start("w1", config)
     s.start("w2", config)
     # The share counts every stream: 9 shards on 2 workers end 5 and 4 (each stream alone: 6 and 3).
@@ -139,8 +144,8 @@ def test_three_streams_two_workers_positions_per_stream_a_split_and_a_kill_lose_
         wanted = [*before[name], *after[name]] if name == "orders" else after[name]
         verdict = check(wanted, s.sink, [kill], stream=s.names[name])
         assert not verdict.lost and not verdict.out_of_order and not verdict.undue, (name, verdict)
-        rows = s.rows(name)
-        assert all(row["key"].startswith(f"{name}-") for row in rows), f"a row of another stream is named {name}"
+        rows = s.rows(name)  # the rows whose stream column is this stream's name
+        assert rows and all(row["key"].startswith(f"{name}-") for row in rows), f"rows of {name}: {rows[:3]}"
         if name != "orders":
             skipped = {(p.shard_id, p.sequence_number) for p in before[name]}
             assert not s.delivered(name) & skipped, f"{name} starts at LATEST, yet read what was there before"
@@ -222,3 +227,28 @@ def test_a_stream_deleted_while_running_stops_being_read_and_the_others_go_on(
     assert run.stop() == EXIT_OK
     verdict = check([*first["orders"], *later], s.sink, stream=s.names["orders"])
     assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
+
+
+def test_a_stream_added_to_a_running_application_starts_at_its_own_initial_position(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    """initial_position applies at a stream's own first start, also when it joins an application that
+    has run for a while: the new stream at LATEST skips what was written before it joined, while the
+    old one reads on from its checkpoints."""
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "payments"], shards=2)
+    first = s.producers["orders"].put(40)
+    s.start("w1", s.config([{"stream": "orders", "initial_position": "TRIM_HORIZON"}]))
+    s.wait_delivered("orders", first)
+    assert s.runs["w1"].stop() == EXIT_OK
+    old_payments = s.producers["payments"].put(40)  # before payments joins: LATEST skips them
+    while_stopped = s.producers["orders"].put(40)
+    s.start("w1", s.config([{"stream": "orders", "initial_position": "TRIM_HORIZON"}, "payments"]))
+    s.wait_until(lambda: len(s.leases("payments")) == 2 and s.holdings()["w1"] == 4, 60, "payments leased")
+    new_payments = s.producers["payments"].put(40)
+    s.wait_delivered("payments", new_payments)
+    s.wait_delivered("orders", while_stopped)
+    assert s.runs["w1"].stop() == EXIT_OK
+    assert not s.delivered("payments") & {(p.shard_id, p.sequence_number) for p in old_payments}
+    for name, produced in (("orders", [*first, *while_stopped]), ("payments", new_payments)):
+        verdict = check(produced, s.sink, stream=s.names[name])
+        assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, (name, verdict)
