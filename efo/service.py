@@ -54,6 +54,7 @@ class Service:
         self._stop: asyncio.Event | None = None
         self._driver_done: asyncio.Event | None = None
         self._coordinators: list[Coordinator] = []
+        self._shares = StreamShares()
         #: Each stream's description and consumer ARN, by its place in settings.per_stream(), once checked.
         self._checked: list[tuple[StreamInfo, str]] | None = None
         #: A bounded run (run.until) that reached its end: everything read committed and checkpointed.
@@ -173,7 +174,7 @@ class Service:
         dynamodb = await clients.dynamodb()
         checking = self._checked is None
         pool = PendingPool.of(self.settings.pool)
-        shares = StreamShares()  # each stream's cycle counts this worker's share over every stream
+        shares = self._shares = StreamShares()  # each stream's cycle counts this worker's share over every stream
         coordinators: list[Coordinator] = []
         checked: list[tuple[StreamInfo, str]] = []
         for place, settings in enumerate(self.settings.per_stream()):
@@ -266,6 +267,7 @@ class Service:
                     )
                     gone.append(error)
                     METRICS.stream_reading.labels(stream=name).set(0)
+                    self._shares.forget(coordinator.stream.arn)
                     return
                 if not errors:
                     log.error("service.stream_failed", stream=name, error=str(error))

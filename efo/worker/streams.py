@@ -32,6 +32,11 @@ class StreamShares:
         self.readable[stream_arn] = readable
         self.held[stream_arn] = held
 
+    def forget(self, stream_arn: str) -> None:
+        """The stream is read here no more (deleted while running): it no longer counts."""
+        self.readable.pop(stream_arn, None)
+        self.held.pop(stream_arn, None)
+
     @property
     def several(self) -> bool:
         """This worker reads more than one stream: each stream's extras must go where the offsets put them."""

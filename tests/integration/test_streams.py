@@ -252,3 +252,21 @@ def test_a_stream_added_to_a_running_application_starts_at_its_own_initial_posit
     for name, produced in (("orders", [*first, *while_stopped]), ("payments", new_payments)):
         verdict = check(produced, s.sink, stream=s.names[name])
         assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, (name, verdict)
+
+
+def test_a_bounded_run_over_several_streams_reads_each_to_its_end_and_exits_0(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "payments"], shards=2)
+    backlog = {"orders": s.producers["orders"].put(80), "payments": s.producers["payments"].put(20)}
+    run = s.start(
+        "w1",
+        s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in s.names]),
+        EFO_RUN__UNTIL="caught-up",
+    )
+    assert run.process is not None
+    assert run.process.wait(120) == EXIT_OK, run.tail()
+    for name in s.names:
+        verdict = check(backlog[name], s.sink, stream=s.names[name])
+        assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, (name, verdict)
+        assert not any(item.get("lease_owner") for item in s.leases(name).values()), f"a lease of {name} held"

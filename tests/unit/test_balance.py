@@ -223,3 +223,12 @@ def test_a_worker_short_of_its_share_asks_only_once_the_others_had_their_time_to
     assert waiting.short and not waiting.ask
     assert plan("b", leases(owners), ["a", "b"], may_ask=True).ask
     assert not plan("b", leases({**shards(4, "a"), "s04": "b", "s05": "b", "s06": "b"}), ["a", "b"]).short
+
+
+def test_a_stream_read_no_more_leaves_the_offsets_of_the_others() -> None:
+    shares = StreamShares()
+    shares.publish("arn:a", readable=3, held=2)
+    shares.publish("arn:b", readable=4, held=2)
+    assert shares.rank_offset("arn:b") == 3 and shares.several
+    shares.forget("arn:a")
+    assert shares.rank_offset("arn:b") == 0 and not shares.several and shares.room("arn:b", 3) == 3
