@@ -58,7 +58,15 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def tree_rss_bytes(pid: int) -> int:
-    return rss_bytes(pid) + sum(rss_bytes(child) for child in _children(pid))
+    """Resident memory of ``pid`` and every descendant (one that exits meanwhile counts 0)."""
+
+    def rss(one: int) -> int:
+        try:
+            return rss_bytes(one)
+        except OSError:
+            return 0
+
+    return rss(pid) + sum(rss(child) for child in _children(pid))
 
 
 def start_layout(args: argparse.Namespace, layout: str, kinesis: str, dynamodb: str, workdir: Path) -> list[EfoProcess]:
