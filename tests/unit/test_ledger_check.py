@@ -103,7 +103,7 @@ class Batch:
 
 
 TABLE = pa.table(
-    {"shard_id": ["A"], "sequence_number": ["5"], "partition_key": ["k"], "data": [b"k:1"]},
+    {"stream": ["s"], "shard_id": ["A"], "sequence_number": ["5"], "partition_key": ["k"], "data": [b"k:1"]},
 )
 
 
