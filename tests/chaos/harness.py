@@ -683,8 +683,9 @@ def page(outcomes: list[Outcome]) -> str:
         "",
         markdown_table(outcomes),
         "",
-        "- **records**: acknowledged by Kinesis, over all iterations. **lost** and **out-of-order** (per "
-        "partition key, in commit order) must be 0.",
+        "- **records**: acknowledged by Kinesis, over all iterations (and over every stream of a scenario "
+        "that reads several, each checked on its own). **lost** and **out-of-order** (per partition key, in "
+        "commit order) must be 0.",
         "- **duplicates**: extra copies committed (a record committed three times counts two); **allowed**: "
         "the copies the kills and outages of the scenario may repeat, each a commit by a SIGKILLed worker (or "
         "any worker, for the DynamoDB pause) past its shard's checkpoint as the lease table had it at that "
@@ -693,8 +694,8 @@ def page(outcomes: list[Outcome]) -> str:
         "or paused none is allowed.",
         "- **max recovery**: the longest, over the iterations, from the end of a disruption (a kill sent, "
         "the last fault fired, DynamoDB resumed, a reshard ACTIVE, the sink hung) until every record "
-        "acknowledged by then, and one written then to every partition key, was committed. Exceptions "
-        "are named below.",
+        "acknowledged by then, and one written then to every partition key of every stream, was committed. "
+        "Exceptions are named below.",
         "",
         "## Scenarios",
         "",

@@ -1,5 +1,7 @@
 """Chaos scenarios on the local stack, each checked by the invariant checker: nothing lost, per-key
-order kept, and every duplicate accounted for by a kill or an outage (tests/chaos/harness.py).
+order kept, and every duplicate accounted for by a kill or an outage (tests/chaos/harness.py). Each
+reads one stream, but for the last: three streams of one application (issue 20), kills and a
+reshard, each stream checked on its own.
 
 ``make test`` runs one iteration of the reduced size; ``make chaos`` runs three of the full size,
 including the scenarios marked ``chaos_full``, and writes the table to docs/chaos.md.
