@@ -478,7 +478,7 @@ class Chaos:
         with self._producing:
             for s in self.streams.values():
                 written = s.producer.put(count)
-                if s.initial_position == "LATEST":
+                if s.initial_position == "LATEST" and written:  # [-0:] would be the whole ledger
                     del s.producer.acknowledged[-len(written) :]
                     s.skipped.extend(written)
 
