@@ -1,6 +1,7 @@
-"""One iteration of a chaos scenario: real ``efo run`` workers on a fresh stream of the local stack,
-a producer writing in the background, the disruptions (each with its exact duplicate bound), the
-time each took to recover from, and the verdict of the invariant checker.
+"""One iteration of a chaos scenario: real ``efo run`` workers on a fresh stream of the local stack
+(or on several fresh streams of one application, ``streams=``), a producer per stream writing in
+the background, the disruptions (each with its exact duplicate bound), the time each took to
+recover from, and the verdict of the invariant checker (per stream, summed for the table).
 
 Everything random comes from one ``random.Random`` seeded with ``<seed>/<scenario>/<iteration>``,
 so ``EFO_CHAOS_SEED=<seed>`` at the same size replays the same kill points, fault timings and
@@ -8,7 +9,13 @@ reshards (the machine's own timing still varies). Every failure names the seed a
 
 Recovery time, unless a scenario says otherwise: from the end of the disruption (a kill sent, a
 fault fired, a pause resumed, a reshard ACTIVE) until every record acknowledged by then, and one
-more written to every partition key at that moment (so to every shard), is committed by the sink.
+more written to every partition key at that moment (so to every shard), is committed by the sink;
+over several streams, every acknowledged record of every stream and one more to each of its keys.
+
+Several streams: each has its own producer whose partition keys start with the stream's short name
+(``orders-003``), its own starting position, and its own verdict (shard ids and checkpoints repeat
+across streams, so a kill's checkpoints are taken from every stream's leases, one Disruption per
+stream); the workers read them all through one YAML file (``efo run --config``).
 """
 
 from __future__ import annotations
@@ -22,17 +29,30 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import yaml
+
 from efo.devstack.faults import FaultClient
+from efo.devstack.leases import shard_leases
 from efo.devstack.producer import wait_active
 from efo.devstack.stack import StackEndpoints
-from tests.integration.ledger_check import Checkpoint, Disruption, Produced, Verdict, check, committed_rows
+from tests.integration.ledger_check import (
+    Checkpoint,
+    Disruption,
+    Produced,
+    Producer,
+    Verdict,
+    check,
+    committed_rows,
+)
+from tests.integration.service import create_stream, unique
 from tests.integration.workers import Workers
 
 ITERATIONS_ENV = "EFO_CHAOS_ITERATIONS"
@@ -118,6 +138,43 @@ class Outcome:
         return cls(**fields)
 
 
+@dataclass
+class ChaosStream:
+    """One stream a scenario reads: its short name (``""`` when it is the only one), its real name
+    and ARN, its producer, and its starting position."""
+
+    name: str
+    stream: str
+    arn: str
+    producer: Producer
+    initial_position: str
+    #: Written before the first start to a stream read from LATEST: not in the producer's ledger
+    #: (no worker is to read it), and never to be committed.
+    skipped: list[Produced] = field(default_factory=list)
+
+    def label(self, what: str) -> str:
+        return f"{self.name}: {what}" if self.name else what
+
+
+def merged(verdicts: Mapping[str, Verdict]) -> Verdict:
+    """The verdicts of several streams as one (counts summed, records named ``<stream>/<shard>``)."""
+    if len(verdicts) == 1:
+        return next(iter(verdicts.values()))
+    by_worker: Counter[str] = Counter()
+    for verdict in verdicts.values():
+        by_worker.update(verdict.by_worker)
+    return Verdict(
+        produced=sum(v.produced for v in verdicts.values()),
+        committed=sum(v.committed for v in verdicts.values()),
+        lost=[(f"{name}/{shard}", seq) for name, v in verdicts.items() for shard, seq in v.lost],
+        out_of_order=[o for v in verdicts.values() for o in v.out_of_order],  # keys name their stream
+        duplicates=sum(v.duplicates for v in verdicts.values()),
+        by_worker=dict(by_worker),
+        allowed=sum(v.allowed for v in verdicts.values()),
+        undue=[(f"{name}/{shard}", seq) for name, v in verdicts.items() for shard, seq in v.undue],
+    )
+
+
 def replay_hint(scenario: str, iteration: int, test: str) -> str:
     """How to run this iteration again with the same random choices (the size changes them)."""
     again = (
@@ -131,7 +188,12 @@ def replay_hint(scenario: str, iteration: int, test: str) -> str:
 
 class Chaos:
     """Use as a context manager: on the way out every worker still running is killed, every fault
-    cleared and DynamoDB resumed, and a failure gains the seed and the replay command."""
+    cleared and DynamoDB resumed, and a failure gains the seed and the replay command.
+
+    One stream of ``shards`` shards, or with ``streams`` (short name -> shards, in order) several
+    streams of one application, each read from ``initial_position`` unless ``initial_positions``
+    (short name -> position) says otherwise. Methods that concern one stream take its short name
+    (none: the only stream)."""
 
     def __init__(
         self,
@@ -142,29 +204,54 @@ class Chaos:
         dynamodb: Any,
         tmp_path: Path,
         *,
-        shards: int,
+        shards: int | None = None,
+        streams: Mapping[str, int] | None = None,
         initial_position: str = "TRIM_HORIZON",
+        initial_positions: Mapping[str, str] | None = None,
         about: str | None = None,
         test: str = "tests/chaos",
         **env: str,
     ) -> None:
+        if (shards is None) == (streams is None):
+            raise ValueError("a scenario reads one stream (shards=) or several (streams=)")
         self.scenario = scenario
         self.iteration = iteration
         self.test = test
         self.rng = random.Random(f"{SIZE.seed}/{scenario}/{iteration}")
         self.stack = stack
         self.kinesis = kinesis
+        self.dynamodb = dynamodb
         self.tmp_path = tmp_path
+        counts = dict(streams) if streams is not None else {"": shards or 0}
+        positions = {name: (initial_positions or {}).get(name, initial_position) for name in counts}
+        first = next(iter(counts))
         self.w = Workers(
             stack,
             kinesis,
             dynamodb,
             tmp_path,
-            shards=shards,
+            shards=counts[first],
             initial_position=initial_position,
+            stream_prefix=first or "workers",
             **CHAOS_SETTINGS,
             **env,
         )
+        self.streams: dict[str, ChaosStream] = {
+            first: ChaosStream(first, self.w.stream, self.w.stream_arn, self.w.producer, positions[first])
+        }
+        for name in list(counts)[1:]:
+            stream = unique(name)
+            create_stream(kinesis, stream, counts[name])
+            arn = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
+            self.streams[name] = ChaosStream(name, stream, arn, Producer(kinesis, stream), positions[name])
+        if streams is not None:
+            for s in self.streams.values():
+                s.producer.keys = [f"{s.name}-{i:03d}" for i in range(len(s.producer.keys))]
+            config = tmp_path / "efo.yaml"
+            entries = [{"stream": s.stream, "initial_position": s.initial_position} for s in self.streams.values()]
+            config.write_text(yaml.safe_dump({"streams": entries}))
+            del self.w.env["EFO_STREAM"]
+            self.w.args = ("--config", str(config))
         self.proxy_faults = FaultClient(stack.kinesis_endpoint)
         self.dynamodb_faults = FaultClient(stack.dynamodb_endpoint)
         self.disruptions: list[Disruption] = []
@@ -214,7 +301,13 @@ class Chaos:
         return [name for name, run in self.w.runs.items() if run.process is not None and run.process.poll() is None]
 
     def wait_ready(self, *names: str, timeout_s: float = 60.0) -> None:
-        self.w.wait_until(lambda: all(self.w.events(n, "service.ready") for n in names), timeout_s, "service.ready")
+        """Until each of these workers is ready for every stream (each stream's coordinator says so)."""
+        streams = {s.stream for s in self.streams.values()}
+
+        def ready(name: str) -> bool:
+            return streams <= {e.get("stream") for e in self.w.events(name, "service.ready")}
+
+        self.w.wait_until(lambda: all(ready(n) for n in names), timeout_s, "service.ready")
 
     def wait_committing(self, *names: str, timeout_s: float = 60.0) -> None:
         """Until each of these workers has committed a batch: a kill point after it means something."""
@@ -225,13 +318,36 @@ class Chaos:
 
         self.w.wait_until(committing, timeout_s, "a commit by each worker")
 
-    def checkpoints(self, worker_ids: set[str] | None = None) -> dict[str, Checkpoint]:
-        """The checkpoints of the shards these workers hold (None: of every shard), from the table."""
+    def stream(self, name: str | None = None) -> ChaosStream:
+        """A stream by its short name; none: the only stream."""
+        if name is None:
+            if len(self.streams) > 1:
+                raise ValueError(f"which stream? {sorted(self.streams)}")
+            (only,) = self.streams.values()
+            return only
+        return self.streams[name]
+
+    def leases(self, name: str | None = None) -> dict[str, dict[str, Any]]:
+        return shard_leases(self.dynamodb, self.w.app, self.w.app, self.stream(name).arn)
+
+    def checkpoints(self, worker_ids: set[str] | None = None, name: str | None = None) -> dict[str, Checkpoint]:
+        """The checkpoints of the shards of a stream these workers hold (None: of every shard), from
+        the table."""
         return {
             shard_id: Checkpoint.of(lease)
-            for shard_id, lease in self.w.leases().items()
+            for shard_id, lease in self.leases(name).items()
             if worker_ids is None or lease.get("lease_owner", {}).get("S") in worker_ids
         }
+
+    def _disrupted(
+        self,
+        what: str,
+        checkpoints: Mapping[str, Mapping[str, Checkpoint]],
+        victims: frozenset[tuple[str, int]] | None = None,
+    ) -> None:
+        """One disruption per stream, each over the checkpoints of its own stream's shards."""
+        for name, s in self.streams.items():
+            self.disruptions.append(Disruption(what, checkpoints[name], victims, stream=s.stream))
 
     def kill(self, name: str, sig: signal.Signals) -> float:
         """Signal one worker and wait for its exit; returns when the signal was sent (epoch s).
@@ -241,12 +357,13 @@ class Chaos:
         run = self.w.runs[name]
         assert run.process is not None
         worker_id, pid = run.env["EFO_WORKER_ID"], run.process.pid
-        before = self.checkpoints({worker_id})
+        before = {stream: self.checkpoints({worker_id}, stream) for stream in self.streams}
         sent_at = time.time()
         code = self.w.stop(name, sig)
         if sig is signal.SIGKILL:
-            after = self.checkpoints({worker_id})
-            self.disruptions.append(Disruption(f"SIGKILL {name}", {**after, **before}, frozenset({(worker_id, pid)})))
+            after = {stream: self.checkpoints({worker_id}, stream) for stream in self.streams}
+            both = {stream: {**after[stream], **before[stream]} for stream in self.streams}
+            self._disrupted(f"SIGKILL {name}", both, frozenset({(worker_id, pid)}))
         else:
             assert code == 0, f"{name} exited {code} after {sig.name}:\n{run.tail()}"
         return sent_at
@@ -284,13 +401,15 @@ class Chaos:
         self.wait_for(lambda: ids <= set(self.proxy_faults_fired()), timeout_s, f"proxy faults {sorted(ids)} fired")
         return max(at for rule, at in self.proxy_faults_fired().items() if rule in ids)
 
-    # ---- the stream -----------------------------------------------------------------------
+    # ---- the streams ----------------------------------------------------------------------
 
-    def reshard(self, max_open: int = 6) -> str:
-        """One random reshard of the stream while it is read: split a random open shard at a
+    def reshard(self, name: str | None = None, max_open: int = 6) -> str:
+        """One random reshard of a stream while it is read: split a random open shard at a
         random hash key, merge a random pair of adjacent open shards, or UpdateShardCount to a
         random count; waits until the stream is ACTIVE again and says what it did."""
-        shards = self.kinesis.list_shards(StreamName=self.w.stream)["Shards"]
+        chosen = self.stream(name)
+        stream = chosen.stream
+        shards = self.kinesis.list_shards(StreamName=stream)["Shards"]
         open_shards = sorted(
             (s for s in shards if s["SequenceNumberRange"].get("EndingSequenceNumber") is None),
             key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]),
@@ -307,33 +426,29 @@ class Chaos:
             shard = self.rng.choice(open_shards)
             low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
             self.kinesis.split_shard(
-                StreamName=self.w.stream,
+                StreamName=stream,
                 ShardToSplit=shard["ShardId"],
                 NewStartingHashKey=str(self.rng.randint(low + 1, high)),
             )
             what = f"split {shard['ShardId']}"
         elif op == "merge":
             a, b = self.rng.choice(adjacent)
-            self.kinesis.merge_shards(
-                StreamName=self.w.stream, ShardToMerge=a["ShardId"], AdjacentShardToMerge=b["ShardId"]
-            )
+            self.kinesis.merge_shards(StreamName=stream, ShardToMerge=a["ShardId"], AdjacentShardToMerge=b["ShardId"])
             what = f"merge {a['ShardId']} and {b['ShardId']}"
         else:
             targets = [n for n in range((count + 1) // 2, min(2 * count, max_open) + 1) if n != count]
             target = self.rng.choice(targets)
-            self.kinesis.update_shard_count(
-                StreamName=self.w.stream, TargetShardCount=target, ScalingType="UNIFORM_SCALING"
-            )
+            self.kinesis.update_shard_count(StreamName=stream, TargetShardCount=target, ScalingType="UNIFORM_SCALING")
             what = f"UpdateShardCount {count} -> {target}"
-        wait_active(self.kinesis, self.w.stream)
-        return what
+        wait_active(self.kinesis, stream)
+        return chosen.label(what)
 
     # ---- DynamoDB --------------------------------------------------------------------------
 
     def pause_dynamodb(self) -> None:
         """SIGSTOP the local DynamoDB: every request hangs until it resumes. What any worker had
         committed past the checkpoints of the moment may be committed again once it resumes."""
-        self.disruptions.append(Disruption("DynamoDB paused", self.checkpoints()))
+        self._disrupted("DynamoDB paused", {stream: self.checkpoints(name=stream) for stream in self.streams})
         os.kill(self.stack.dynamodb_pid, signal.SIGSTOP)
         self._dynamodb_paused = True
 
@@ -341,16 +456,31 @@ class Chaos:
         os.kill(self.stack.dynamodb_pid, signal.SIGCONT)
         self._dynamodb_paused = False
         resumed_ns = time.time_ns()
-        pause = self.disruptions[-1]
-        assert pause.what == "DynamoDB paused"
-        self.disruptions[-1] = Disruption(pause.what, pause.checkpoints, until_ns=resumed_ns)
+        pauses = [i for i, d in enumerate(self.disruptions) if d.what == "DynamoDB paused" and d.until_ns is None]
+        assert pauses, "DynamoDB resumed, yet not paused"
+        for i in pauses:  # one per stream
+            pause = self.disruptions[i]
+            self.disruptions[i] = Disruption(pause.what, pause.checkpoints, until_ns=resumed_ns, stream=pause.stream)
         return resumed_ns / 1e9
 
     # ---- records ---------------------------------------------------------------------------
 
-    def put(self, count: int) -> list[Produced]:
+    def put(self, count: int, *names: str) -> list[Produced]:
+        """``count`` records to each of these streams (none: to every stream)."""
         with self._producing:
-            return self.w.producer.put(count)
+            return [p for name in names or list(self.streams) for p in self.streams[name].producer.put(count)]
+
+    def put_before_start(self, count: int) -> None:
+        """``count`` records to every stream before any worker starts: a stream read from
+        TRIM_HORIZON is to read them; one read from LATEST is not, so they leave its producer's
+        ledger for ``skipped`` (``finish`` checks that none was committed)."""
+        assert not self.w.runs, "put_before_start after a worker started"
+        with self._producing:
+            for s in self.streams.values():
+                written = s.producer.put(count)
+                if s.initial_position == "LATEST" and written:  # [-0:] would be the whole ledger
+                    del s.producer.acknowledged[-len(written) :]
+                    s.skipped.extend(written)
 
     @contextmanager
     def traffic(self, records: int = 24, every_s: float = 0.25) -> Iterator[None]:
@@ -366,7 +496,7 @@ class Chaos:
                     failed.append(exc)
                     return
 
-        thread = threading.Thread(target=produce, name="chaos-producer", daemon=True)
+        thread = threading.Thread(target=produce, name="chaos-producer", daemon=True)  # to every stream
         thread.start()
         try:
             yield
@@ -376,8 +506,9 @@ class Chaos:
         if failed:
             raise AssertionError(f"the producer failed: {failed[0]!r}")
 
-    def committed(self) -> set[tuple[str, str]]:
-        return {(row["shard"], row["seq"]) for row in committed_rows(self.w.sink)}
+    def committed(self, name: str | None = None) -> set[tuple[str, str]]:
+        """(shard id, sequence number) of what the sink committed of a stream."""
+        return {(row["shard"], row["seq"]) for row in committed_rows(self.w.sink, self.stream(name).stream)}
 
     def wait_for(self, condition: Callable[[], bool], timeout_s: float, what: str) -> float:
         """Until ``condition`` holds (failing if a worker dies); returns when it did (epoch s)."""
@@ -393,24 +524,51 @@ class Chaos:
     def recovered(self, since: float, what: str) -> float:
         """Seconds from ``since`` (epoch s) until every record acknowledged so far and one written
         now to every key is committed (see the module's docstring); recorded for the table."""
-        self.put(len(self.w.producer.keys))
+        with self._producing:
+            for s in self.streams.values():
+                s.producer.put(len(s.producer.keys))
         self._wait_until_committed(f"recovery from {what}")
         seconds = round(time.time() - since, 2)
         self.outcome.recoveries.append((what, seconds))
         return seconds
 
     def _wait_until_committed(self, what: str) -> None:
-        """Until every record acknowledged so far is committed, at most RECOVERY_BOUND_S."""
+        """Until every record of every stream acknowledged so far is committed, at most RECOVERY_BOUND_S."""
         with self._producing:
-            wanted = {(p.shard_id, p.sequence_number) for p in self.w.producer.acknowledged}
-        self.w.wait_until(lambda: wanted <= self.committed(), RECOVERY_BOUND_S, what)
+            wanted = {
+                (s.stream, p.shard_id, p.sequence_number)
+                for s in self.streams.values()
+                for p in s.producer.acknowledged
+            }
+
+        def committed() -> set[tuple[str, str, str]]:
+            return {(row["stream"], row["shard"], row["seq"]) for row in committed_rows(self.w.sink)}
+
+        self.w.wait_until(lambda: wanted <= committed(), RECOVERY_BOUND_S, what)
 
     # ---- the verdict -----------------------------------------------------------------------
 
-    def verdict(self) -> Verdict:
+    def verdicts(self) -> dict[str, Verdict]:
+        """Each stream's verdict, over its own rows and the disruptions of its own shards."""
         with self._producing:
-            produced = list(self.w.producer.acknowledged)
-        return check(produced, self.w.sink, self.disruptions)
+            produced = {name: list(s.producer.acknowledged) for name, s in self.streams.items()}
+        return {
+            name: check(produced[name], self.w.sink, self.disruptions, stream=s.stream)
+            for name, s in self.streams.items()
+        }
+
+    def verdict(self) -> Verdict:
+        """The verdict over every stream (summed: see ``merged``)."""
+        return merged(self.verdicts())
+
+    def committed_before_start(self) -> dict[str, int]:
+        """By stream, how many records written before the first start of a stream read from LATEST
+        were committed (must be none)."""
+        return {
+            name: len({(p.shard_id, p.sequence_number) for p in s.skipped} & self.committed(name or None))
+            for name, s in self.streams.items()
+            if s.skipped
+        }
 
     def finish(self) -> Verdict:
         """Wait until everything acknowledged is committed, stop the workers (SIGTERM, exit 0), and
@@ -419,15 +577,21 @@ class Chaos:
             self._wait_until_committed("every record committed")
         finally:
             self.stop_all()
-            verdict = self.verdict()
+            verdicts = self.verdicts()
+            verdict = merged(verdicts)
             self.outcome.checked(verdict)
             self._checked = True
-        assert not verdict.lost, f"{len(verdict.lost)} records lost, e.g. {verdict.lost[:5]}: {verdict}"
-        assert not verdict.out_of_order, f"out of order: {verdict.out_of_order[:5]}: {verdict}"
+        about = f"{verdict}" + (
+            "; " + "; ".join(f"{name}: {v}" for name, v in verdicts.items()) if len(verdicts) > 1 else ""
+        )
+        assert not verdict.lost, f"{len(verdict.lost)} records lost, e.g. {verdict.lost[:5]}: {about}"
+        assert not verdict.out_of_order, f"out of order: {verdict.out_of_order[:5]}: {about}"
         assert not verdict.undue, (
             f"{len(verdict.undue)} duplicates no kill or outage accounts for, e.g. {verdict.undue[:5]} "
-            f"(disruptions: {[d.what for d in self.disruptions]}): {verdict}"
+            f"(disruptions: {list(dict.fromkeys(d.what for d in self.disruptions))}): {about}"
         )
+        early = self.committed_before_start()
+        assert not any(early.values()), f"written before the first start, read from LATEST, yet committed: {early}"
         return verdict
 
     # ---- logs ------------------------------------------------------------------------------
@@ -519,8 +683,9 @@ def page(outcomes: list[Outcome]) -> str:
         "",
         markdown_table(outcomes),
         "",
-        "- **records**: acknowledged by Kinesis, over all iterations. **lost** and **out-of-order** (per "
-        "partition key, in commit order) must be 0.",
+        "- **records**: acknowledged by Kinesis, over all iterations (and over every stream of a scenario "
+        "that reads several, each checked on its own). **lost** and **out-of-order** (per partition key, in "
+        "commit order) must be 0.",
         "- **duplicates**: extra copies committed (a record committed three times counts two); **allowed**: "
         "the copies the kills and outages of the scenario may repeat, each a commit by a SIGKILLed worker (or "
         "any worker, for the DynamoDB pause) past its shard's checkpoint as the lease table had it at that "
@@ -529,8 +694,8 @@ def page(outcomes: list[Outcome]) -> str:
         "or paused none is allowed.",
         "- **max recovery**: the longest, over the iterations, from the end of a disruption (a kill sent, "
         "the last fault fired, DynamoDB resumed, a reshard ACTIVE, the sink hung) until every record "
-        "acknowledged by then, and one written then to every partition key, was committed. Exceptions "
-        "are named below.",
+        "acknowledged by then, and one written then to every partition key of every stream, was committed. "
+        "Exceptions are named below.",
         "",
         "## Scenarios",
         "",

@@ -1,5 +1,7 @@
 """Chaos scenarios on the local stack, each checked by the invariant checker: nothing lost, per-key
-order kept, and every duplicate accounted for by a kill or an outage (tests/chaos/harness.py).
+order kept, and every duplicate accounted for by a kill or an outage (tests/chaos/harness.py). Each
+reads one stream, but for the last: three streams of one application (issue 20), kills and a
+reshard, each stream checked on its own.
 
 ``make test`` runs one iteration of the reduced size; ``make chaos`` runs three of the full size,
 including the scenarios marked ``chaos_full``, and writes the table to docs/chaos.md.
@@ -268,3 +270,50 @@ def test_a_pool_far_smaller_than_the_traffic_and_a_slow_sink_under_latest(chaos:
         verdict = run.finish()
         assert verdict.duplicates == 0, verdict
         assert run.events("subscription.backpressure"), "no subscription timed out waiting for budget"
+
+
+#: The streams of the several-streams scenario, short name -> shards (each stream's keys start with it).
+STREAMS = {"orders": 3, "payments": 2, "clicks": 2}
+
+
+def test_several_streams_with_kills_and_a_reshard(chaos: ChaosFactory) -> None:
+    """Three streams of one application read by two workers (three in the full size) that share
+    the shards of every stream: orders from TRIM_HORIZON with a backlog written before the first
+    start, payments and clicks from LATEST with one too. While records flow to every stream, a
+    random worker is SIGKILLed at a random moment and restarted a moment later under its own
+    worker id or a new one (in the full size twice), and one random stream is resharded at random,
+    in random order. Each stream is checked on its own (shard ids repeat across streams): nothing
+    lost, per-key order kept, every duplicate a kill's; nothing of the LATEST streams' backlog read."""
+    workers = SIZE.pick(2, 3)
+    with chaos(
+        f"3 streams, {workers} workers: SIGKILL and a reshard",
+        streams=STREAMS,
+        initial_position="LATEST",
+        initial_positions={"orders": "TRIM_HORIZON"},
+    ) as run:
+        run.put_before_start(SIZE.pick(48, 120))
+        names = [f"w{i}" for i in range(1, workers + 1)]
+        run.start(*names)
+        run.wait_ready(*names)  # every stream's leases exist: LATEST is pinned from here
+        with run.traffic():
+            run.wait_committing(*names)
+            steps = ["kill"] * SIZE.pick(1, 2) + ["reshard"]
+            run.rng.shuffle(steps)
+            kills = 0
+            for step in steps:
+                run.sleep(0, 2)
+                if step == "reshard":
+                    what = run.reshard(run.rng.choice(list(STREAMS)))
+                    run.recovered(time.time(), what)
+                    continue
+                victim = run.rng.choice(run.live())
+                sent_at = run.kill(victim, signal.SIGKILL)
+                kills += 1
+                run.sleep(0, 2)  # an orchestrator restarts it
+                same_id = run.rng.random() < 0.5
+                restarted = f"{victim.split('.')[0]}.{kills + 1}" if same_id else f"w{workers + kills}"
+                run.start(restarted)
+                run.recovered(sent_at, f"SIGKILL {victim}")
+                run.wait_ready(restarted)  # and a SIGTERM at the end finds its handlers installed
+        run.finish()
+        assert run.committed_before_start() == {"payments": 0, "clicks": 0}, "a LATEST stream read its backlog"

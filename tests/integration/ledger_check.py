@@ -157,15 +157,20 @@ class Disruption:
     """A kill, a freeze or an outage: what its victims had committed past ``checkpoints`` (their
     shards' checkpoints as the lease table had them then) may be committed again by whoever reads
     those shards next. ``victims`` are (worker id, pid) pairs, None for every process;
-    ``until_ns`` bounds the commits that count (None: the victims are gone)."""
+    ``until_ns`` bounds the commits that count (None: the victims are gone). ``stream``: the
+    stream whose shards ``checkpoints`` names (several streams have the same shard ids), None
+    for a test of one stream; a disruption of several streams is one of these per stream."""
 
     what: str
     checkpoints: Mapping[str, Checkpoint]
     victims: frozenset[tuple[str, int]] | None = None
     until_ns: int | None = None
+    stream: str | None = None
 
     def accounts_for(self, row: Mapping[str, Any]) -> bool:
         """``row`` (a committed record) is one this disruption may have left uncheckpointed."""
+        if self.stream is not None and row["stream"] != self.stream:
+            return False
         if self.victims is not None and (row["worker"], row["pid"]) not in self.victims:
             return False
         if self.until_ns is not None and row["committed_ns"] > self.until_ns:

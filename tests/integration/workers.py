@@ -38,10 +38,11 @@ class Workers:
         *,
         shards: int,
         initial_position: str = "TRIM_HORIZON",
+        stream_prefix: str = "workers",
         **env: str,
     ) -> None:
         self.stack = stack
-        self.stream, self.app = unique("workers"), unique("app")
+        self.stream, self.app = unique(stream_prefix), unique("app")
         create_stream(kinesis, self.stream, shards)
         self.kinesis = kinesis
         self.dynamodb = dynamodb
@@ -53,11 +54,12 @@ class Workers:
         self.producer = Producer(kinesis, self.stream)
         self.runs: dict[str, ServiceRun] = {}
         self.stopped: set[str] = set()
+        self.args: tuple[str, ...] = ()  # after ``efo run`` in every process, e.g. ("--config", path)
         arn = kinesis.describe_stream_summary(StreamName=self.stream)["StreamDescriptionSummary"]["StreamARN"]
         self.stream_arn = arn
 
     def start(self, name: str, **env: str) -> ServiceRun:
-        run = ServiceRun({**self.env, "EFO_WORKER_ID": name, **env}, self.logs / f"{name}.log").start()
+        run = ServiceRun({**self.env, "EFO_WORKER_ID": name, **env}, self.logs / f"{name}.log", args=self.args).start()
         self.runs[name] = run
         return run
 

@@ -1,10 +1,11 @@
 """The chaos table (tests/chaos/harness.py): one row per scenario in the order they ran, sums over
-its iterations, the worst recovery, failed iterations counted; outcomes survive their trip through
-a test report as JSON."""
+its iterations (and over the streams of a scenario that reads several), the worst recovery, failed
+iterations counted; outcomes survive their trip through a test report as JSON."""
 
 from __future__ import annotations
 
-from tests.chaos.harness import Outcome, markdown_table, page, replay_line, scenario_notes, table_rows
+from tests.chaos.harness import Outcome, markdown_table, merged, page, replay_line, scenario_notes, table_rows
+from tests.integration.ledger_check import Verdict
 
 
 def outcome(scenario: str, iteration: int, about: str, records: int, **counts: object) -> Outcome:
@@ -46,3 +47,17 @@ def test_the_page_and_the_summary_name_the_command_that_replays_the_run() -> Non
 def test_an_outcome_survives_json() -> None:
     for original in OUTCOMES:
         assert Outcome.from_json(original.to_json()) == original
+
+
+def test_a_scenario_over_several_streams_is_one_row_summed_over_its_streams() -> None:
+    orders = Verdict(100, 104, [], [], 4, {"w1": 60, "w2": 44}, allowed=5)
+    shard = "shardId-000000000000"  # in both streams: the merged verdict names the stream
+    clicks = Verdict(50, 51, [(shard, "9")], ["clicks-001: 3 after 4"], 1, {"w1": 51}, undue=[(shard, "7")])
+    both = merged({"orders": orders, "clicks": clicks})
+    assert (both.produced, both.committed, both.duplicates, both.allowed) == (150, 155, 5, 5)
+    assert (both.lost, both.undue) == ([(f"clicks/{shard}", "9")], [(f"clicks/{shard}", "7")])
+    assert both.out_of_order == ["clicks-001: 3 after 4"] and both.by_worker == {"w1": 111, "w2": 44}
+    assert merged({"": orders}) is orders  # one stream: its verdict as it is
+    run = Outcome("3 streams", 0)
+    run.checked(both)
+    assert table_rows([run]) == [["3 streams", "1", "150", "1", "1", "5 (allowed 5)", "-"]]

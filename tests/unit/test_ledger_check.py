@@ -15,14 +15,16 @@ from tests.integration import ledger_check
 from tests.integration.ledger_check import Checkpoint, Disruption, Produced, check
 
 
-def commit(directory: Path, at_ns: int, worker: str, pid: int, *records: tuple[str, int, str]) -> None:
+def commit(
+    directory: Path, at_ns: int, worker: str, pid: int, *records: tuple[str, int, str], stream: str = "s"
+) -> None:
     """One committed batch as the sink writes it: (shard, sequence number, data) per record."""
     rows = [
-        {"shard": shard, "seq": str(seq), "key": data.split(":")[0], "data": data, "worker": worker, "pid": pid}
-        | {"batch": f"{at_ns:020d}-b", "committed_ns": at_ns}
+        {"stream": stream, "shard": shard, "seq": str(seq), "key": data.split(":")[0], "data": data}
+        | {"worker": worker, "pid": pid, "batch": f"{at_ns:020d}-{stream}", "committed_ns": at_ns}
         for shard, seq, data in records
     ]
-    (directory / f"{at_ns:020d}-b.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (directory / f"{at_ns:020d}-{stream}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def produced(*records: tuple[str, int, str]) -> list[Produced]:
@@ -76,6 +78,23 @@ def test_an_outage_accounts_for_every_process_but_only_for_what_was_committed_be
     pause = Disruption("DynamoDB paused", checkpoints, until_ns=250)
     verdict = check(produced(A6, A7, B10), tmp_path, [pause])
     assert verdict.undue == [("A", "7")] and verdict.allowed == 2
+
+
+def test_a_disruption_of_one_stream_accounts_for_nothing_of_another_with_the_same_shard_ids(tmp_path: Path) -> None:
+    commit(tmp_path, 1, "w1", 11, A6, stream="orders")
+    commit(tmp_path, 1, "w1", 11, A6, stream="clicks")
+    commit(tmp_path, 2, "w2", 22, A6, stream="orders")  # w1 killed: each stream's A read again
+    commit(tmp_path, 2, "w2", 22, A6, stream="clicks")
+    checkpoints = {"A": Checkpoint("AFTER_SEQUENCE_NUMBER", 5)}
+    kill = {
+        name: Disruption("SIGKILL w1", checkpoints, frozenset({("w1", 11)}), stream=name)
+        for name in ("orders", "clicks")
+    }
+    both = list(kill.values())
+    assert check(produced(A6), tmp_path, both, stream="orders").undue == []
+    assert check(produced(A6), tmp_path, both, stream="clicks").undue == []
+    assert check(produced(A6), tmp_path, [kill["orders"]], stream="clicks").undue == [("A", "6")]
+    assert check(produced(A6), tmp_path, [kill["orders"]], stream="orders").allowed == 1
 
 
 @pytest.mark.parametrize(
