@@ -216,6 +216,9 @@ class Service:
             checked.append((stream, consumer_arn))
             coordinators.append(coordinator)
         self._checked = checked
+        if len(coordinators) > 1:  # one pool: its backlog bound counts every stream's uncheckpointed records
+            for coordinator in coordinators:
+                coordinator.checkpointer.backlog = lambda: sum(c.checkpointer.own_backlog() for c in coordinators)
         return coordinators
 
     async def _serve(self) -> None:

@@ -54,6 +54,9 @@ class Checkpointer:
         self._clock = clock
         self._now = asyncio.Event()
         self.batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
+        #: Committed records not checkpointed yet over every stream sharing the pool (the service
+        #: wires it when several streams are read): the bound is the pool's, not one stream's.
+        self.backlog: Callable[[], int] = self.own_backlog
         self._log = log.bind(worker_id=table.worker_id)
 
     # ---- the sink's side ----------------------------------------------------------------------
@@ -93,10 +96,14 @@ class Checkpointer:
         if owned.ledger.urgent:
             self._now.set()
 
+    def own_backlog(self) -> int:
+        """Committed records of this stream's shards whose checkpoint is not written yet."""
+        return sum(owned.ledger.uncheckpointed_records for owned in self.owned.values())
+
     def apply_backlog_bound(self) -> None:
         """Pause reading while too many committed records wait for their checkpoint (DynamoDB down
         or throttled), so the duplicates a crash would cause stay bounded."""
-        backlog = sum(owned.ledger.uncheckpointed_records for owned in self.owned.values())
+        backlog = self.backlog()
         bound = self._settings.pool.max_uncheckpointed_records
         if backlog >= bound and not self.pool.paused:
             self.pool.pause()

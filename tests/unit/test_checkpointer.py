@@ -109,3 +109,26 @@ def test_commits_of_an_earlier_claim_release_their_budget_but_move_nothing(
     coord.on_committed([Commit("shard-a", 0, 2, 5, grant)])  # claim 0's serial 2, late
     assert owned.ledger.due is None and owned.ledger.uncheckpointed_records == 0
     assert grant.released and coord.pool.records == 0
+
+
+def test_the_backlog_bound_counts_every_stream_sharing_the_pool(coordinator: tuple[Checkpointer, FlakyTable]) -> None:
+    """Two streams' checkpointers share one pool: one stream whose own backlog is small must not
+    resume reading that the other's backlog paused (every coordinator hears of every commit)."""
+    orders, table = coordinator
+    payments = Checkpointer(
+        table=table,  # type: ignore[arg-type]
+        owned=OwnedLeases("me", orders.pool, stream="payments"),
+        pool=orders.pool,
+        settings=orders._settings,
+        lease_valid=lambda: True,
+    )
+    streams = [orders, payments]
+    for each in streams:
+        each.backlog = lambda: sum(c.own_backlog() for c in streams)
+    _shard(orders, "shard-a", 3)
+    _shard(payments, "shard-a", 3)
+    orders.on_committed([Commit("shard-a", 1, 1, 60)])
+    payments.on_committed([Commit("shard-a", 1, 1, 40, stream="payments")])
+    assert orders.pool.paused, "100 committed records without a checkpoint over both streams reach the bound"
+    orders.on_committed([])  # a batch of payments' rows only: orders hears of it with none of its own
+    assert orders.pool.paused, "orders resumed reading although the backlog over every stream is at the bound"
