@@ -34,7 +34,7 @@ from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.worker.streams import StreamShares
+from efo.worker.streams import StreamShares, streams_digest
 
 log = structlog.get_logger("efo.service")
 
@@ -172,22 +172,17 @@ class Service:
         what the pre-flight already checked is not asked again. One pool for all of them."""
         kinesis = await clients.kinesis()
         dynamodb = await clients.dynamodb()
+        every = self.settings.per_stream()
         checking = self._checked is None
+        if self._checked is None:
+            self._checked = [await self._check_stream(kinesis, settings) for settings in every]
+        several = len(every) > 1
+        # Which streams this worker reads, in its heartbeat rows (workers reading the same deal alike).
+        reads = streams_digest(stream.arn for stream, _ in self._checked) if several else None
         pool = PendingPool.of(self.settings.pool)
         shares = self._shares = StreamShares()  # each stream's cycle counts this worker's share over every stream
         coordinators: list[Coordinator] = []
-        checked: list[tuple[StreamInfo, str]] = []
-        for place, settings in enumerate(self.settings.per_stream()):
-            if self._checked is None:
-                stream = await describe_stream(kinesis, settings.stream_ref)
-                consumer_arn = await ensure_consumer(
-                    kinesis,
-                    stream_arn=stream.arn,
-                    name=None if settings.consumer_arn else settings.consumer,
-                    arn=settings.consumer_arn,
-                )
-            else:
-                stream, consumer_arn = self._checked[place]
+        for settings, (stream, consumer_arn) in zip(every, self._checked, strict=True):
             table = LeaseTable(
                 dynamodb,
                 table=settings.table_name,
@@ -198,6 +193,7 @@ class Service:
             if checking and not coordinators:
                 await table.ensure_table()  # one table for every stream of the application
             table.consumer_arn = consumer_arn  # its heartbeat row says which consumer it reads through
+            table.reads = reads
             coordinator = Coordinator(
                 settings=settings,
                 stream=stream,
@@ -213,13 +209,23 @@ class Service:
             )
             if checking:
                 await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
-            checked.append((stream, consumer_arn))
             coordinators.append(coordinator)
-        self._checked = checked
-        if len(coordinators) > 1:  # one pool: its backlog bound counts every stream's uncheckpointed records
+        if several:  # one pool: its backlog bound counts every stream's uncheckpointed records
             for coordinator in coordinators:
                 coordinator.checkpointer.backlog = lambda: sum(c.checkpointer.own_backlog() for c in coordinators)
         return coordinators
+
+    @staticmethod
+    async def _check_stream(kinesis: Any, settings: Settings) -> tuple[StreamInfo, str]:
+        """The stream described and its consumer found (or registered) and ACTIVE."""
+        stream = await describe_stream(kinesis, settings.stream_ref)
+        consumer_arn = await ensure_consumer(
+            kinesis,
+            stream_arn=stream.arn,
+            name=None if settings.consumer_arn else settings.consumer,
+            arn=settings.consumer_arn,
+        )
+        return stream, consumer_arn
 
     async def _serve(self) -> None:
         assert self._stop is not None and self._driver_done is not None

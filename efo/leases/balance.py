@@ -58,6 +58,8 @@ def plan(
     max_steals: int = 1,
     rank_offset: int = 0,
     exact: bool = False,
+    room: int | None = None,
+    stale_free: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
@@ -67,7 +69,10 @@ def plan(
     ``max_leases``: at most this many here (None: no limit); ``rank_offset``: the extra shards go to
     the workers from this rank on, in name order and around (:mod:`efo.worker.streams`); ``exact``: a
     spread of one moves too when the extra is not where the offset puts it (several streams: spreads
-    of one in the same direction add up over the streams)."""
+    of one in the same direction add up over the streams); ``room``: at most this many here whatever
+    the share (what ``max_leases`` leaves over this worker's other streams; None: no other limit);
+    ``stale_free``: free leases nobody claimed for several cycles (workers that disagree on the
+    shares each leave them to another): claimable up to the ceiling, so no shard stays unread."""
     leases = sorted(readable, key=lambda lease: lease.shard_id)
     workers = sorted(set(live) | {me})
     count, width = len(leases), len(workers)
@@ -79,7 +84,7 @@ def plan(
         return min(base, max_leases) if max_leases is not None else base
 
     load = Counter(lease.owner for lease in leases if lease.owner in workers)
-    mine, target = load[me], share(me)
+    mine, target = load[me], share(me) if room is None else min(share(me), room)
 
     free = [
         lease
@@ -98,9 +103,11 @@ def plan(
     start = workers.index(me) * len(rest) // width
     free = first + rest[start:] + rest[:start]
     missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
-    cap = (
-        target if len(free) <= missing else max(target, min(ceiling, max_leases) if max_leases is not None else ceiling)
-    )
+    most = min(ceiling, max_leases) if max_leases is not None else ceiling
+    stale = any(lease.shard_id in stale_free for lease in free)
+    cap = target if len(free) <= missing and not stale else max(target, most)
+    if room is not None:
+        cap = min(cap, room)
     claim = free[: max(0, cap - mine)]
     held = mine + len(claim)
 
@@ -108,7 +115,7 @@ def plan(
     short = any(
         load[worker] < (share(worker) if exact else min(floor, share(worker))) for worker in workers if worker != me
     )
-    if held > target and (held > ceiling or short):
+    if held > target and (held > ceiling or short or (room is not None and held > room)):
         movable = [lease.shard_id for lease in leases if lease.owner == me and lease.shard_id not in moved_recently]
         shed = sorted(movable, reverse=True)[: held - target]
 

@@ -129,6 +129,7 @@ class WorkerRow:
     version: str | None = None
     started_at: datetime | None = None
     consumer_arn: str | None = None
+    reads: str | None = None  # which streams the worker reads (a digest of their ARNs; None: one, or older)
 
 
 @dataclass(slots=True)
@@ -249,6 +250,9 @@ class LeaseTable:
         self.partition = f"{app}|{stream_arn}"
         self.worker_id = worker_id
         self.consumer_arn = consumer_arn
+        #: A digest of every stream this worker reads, in its heartbeat rows: workers that read the
+        #: same streams deal their extra shards across them (efo.worker.streams); None with one stream.
+        self.reads: str | None = None
         self._heartbeat = 0
         self._started_at = datetime.now(UTC).isoformat()
         self.lease_partitions: int | None = None  # from the meta row, once read
@@ -420,7 +424,7 @@ class LeaseTable:
 
     def with_client(self, dynamodb: Any) -> LeaseTable:
         """The same table, application and worker through another client (the heartbeat's own connections)."""
-        return LeaseTable(
+        other = LeaseTable(
             dynamodb,
             table=self.table,
             app=self.app,
@@ -428,6 +432,8 @@ class LeaseTable:
             worker_id=self.worker_id,
             consumer_arn=self.consumer_arn,
         )
+        other.reads = self.reads
+        return other
 
     async def read_lease(self, shard_id: str) -> Lease | None:
         """One shard's lease, strongly consistent (a subscription asks this before it resubscribes
@@ -476,6 +482,7 @@ class LeaseTable:
                 version=item.get("version", {}).get("S"),
                 started_at=_datetime(item.get("started_at", {}).get("S")),
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
+                reads=item.get("reads", {}).get("S"),
             )
         elif sort_key.startswith(SHARD_PREFIX):
             lease = _lease_of(item)
@@ -722,6 +729,7 @@ class LeaseTable:
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
+                    **({"reads": {"S": self.reads}} if self.reads else {}),
                 },
             )
         except Exception as exc:

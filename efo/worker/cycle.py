@@ -40,6 +40,10 @@ SETTLE_CYCLES = 10
 #: A worker short of its share asks for a lease only after this many cycles: time for the others to
 #: see its heartbeat and shed on their own (asking at once races that, and more moves than needed).
 ASK_AFTER_CYCLES = 3
+#: A readable lease nobody claimed for this many cycles is claimable up to the ceiling by any worker
+#: with room, whatever the shares say: workers that disagree on them (their lists of streams differ
+#: during a rolling restart) would otherwise each leave it to another.
+STALE_FREE_CYCLES = 5
 #: Claims of one cycle go out this many at once.
 CLAIM_CONCURRENCY = 16
 
@@ -75,6 +79,7 @@ class LeaseCycle:
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
+        self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
         self.read_at: float | None = None  # when it was read, for /readyz
@@ -132,8 +137,13 @@ class LeaseCycle:
             sum(1 for lease in readable if lease.owner is None or self.view.owner_is_dead(lease.owner))
         )
         arn = self._table.stream_arn
-        self._shares.publish(arn, readable=len(readable), held=sum(1 for lease in readable if lease.owner == self._me))
+        held = sum(1 for lease in readable if lease.owner == self._me)
+        self._shares.publish(arn, readable=len(readable), held=held)
         interval_s = self._settings.lease.sync_interval_s
+        now = self._clock()
+        free = (lease.shard_id for lease in readable if lease.owner is None or lease.owner not in self.view.live)
+        self._free_since = {shard_id: self._free_since.get(shard_id, now) for shard_id in free}
+        limit = self._settings.lease.max_leases_per_worker
         short_for_s = None if self._short_since is None else self._clock() - self._short_since
         busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
         moves = plan(
@@ -145,11 +155,17 @@ class LeaseCycle:
             stranded=stranded,
             asked=len(self.asked),
             may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * interval_s,
-            max_leases=self._shares.room(arn, self._settings.lease.max_leases_per_worker),
+            max_leases=limit or None,
             max_steals=self._settings.lease.max_steals_per_cycle,
             rank_offset=self._shares.rank_offset(arn),
-            exact=self._shares.several,
+            exact=self._shares.several and self._same_streams(state),
+            room=self._shares.room(arn, limit),
+            stale_free={
+                sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s
+            },
         )
+        # What it will hold once these land, before any await: the next stream's room counts it.
+        self._shares.publish(arn, readable=len(readable), held=held + len(moves.claim) - len(moves.shed))
         if not moves.short:
             self._short_since = None
         elif self._short_since is None:
@@ -230,6 +246,13 @@ class LeaseCycle:
                 self._cache.stale(parent)  # read its partition again next cycle
                 return False
         return True
+
+    def _same_streams(self, state: TableState) -> bool:
+        """Every live worker of this stream reads the same streams as this one (their heartbeat rows
+        say which): only then do all deal the extra shards alike (efo.worker.streams)."""
+        return all(
+            state.workers[worker].reads == self._table.reads for worker in self.view.live if worker in state.workers
+        )
 
     async def _claim(self, lease: Lease) -> None:
         if lease.reset is not None and not await self._parents_finished_now(lease):

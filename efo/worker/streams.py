@@ -11,7 +11,10 @@ worker's total over every stream is within one of every other's. A spread of one
 too when its extra is not where the offset puts it (``exact``): one stream alone lets it be, but
 spreads of one in the same direction add up over several streams. Every worker reading the same
 streams computes the same offsets from the same table; one that reads other streams (a rolling
-restart with a new list) computes others, which costs at most some moves until the restart ends.
+restart with a new list) could compute others: so the offsets are used strictly (``exact``) only
+while every live worker of the stream reads the same streams (a digest in each heartbeat row), and
+a lease left free for several cycles is claimable up to the ceiling whatever the shares say
+(``stale_free``), so that workers disagreeing for a while never leave a shard unread.
 
 ``lease.max_leases_per_worker`` caps the total too: a stream's cycle may hold at most what the
 others leave of it (:meth:`StreamShares.room`).
@@ -19,7 +22,14 @@ others leave of it (:meth:`StreamShares.room`).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+
+def streams_digest(stream_arns: Iterable[str]) -> str:
+    """Which streams a worker reads, short enough for every heartbeat row: equal digests, equal lists."""
+    return hashlib.sha256("\n".join(sorted(stream_arns)).encode()).hexdigest()[:16]
 
 
 @dataclass

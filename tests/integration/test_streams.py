@@ -29,7 +29,13 @@ class Streams:
     """Streams of one application, their producers, a config file per list, and the workers."""
 
     def __init__(
-        self, stack: StackEndpoints, kinesis: Any, dynamodb: Any, tmp_path: Path, names: list[str], shards: int
+        self,
+        stack: StackEndpoints,
+        kinesis: Any,
+        dynamodb: Any,
+        tmp_path: Path,
+        names: list[str],
+        shards: int | dict[str, int],
     ) -> None:
         self.kinesis, self.dynamodb, self.tmp_path = kinesis, dynamodb, tmp_path
         self.app = unique("app")
@@ -37,7 +43,7 @@ class Streams:
         self.producers: dict[str, Producer] = {}
         self.arns: dict[str, str] = {}
         for name, stream in self.names.items():
-            create_stream(kinesis, stream, shards)
+            create_stream(kinesis, stream, shards if isinstance(shards, int) else shards[name])
             producer = Producer(kinesis, stream)
             producer.keys = [f"{name}-{i:03d}" for i in range(24)]  # a row's key says its stream
             self.producers[name] = producer
@@ -270,3 +276,27 @@ def test_a_bounded_run_over_several_streams_reads_each_to_its_end_and_exits_0(
         verdict = check(backlog[name], s.sink, stream=s.names[name])
         assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, (name, verdict)
         assert not any(item.get("lease_owner") for item in s.leases(name).values()), f"a lease of {name} held"
+
+
+def test_workers_reading_different_lists_leave_no_shard_unread_across_a_split(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    """A rolling restart that adds a stream sorting first: the old worker reads [sss], the new one
+    [aaa, sss]. They count sss's extra shard from different places (aaa's one shard moves the new
+    one's offset), so each could leave a free lease of sss to the other; after a split of sss (three
+    readable shards), every record of every child is still delivered, and no lease keeps moving."""
+    s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["aaa", "sss"], shards={"aaa": 1, "sss": 2})
+    s.start("w1", s.config([{"stream": "sss", "initial_position": "TRIM_HORIZON"}]))
+    s.start("w2", s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in ("aaa", "sss")]))
+    s.wait_until(lambda: sum(s.holdings().values()) == 3, 60, "both streams' shards held")
+    split_first_shard(kinesis_client, s.names["sss"])  # three readable shards once the parent ends
+    produced = s.producers["sss"].put(120)
+    s.wait_delivered("sss", produced, timeout_s=90)
+    moves = sum(
+        len([e for e in run.events() if e.get("event") in ("lease.taken", "lease.handed_over")])
+        for run in s.runs.values()
+    )
+    assert s.runs["w1"].stop() == EXIT_OK and s.runs["w2"].stop() == EXIT_OK
+    verdict = check(produced, s.sink, stream=s.names["sss"])
+    assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
+    assert moves < 30, f"{moves} lease moves: the workers keep moving leases"

@@ -232,3 +232,39 @@ def test_a_stream_read_no_more_leaves_the_offsets_of_the_others() -> None:
     assert shares.rank_offset("arn:b") == 3 and shares.several
     shares.forget("arn:a")
     assert shares.rank_offset("arn:b") == 0 and not shares.several and shares.room("arn:b", 3) == 3
+
+
+def test_room_caps_what_this_worker_claims_and_sheds_what_is_above_it() -> None:
+    assert len(plan("a", leases(shards(8)), ["a"], room=2).claim) == 2
+    assert len(plan("a", leases(shards(8)), ["a"], room=0).claim) == 0
+    held = plan("a", leases(shards(3, "a")), ["a"], room=2)
+    assert (held.claim, len(held.shed)) == ([], 1)
+
+
+def test_max_leases_per_worker_holds_over_two_streams_claimed_as_the_cycles_claim() -> None:
+    """Each stream's cycle publishes what it will hold before it claims (no await in between), so
+    the next stream's room sees it: one worker, two streams of 4 shards, a limit of 4 in all."""
+    shares = StreamShares()
+    owners = {arn: shards(4) for arn in ("arn:a", "arn:b")}
+    for _ in range(5):
+        for arn, owned in owners.items():
+            readable = leases(owned)
+            held = sum(1 for lease in readable if lease.owner == "x")
+            shares.publish(arn, readable=len(readable), held=held)
+            moves = plan("x", readable, ["x"], room=shares.room(arn, 4), rank_offset=shares.rank_offset(arn))
+            shares.publish(arn, readable=len(readable), held=held + len(moves.claim) - len(moves.shed))
+            for lease in moves.claim:
+                owned[lease.shard_id] = "x"
+            for shard_id in moves.shed:
+                owned[shard_id] = None
+    assert sum(1 for owned in owners.values() for owner in owned.values() if owner == "x") == 4
+
+
+def test_a_lease_free_for_long_is_claimed_by_workers_that_disagree_on_the_shares() -> None:
+    """Two workers whose offsets differ (their lists of streams differ during a rolling restart)
+    each leave the free lease to the other; once it is stale, either takes it."""
+    free = leases({"s0": "X", "s1": None, "s2": "Y"})
+    assert plan("X", free, ["X", "Y"], rank_offset=3).claim == []
+    assert plan("Y", free, ["X", "Y"], rank_offset=2).claim == []
+    assert [lease.shard_id for lease in plan("X", free, ["X", "Y"], rank_offset=3, stale_free={"s1"}).claim] == ["s1"]
+    assert [lease.shard_id for lease in plan("Y", free, ["X", "Y"], rank_offset=2, stale_free={"s1"}).claim] == ["s1"]
