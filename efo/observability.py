@@ -473,6 +473,16 @@ class Metrics:
             self.run_shards_remaining,
         )
 
+    def stream_gone(self, stream: str) -> None:
+        """A stream deleted while running is read no more: ``efo_stream_reading`` 0 (the alert), and
+        its state gauges leave, so that no alert fires on this worker's last view of it."""
+        self.stream_reading.labels(stream=stream).set(0)
+        for family in (self.leases_held, self.workers_live, self.shards_unowned, self.run_shards_remaining):
+            try:
+                family.remove(stream)
+            except KeyError:
+                pass
+
     def shard(self, stream: str, shard_id: str) -> ShardSeries:
         return ShardSeries(self, stream, shard_id)
 

@@ -49,11 +49,16 @@ class Service:
         self.handoff = handoff or Handoff()
         self.error: EfoError | None = None
         self.finished = threading.Event()
+        #: The service stops on its own (one stream's fatal error stops every stream): the driver
+        #: stops taking batches at once, as after a SIGTERM, rather than at the service's end.
+        self.stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._driver_done: asyncio.Event | None = None
         self._coordinators: list[Coordinator] = []
+        self._ended: set[str] = set()  # streams whose coordinator ended (read to a bound, gone, failed)
+        self._gone: set[str] = set()  # streams deleted while running, no longer read
         self._shares = StreamShares()
         #: Each stream's description and consumer ARN, by its place in settings.per_stream(), once checked.
         self._checked: list[tuple[StreamInfo, str]] | None = None
@@ -239,8 +244,8 @@ class Service:
             METRICS.pool_bytes.set_function(lambda: pool.bytes)
             METRICS.pool_capacity_records.set(pool.max_records)
             METRICS.pool_capacity_bytes.set(pool.max_bytes)
-            self.health.ready_check("table", _first_problem(coordinators, lambda c: c.table_problem()))
-            self.health.ready_check("shards", _first_problem(coordinators, lambda c: c.shards_problem()))
+            self.health.ready_check("table", self._first_problem(coordinators, lambda c: c.table_problem()))
+            self.health.ready_check("shards", self._first_problem(coordinators, lambda c: c.shards_problem()))
             self._coordinators = coordinators
             display = self._progress_display(coordinators)
             try:
@@ -248,7 +253,8 @@ class Service:
             finally:
                 if display is not None:
                     display.close()
-            self.completed = all(coordinator.completed for coordinator in coordinators)
+            # A stream deleted while running has no end to read to: the run is whole without it.
+            self.completed = all(c.completed for c in coordinators if c.stream.name not in self._gone)
             self.incomplete = next((c.incomplete for c in coordinators if c.incomplete is not None), None)
 
     async def _run_all(self, coordinators: list[Coordinator], kinesis: Any) -> None:
@@ -262,10 +268,12 @@ class Service:
         gone: list[BaseException] = []
 
         async def run(coordinator: Coordinator) -> None:
+            name = coordinator.stream.name
+            if len(coordinators) > 1:  # every log line of this stream's tasks names it (shard ids repeat)
+                structlog.contextvars.bind_contextvars(stream=name)
             try:
                 await coordinator.run(stop, driver_done)
             except Exception as error:
-                name = coordinator.stream.name
                 if len(gone) + 1 < len(coordinators) and await _stream_gone(kinesis, coordinator.stream, error):
                     log.error(
                         "stream.deleted",
@@ -275,19 +283,41 @@ class Service:
                         "stay until 'efo checkpoints reset --delete-all --stream NAME') and restart",
                     )
                     gone.append(error)
-                    METRICS.stream_reading.labels(stream=name).set(0)
+                    self._gone.add(name)
+                    METRICS.stream_gone(name)
                     self._shares.forget(coordinator.stream.arn)
                     return
                 if not errors:
                     log.error("service.stream_failed", stream=name, error=str(error))
                 errors.append(error)
+                self.stopping.set()
                 stop.set()
+            finally:
+                self._ended.add(name)
 
         async with asyncio.TaskGroup() as group:
             for coordinator in coordinators:
                 group.create_task(run(coordinator), name=f"stream:{coordinator.stream.name}")
         if errors:
             raise errors[0]
+
+    def _first_problem(
+        self, coordinators: list[Coordinator], check: Callable[[Coordinator], str | None]
+    ) -> Callable[[], str | None]:
+        """One readiness check over every stream still read: the first problem, naming its stream.
+        A stream whose coordinator ended (read to a bound, deleted) has nothing left to be ready for."""
+        several = len(coordinators) > 1
+
+        def first() -> str | None:
+            for coordinator in coordinators:
+                if coordinator.stream.name in self._ended:
+                    continue
+                problem = check(coordinator)
+                if problem is not None:
+                    return f"stream {coordinator.stream.name!r}: {problem}" if several else problem
+            return None
+
+        return first
 
     def _progress_display(self, coordinators: list[Coordinator]) -> progress.TerminalProgress | None:
         """A bounded run on a terminal: one line for every stream together."""
@@ -310,22 +340,6 @@ class Service:
         """A bounded run (run.until) that ended before the stream was read to its end (a SIGTERM):
         what it read is checkpointed, and a run started again reads on from there."""
         return self.settings.run.until is not None and not self.completed
-
-
-def _first_problem(
-    coordinators: list[Coordinator], check: Callable[[Coordinator], str | None]
-) -> Callable[[], str | None]:
-    """One readiness check over every stream: the first stream's problem, naming the stream."""
-    several = len(coordinators) > 1
-
-    def first() -> str | None:
-        for coordinator in coordinators:
-            problem = check(coordinator)
-            if problem is not None:
-                return f"stream {coordinator.stream.name!r}: {problem}" if several else problem
-        return None
-
-    return first
 
 
 async def _stream_gone(kinesis: Any, stream: StreamInfo, error: BaseException) -> bool:

@@ -122,7 +122,7 @@ class Driver:
         watchdog.start()
         prefetch = Prefetcher(self._take_and_prepare)
         try:
-            while not self._stopping.is_set() and not self.service.finished.is_set():
+            while not (self._stopping.is_set() or self.service.finished.is_set() or self.service.stopping.is_set()):
                 prepared = prefetch.next()
                 if prepared is not None:
                     self.commit(prepared)
@@ -165,8 +165,8 @@ class Driver:
     def _watch(self) -> None:
         """End the process when the main thread cannot: it is inside a sink that does not return."""
         while not self._done.wait(WATCH_INTERVAL_S):
-            if self.service.finished.is_set():
-                self.request_stop()  # the service is gone: the batch in the sink may still finish
+            if self.service.finished.is_set() or self.service.stopping.is_set():
+                self.request_stop()  # the service is gone or going: the batch in the sink may still finish
             give_up_at = self.give_up_at()
             if give_up_at is None:
                 continue

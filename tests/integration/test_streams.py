@@ -7,6 +7,7 @@ shard of every stream; a stream removed from the list and added back; a stream t
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
+from efo.devstack.faults import FaultClient
 from efo.devstack.leases import shard_leases
 from efo.devstack.stack import StackEndpoints, free_port
 from efo.errors import EXIT_NOT_FOUND, EXIT_OK
 
 from .ledger_check import Checkpoint, Disruption, Produced, Producer, check, committed_rows
 from .service import ServiceRun, arrow_env, create_stream, split_first_shard, unique
-from .test_observability import Scrape
+from .test_observability import Scrape, probe
 
 pytestmark = pytest.mark.integration
 
@@ -93,8 +95,6 @@ class Streams:
         return {(row["shard"], row["seq"]) for row in self.rows(name)}
 
     def wait_until(self, condition: Any, timeout_s: float, what: str) -> None:
-        import time
-
         deadline = time.monotonic() + timeout_s
         while not condition():
             for worker, run in self.runs.items():
@@ -230,6 +230,10 @@ def test_a_stream_deleted_while_running_stops_being_read_and_the_others_go_on(
     metrics = Scrape(port)
     assert metrics.value("efo_stream_reading", stream=s.names["clicks"]) == 0  # what EfoStreamNotRead fires on
     assert metrics.value("efo_stream_reading", stream=s.names["orders"]) == 1
+    assert s.names["clicks"] not in metrics.streams("efo_shards_unowned"), "a deleted stream's gauges stayed"
+    time.sleep(4)  # past failover_s (2 s here) and three lease cycles: the deleted stream's table view is stale
+    status, body = probe(port, "/readyz")
+    assert status == 200, body
     assert run.stop() == EXIT_OK
     verdict = check([*first["orders"], *later], s.sink, stream=s.names["orders"])
     assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
@@ -300,3 +304,40 @@ def test_workers_reading_different_lists_leave_no_shard_unread_across_a_split(
     verdict = check(produced, s.sink, stream=s.names["sss"])
     assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
     assert moves < 30, f"{moves} lease moves: the workers keep moving leases"
+
+
+def test_a_fatal_error_of_one_stream_stops_every_stream_at_once_with_its_exit_code(
+    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+) -> None:
+    """One stream's consumer deregistered (fatal, the stream is still there): every stream stops as
+    after a SIGTERM, the driver too, and the process exits 3 naming the consumer, well within
+    shutdown_timeout_s (60 s here: the others must not wait that long for the driver)."""
+    faults = FaultClient(local_stack.kinesis_endpoint)
+    faults.clear()
+    # kinesis-local keeps feeding open subscriptions of a deregistered consumer (AWS ends them):
+    # every subscription is cut after a few events, so the renewal meets the deregistration.
+    faults.add(
+        operation="SubscribeToShard",
+        action="exception_frame",
+        error_code="InternalFailureException",
+        after_events=2,
+        count=10_000,
+    )
+    try:
+        s = Streams(local_stack, kinesis_client, dynamodb_client, tmp_path, ["orders", "clicks"], shards=1)
+        run = s.start(
+            "w1",
+            s.config([{"stream": name, "initial_position": "TRIM_HORIZON"} for name in s.names]),
+            EFO_SHUTDOWN_TIMEOUT_S="60",
+        )
+        first = {name: s.producers[name].put(20) for name in s.names}
+        for name in s.names:
+            s.wait_delivered(name, first[name])
+        (consumer,) = kinesis_client.list_stream_consumers(StreamARN=s.arns["clicks"])["Consumers"]
+        kinesis_client.deregister_stream_consumer(ConsumerARN=consumer["ConsumerARN"])
+        assert run.process is not None
+        assert run.process.wait(45) == EXIT_NOT_FOUND, run.tail()
+        assert "no longer registered" in run.tail(), run.tail()
+        assert not any(item.get("lease_owner") for item in s.leases("orders").values()), "orders' leases kept"
+    finally:
+        faults.clear()

@@ -21,6 +21,7 @@ class FakeService:
     def __init__(self) -> None:
         self.handoff = Handoff()
         self.finished = threading.Event()
+        self.stopping = threading.Event()
         self.error: EfoError | None = None
         self.stops = 0
 
@@ -111,6 +112,21 @@ def test_a_failed_service_stops_the_driver_and_the_watchdog_exits_with_its_code(
     clock[0] = 10.5
     watcher.join(2)
     assert exits == [3]
+
+
+def test_a_service_stopping_on_its_own_stops_the_driver_at_once() -> None:
+    """One stream's fatal error stops every stream: the others wait for the driver to be done with
+    its batch, so the driver must stop as after a SIGTERM, not when the whole service has ended."""
+    clock = [0.0]
+    driver, service, exits = _driver(clock)
+    watcher = _watch(driver)
+    service.stopping.set()
+    deadline = time.monotonic() + 5
+    while driver.give_up_at() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert driver.give_up_at() == 10.0 and service.stops == 1 and exits == []
+    driver.close()
+    watcher.join(2)
 
 
 def test_the_watchdog_does_nothing_once_the_driver_is_done() -> None:
