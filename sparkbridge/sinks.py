@@ -7,7 +7,7 @@ Writing your own takes a few lines::
             df.write.format("delta").mode("append").save("s3://bucket/table")
 
 Delivery is at-least-once: after a crash a batch may be written again. De-duplicate on
-``(shard_id, sequence_number, sub_sequence_number)``.
+``(stream, shard_id, sequence_number, sub_sequence_number)`` (shard ids repeat across streams).
 """
 
 from __future__ import annotations

@@ -120,14 +120,19 @@ class Scope:
         return self.app
 
 
-def select_stream(settings: Settings, stream: str) -> Settings:
+def select_stream(settings: Settings, stream: str, *, listed_only: bool = False) -> Settings:
     """The settings of the stream ``--stream`` names in a ``streams`` configuration: its entry's
     effective settings when it is listed (by name or ARN), else the top level's (a stream removed
-    from the list stays reachable, e.g. to delete its rows)."""
+    from the list stays reachable, e.g. to delete its rows), or with ``listed_only`` a ConfigError."""
     wanted = stream_name(stream)
     for each in settings.per_stream():
         if stream_name(each.stream_ref) == wanted:
             return each
+    if listed_only:
+        raise ConfigError(
+            f"--stream {stream!r} is not one of the configured streams ({', '.join(settings.stream_names)}): "
+            "add it to streams, or name one of them"
+        )
     return settings.model_copy(update={"stream": stream.strip(), "streams": None})
 
 
@@ -137,6 +142,7 @@ def load_for_stream(
     *,
     defaults: dict[str, Any] | None = None,
     flags: dict[str, Any] | None = None,
+    listed_only: bool = False,
 ) -> Settings:
     """The settings with ``--stream`` applied. With ``stream`` (or nothing) configured, the flag
     wins over it as any flag does; with ``streams`` configured, the flag selects one stream
@@ -145,7 +151,7 @@ def load_for_stream(
     if stream is not None and setting_sources(config, flags=flags)["streams"].kind == "default":
         return load_settings(config, defaults=defaults, flags={**flags, "stream": stream})
     settings = load_settings(config, defaults=defaults, flags=flags)
-    return settings if stream is None else select_stream(settings, stream)
+    return settings if stream is None else select_stream(settings, stream, listed_only=listed_only)
 
 
 def load_scopes(config: str | None, stream: str | None, app: str | None, *, need_app: bool) -> list[Scope]:

@@ -27,9 +27,9 @@ from efo.cli.common import examples, load_for_stream, settings_options
 def run_command(config: str | None, stream: str | None, app: str | None, until: str | None) -> int:
     """Consume the stream into the sink until SIGTERM (then finish and checkpoint the running batch),
     or with --until until the stream is read to that point. With several streams configured,
-    --stream runs that one alone, with its entry's settings."""
+    --stream runs one of them alone, with its entry's settings."""
     bounded = {"until": until} if until is not None else None
-    settings = load_for_stream(config, stream, flags={"app": app, "run": bounded})
+    settings = load_for_stream(config, stream, flags={"app": app, "run": bounded}, listed_only=True)
     from sparkbridge.app import run  # lazily: efo itself never imports pyspark
 
     return run(settings)

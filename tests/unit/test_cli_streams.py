@@ -242,3 +242,18 @@ def test_run_with_stream_runs_that_configured_stream_alone_with_its_settings(
     selected, every = ran
     assert (selected.stream, selected.streams, selected.consumer_name) == ("payments", None, "pay")
     assert every.stream is None and every.stream_names == ["orders", "payments", "refunds"]
+
+
+def test_run_with_a_stream_that_is_not_configured_is_refused_naming_the_configured_ones(
+    config: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator commands reach a stream removed from the list; ``efo run`` does not read one
+    nobody configured (a typo would start a new application's leases on the wrong stream)."""
+    ran: list[Any] = []
+    fake = types.ModuleType("sparkbridge.app")
+    fake.run = lambda settings: ran.append(settings) or EXIT_OK  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sparkbridge.app", fake)
+    assert main(["run", "--config", config, "--stream", "paymnets"]) == EXIT_CONFIG
+    assert ran == []
+    err = capsys.readouterr().err
+    assert "--stream 'paymnets' is not one of the configured streams" in err and "orders, payments, refunds" in err
