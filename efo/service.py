@@ -215,10 +215,28 @@ class Service:
             if checking:
                 await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
             coordinators.append(coordinator)
-        if several:  # one pool: its backlog bound counts every stream's uncheckpointed records
-            for coordinator in coordinators:
-                coordinator.checkpointer.backlog = lambda: sum(c.checkpointer.own_backlog() for c in coordinators)
+        if several:
+            self._share_backlog(coordinators)
         return coordinators
+
+    def _share_backlog(self, coordinators: list[Coordinator]) -> None:
+        """One pool: its backlog bound counts the uncheckpointed records of every stream still read."""
+        for coordinator in coordinators:
+            coordinator.checkpointer.backlog = lambda: sum(
+                c.checkpointer.own_backlog() for c in self._read(coordinators)
+            )
+
+    def _read(self, coordinators: list[Coordinator]) -> list[Coordinator]:
+        """The streams still read: not ended (read to a bound, deleted or failed)."""
+        return [c for c in coordinators if c.stream.name not in self._ended]
+
+    def _ended_stream(self, coordinator: Coordinator, coordinators: list[Coordinator]) -> None:
+        """A stream is read no more: its shares leave the others' dealing and room, and its backlog
+        the pool's bound, which is checked again at once (nothing else would resume the pool)."""
+        self._ended.add(coordinator.stream.name)
+        self._shares.forget(coordinator.stream.arn)
+        for other in self._read(coordinators)[:1]:
+            other.checkpointer.apply_backlog_bound()
 
     @staticmethod
     async def _check_stream(kinesis: Any, settings: Settings) -> tuple[StreamInfo, str]:
@@ -285,7 +303,6 @@ class Service:
                     gone.append(error)
                     self._gone.add(name)
                     METRICS.stream_gone(name)
-                    self._shares.forget(coordinator.stream.arn)
                     return
                 if not errors:
                     log.error("service.stream_failed", stream=name, error=str(error))
@@ -293,7 +310,7 @@ class Service:
                 self.stopping.set()
                 stop.set()
             finally:
-                self._ended.add(name)
+                self._ended_stream(coordinator, coordinators)
 
         async with asyncio.TaskGroup() as group:
             for coordinator in coordinators:
@@ -309,9 +326,10 @@ class Service:
         several = len(coordinators) > 1
 
         def first() -> str | None:
-            for coordinator in coordinators:
-                if coordinator.stream.name in self._ended:
-                    continue
+            read = self._read(coordinators)
+            if not read:
+                return "no stream is read any more (the service is ending)"
+            for coordinator in read:
                 problem = check(coordinator)
                 if problem is not None:
                     return f"stream {coordinator.stream.name!r}: {problem}" if several else problem

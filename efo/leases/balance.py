@@ -60,6 +60,7 @@ def plan(
     exact: bool = False,
     room: int | None = None,
     stale_free: AbstractSet[str] = frozenset(),
+    shed_for_short: bool = True,
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
@@ -72,7 +73,10 @@ def plan(
     of one in the same direction add up over the streams); ``room``: at most this many here whatever
     the share (what ``max_leases`` leaves over this worker's other streams; None: no other limit);
     ``stale_free``: free leases nobody claimed for several cycles (workers that disagree on the
-    shares each leave them to another): claimable up to the ceiling, so no shard stays unread."""
+    shares each leave them to another, or a short worker that cannot claim): claimable up to the
+    ceiling, so no shard stays unread, and never paid for by shedding another in the same cycle;
+    ``shed_for_short``: hand over what is above the share to a worker short of its own (False for a
+    while after this worker took stale leases: the short worker did not claim what was free)."""
     leases = sorted(readable, key=lambda lease: lease.shard_id)
     workers = sorted(set(live) | {me})
     count, width = len(leases), len(workers)
@@ -104,16 +108,26 @@ def plan(
     free = first + rest[start:] + rest[:start]
     missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
     most = min(ceiling, max_leases) if max_leases is not None else ceiling
-    stale = any(lease.shard_id in stale_free for lease in free)
-    cap = target if len(free) <= missing and not stale else max(target, most)
+    if room is not None:
+        most = min(most, room)
+    cap = target if len(free) <= missing else max(target, most)
     if room is not None:
         cap = min(cap, room)
     claim = free[: max(0, cap - mine)]
+    # Stale leases: up to the ceiling whatever the shares say, and only those above the share.
+    taken = {lease.shard_id for lease in claim}
+    stale = [lease for lease in free if lease.shard_id in stale_free and lease.shard_id not in taken]
+    stale = stale[: max(0, most - mine - len(claim))]
+    claim += stale
     held = mine + len(claim)
 
     shed: list[str] = []
-    short = any(
-        load[worker] < (share(worker) if exact else min(floor, share(worker))) for worker in workers if worker != me
+    short = (
+        shed_for_short
+        and not stale
+        and any(
+            load[worker] < (share(worker) if exact else min(floor, share(worker))) for worker in workers if worker != me
+        )
     )
     if held > target and (held > ceiling or short or (room is not None and held > room)):
         movable = [lease.shard_id for lease in leases if lease.owner == me and lease.shard_id not in moved_recently]

@@ -44,6 +44,9 @@ ASK_AFTER_CYCLES = 3
 #: with room, whatever the shares say: workers that disagree on them (their lists of streams differ
 #: during a rolling restart) would otherwise each leave it to another.
 STALE_FREE_CYCLES = 5
+#: After this worker took stale leases (a short worker did not claim what was free), it hands
+#: nothing over to short workers for this many cycles: at most one such move a minute, no churn.
+QUIET_CYCLES = 60
 #: Claims of one cycle go out this many at once.
 CLAIM_CONCURRENCY = 16
 
@@ -80,6 +83,7 @@ class LeaseCycle:
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
+        self._quiet_until = 0.0  # no shedding to short workers before this (after a stale claim)
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
         self.read_at: float | None = None  # when it was read, for /readyz
@@ -144,6 +148,7 @@ class LeaseCycle:
         free = (lease.shard_id for lease in readable if lease.owner is None or lease.owner not in self.view.live)
         self._free_since = {shard_id: self._free_since.get(shard_id, now) for shard_id in free}
         limit = self._settings.lease.max_leases_per_worker
+        stale = {sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s}
         short_for_s = None if self._short_since is None else self._clock() - self._short_since
         busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
         moves = plan(
@@ -160,12 +165,14 @@ class LeaseCycle:
             rank_offset=self._shares.rank_offset(arn),
             exact=self._shares.several and self._same_streams(state),
             room=self._shares.room(arn, limit),
-            stale_free={
-                sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s
-            },
+            stale_free=stale,
+            shed_for_short=now >= self._quiet_until,
         )
-        # What it will hold once these land, before any await: the next stream's room counts it.
-        self._shares.publish(arn, readable=len(readable), held=held + len(moves.claim) - len(moves.shed))
+        if any(lease.shard_id in stale for lease in moves.claim):
+            self._quiet_until = now + QUIET_CYCLES * interval_s
+        # What it will hold once these land, before any await: the next stream's room counts it (a
+        # lease being shed still counts until its handover is done).
+        self._shares.publish(arn, readable=len(readable), held=held + len(moves.claim))
         if not moves.short:
             self._short_since = None
         elif self._short_since is None:

@@ -268,3 +268,16 @@ def test_a_lease_free_for_long_is_claimed_by_workers_that_disagree_on_the_shares
     assert plan("Y", free, ["X", "Y"], rank_offset=2).claim == []
     assert [lease.shard_id for lease in plan("X", free, ["X", "Y"], rank_offset=3, stale_free={"s1"}).claim] == ["s1"]
     assert [lease.shard_id for lease in plan("Y", free, ["X", "Y"], rank_offset=2, stale_free={"s1"}).claim] == ["s1"]
+
+
+def test_a_stale_lease_claimed_above_the_share_is_not_paid_for_by_shedding_another() -> None:
+    """7 shards on a, b, c (shares 3, 2, 2); b is live but short and does not claim (its room over
+    its other streams, leases in doubt): c takes the stale leases and sheds nothing for b."""
+    owners = {"s0": "a", "s1": "a", "s2": "a", "s3": "c", "s4": "c", "s5": None, "s6": None}
+    moves = plan("c", leases(owners), ["a", "b", "c"], stale_free={"s5", "s6"})
+    (taken,) = moves.claim  # up to the ceiling, 3
+    assert moves.shed == []
+    # The next cycles, while the cycle keeps shed_for_short off, it does not hand it back to b either.
+    owners[taken.shard_id] = "c"
+    assert plan("c", leases(owners), ["a", "b", "c"], shed_for_short=False).shed == []
+    assert plan("c", leases(owners), ["a", "b", "c"]).shed != []  # (b short: shed, once the quiet time is over)

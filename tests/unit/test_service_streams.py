@@ -1,0 +1,63 @@
+"""The service's bookkeeping of several streams, alone (no AWS): what a stream that ended leaves
+behind in the shared pool's backlog bound and in the other streams' dealing."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from efo.config import load_settings
+from efo.leases.lifecycle import Commit
+from efo.leases.table import Lease
+from efo.pipeline.pool import PendingPool
+from efo.pipeline.records import Position, after
+from efo.service import Service
+from efo.worker.checkpointer import Checkpointer
+from efo.worker.owned import OwnedLeases
+
+
+class Table:
+    worker_id = "me"
+
+
+@pytest.fixture
+def service(monkeypatch: pytest.MonkeyPatch) -> Service:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(
+        streams="orders,payments", app="app", sink="console", pool={"max_uncheckpointed_records": 100}
+    )
+    return Service(settings)
+
+
+def _stream(service: Service, name: str, pool: PendingPool) -> Any:
+    checkpointer = Checkpointer(
+        table=Table(),  # type: ignore[arg-type]
+        owned=OwnedLeases("me", pool, stream=name),
+        pool=pool,
+        settings=service.settings,
+        lease_valid=lambda: True,
+    )
+    return SimpleNamespace(stream=SimpleNamespace(name=name, arn=f"arn:{name}"), checkpointer=checkpointer)
+
+
+def test_a_stream_that_ended_leaves_the_backlog_bound_and_the_pool_resumes_at_once(service: Service) -> None:
+    """A stream whose final checkpoints did not land keeps its ledgers; once it ended they must
+    not hold the shared pool paused for the streams still read (nothing else would resume it)."""
+    pool = PendingPool(1000, 1 << 20)
+    orders, payments = _stream(service, "orders", pool), _stream(service, "payments", pool)
+    coordinators = [orders, payments]
+    service._share_backlog(coordinators)  # type: ignore[arg-type]
+    owned = orders.checkpointer.owned.own(Lease("shard-a", (), "me", 1, Position("TRIM_HORIZON")))
+    serial = owned.ledger.next_serial()
+    owned.ledger.enqueued(serial, after("10"))
+    orders.checkpointer.on_committed([Commit("shard-a", 1, serial, 100, stream="orders")])
+    assert pool.paused, "100 committed records without a checkpoint reach the bound"
+    service._shares.publish("arn:orders", readable=4, held=2)
+    service._ended_stream(orders, coordinators)  # type: ignore[arg-type]
+    assert not pool.paused, "the pool stayed paused by a stream that is read no more"
+    assert "arn:orders" not in service._shares.held, "an ended stream still counts in the others' room"
