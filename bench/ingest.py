@@ -13,6 +13,9 @@ the client reads. For each shard count and record size, in the same run, interle
 * ``parse``: the parse limit, no network, no pool, no handoff: the same event frames the server
   sends, cut into 64 KiB pieces (what one socket read hands aiohttp), through botocore's
   ``EventStreamBuffer`` (framing and CRCs) and efo's payload decoder (orjson, base64) in a tight loop;
+* ``parse-efo``: the same, framed by efo's :class:`efo.kinesis.framing.Framer` instead;
+* ``efo-botocore`` (only with ``--variants``): ``efo`` below with botocore's framing
+  (``efo.kinesis.decoder.FRAMING = "botocore"``, what ``EFO_TEST_FRAMING=botocore`` selects);
 * ``efo``: :class:`efo.kinesis.subscription.ShardSubscription` with efo's data-plane client, its real
   :class:`PendingPool` and :class:`Handoff`, and a no-op drain thread that takes batches from the
   handoff and acknowledges them the way the Spark driver does (the grants are released on the
@@ -51,7 +54,9 @@ from synthetic_server import FIRST_SEQUENCE, EventFactory, consumer_arn
 
 from efo.aws import Clients, Endpoints
 from efo.config import BatchSettings, PoolSettings, SubscriptionSettings
+from efo.kinesis import decoder
 from efo.kinesis.decoder import decode_message
+from efo.kinesis.framing import Framer
 from efo.kinesis.subscription import ShardSubscription
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.lifecycle import Commit
@@ -59,13 +64,15 @@ from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk
 
-VARIANTS = ("stock", "stock-epoch", "boto3", "parse", "efo")
-DEFAULT_VARIANTS = ("stock", "boto3", "parse", "efo")
+VARIANTS = ("stock", "stock-epoch", "boto3", "parse", "parse-efo", "efo-botocore", "efo")
+DEFAULT_VARIANTS = ("stock", "boto3", "parse", "parse-efo", "efo")
 LABELS = {
     "stock": "stock aiobotocore",
     "stock-epoch": "aiobotocore, epoch-seconds parser",
     "boto3": "boto3 threads",
     "parse": "parse limit",
+    "parse-efo": "parse limit on efo's framing",
+    "efo-botocore": "efo on botocore's framing",
     "efo": "efo",
 }
 
@@ -223,7 +230,7 @@ def run_boto3(endpoint: str, case: Case, window: Window) -> float:
 READ_BYTES = 64 * 1024  # what one socket read hands aiohttp's stream, at most
 
 
-def run_parse_limit(case: Case, window: Window) -> float:
+def run_parse_limit(case: Case, window: Window, *, own_framing: bool = False) -> float:
     factory = EventFactory(case.record_bytes, case.records_per_event)
     frame = factory.buffer()
     wire = b"".join(bytes(factory.next_event(frame, FIRST_SEQUENCE + i * case.records_per_event)) for i in range(64))
@@ -234,13 +241,21 @@ def run_parse_limit(case: Case, window: Window) -> float:
     measure_from = started + window.warmup_s
     start_count: int | None = None
     while True:
-        buffer = EventStreamBuffer()
-        for piece in pieces:
-            buffer.add_data(piece)
-            for message in buffer:
-                event = decode_message(message.headers, message.payload)
-                assert event is not None
-                records += len(event)
+        if own_framing:
+            framer = Framer()
+            for piece in pieces:
+                for headers, payload in framer.feed(piece):
+                    event = decode_message(headers, payload)
+                    assert event is not None
+                    records += len(event)
+        else:
+            buffer = EventStreamBuffer()
+            for piece in pieces:
+                buffer.add_data(piece)
+                for message in buffer:
+                    event = decode_message(message.headers, message.payload)
+                    assert event is not None
+                    records += len(event)
         now = clock()
         if start_count is None:
             if now >= measure_from:
@@ -329,6 +344,14 @@ def _run_one(variant: str, endpoint: str, case: Case, window: Window) -> float:
         return run_boto3(endpoint, case, window)
     if variant == "parse":
         return run_parse_limit(case, window)
+    if variant == "parse-efo":
+        return run_parse_limit(case, window, own_framing=True)
+    if variant == "efo-botocore":
+        framing, decoder.FRAMING = decoder.FRAMING, "botocore"
+        try:
+            return asyncio.run(run_efo(endpoint, case, window))
+        finally:
+            decoder.FRAMING = framing
     return asyncio.run(run_efo(endpoint, case, window))
 
 
@@ -384,7 +407,7 @@ def main() -> None:
                     results.setdefault((case.shards, case.record_bytes, variant), []).append(rate)
                     print(
                         f"  repeat {repeat + 1}: {case.shards:3d} shards {_size(case.record_bytes):>6} "
-                        f"{variant:5s} {rate:10,.0f} records/s",
+                        f"{variant:12s} {rate:10,.0f} records/s",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -403,7 +426,16 @@ def main() -> None:
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}x" if a is not None and b else "-"
 
-    pairs = (("efo", "stock"), ("efo", "stock-epoch"), ("efo", "boto3"), ("efo", "parse"))
+    pairs = (
+        ("efo", "stock"),
+        ("efo", "stock-epoch"),
+        ("efo", "boto3"),
+        ("efo", "parse"),
+        ("efo", "parse-efo"),
+        ("efo", "efo-botocore"),
+        ("efo-botocore", "stock"),
+        ("efo-botocore", "parse"),
+    )
     ratios = [(a, b) for a, b in pairs if {a, b} <= set(variants)]
     print(f"command: `{command_line()}`\n")
     print(

@@ -4,9 +4,11 @@ botocore parses each event-stream message by walking the service model's shapes 
 record, a datetime per timestamp, stdlib base64): on this machine that caps one process at about
 48k records/s of 1 KiB. Here botocore and aiobotocore still sign and send the call, open the
 connection, check the HTTP status and read the initial-response frame; after the call returns we
-take the *raw* event-stream messages (botocore's own framing and CRC checks) from the
-:class:`~aiobotocore.eventstream.AioEventStream` and decode each SubscribeToShardEvent with
-orjson and pybase64 straight into columns (:class:`ShardEvent`).
+read the rest of the body with efo's own framing (:mod:`efo.kinesis.framing`: botocore's checks,
+fewer copies) and decode each SubscribeToShardEvent with orjson and pybase64 straight into columns
+(:class:`ShardEvent`). With ``EFO_TEST_FRAMING=botocore`` in the environment (or :data:`FRAMING` set to
+``"botocore"``), or when the stream cannot be taken over, the raw event-stream messages come from
+the :class:`~aiobotocore.eventstream.AioEventStream` itself (botocore's own framing and CRC checks).
 
 What a message becomes, exactly as aiobotocore would have it:
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import binascii
 import functools
 import math
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,15 +40,21 @@ import orjson
 import pyarrow as pa
 import pybase64
 from aiobotocore.eventstream import AioEventStream
+from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import EventStreamError
 
 from efo.kinesis.columns import POOL, column_bytes, decode_base64
+from efo.kinesis.framing import Framer, Message
 from efo.pipeline.records import Payloads, empty_payloads
 
 OPERATION_NAME = "SubscribeToShard"
 #: Records whose base64 text is at most this long on average (768 bytes of data) are decoded in bulk.
 BULK_MAX_MEAN_CHARS = 1024
 EVENT_TYPE = "SubscribeToShardEvent"
+#: Whose framing reads the event stream: "efo" (efo.kinesis.framing) or "botocore" (aiobotocore's
+#: generator, as before efo had its own). The tests run on both; ``EFO_TEST_FRAMING=botocore`` runs any
+#: of them (or the service) on botocore's (an ``EFO_TEST_`` variable is the tooling's, not a setting).
+FRAMING = os.environ.get("EFO_TEST_FRAMING", "efo")
 
 
 @dataclass(slots=True)
@@ -85,6 +94,43 @@ def raw_messages(stream: AioEventStream) -> AsyncIterator[Any]:
     return generator  # type: ignore[no-any-return]
 
 
+def take_over(stream: AioEventStream) -> bool:
+    """Make aiobotocore's raw generator frame with efo's :class:`~efo.kinesis.framing.Framer`:
+    True when done, False when this aiobotocore does not look as expected (nothing is changed then,
+    and botocore frames as before).
+
+    ``get_initial_response()`` left ``_create_raw_event_generator`` suspended at its ``yield``,
+    inside ``for event in event_stream_buffer`` with no half-parsed prelude. The generator goes on
+    reading the body as it always does (``add_data(chunk)``, then ``next()`` until StopIteration),
+    but its buffer's ``add_data`` and ``next`` become the framer's, which starts from the bytes the
+    buffer held past the initial response. Messages then come out as ``(headers, payload)``.
+    """
+    generator = getattr(stream, "_event_generator", None)
+    frame = getattr(generator, "ag_frame", None)
+    if frame is None or getattr(generator, "ag_running", True):
+        return False
+    buffer = frame.f_locals.get("event_stream_buffer")
+    if type(buffer) is not EventStreamBuffer or getattr(buffer, "_prelude", True) is not None:
+        return False
+    data = getattr(buffer, "_data", None)
+    if not isinstance(data, bytes):
+        return False
+    framer = Framer(data)
+    messages = framer.feed(b"")
+
+    def add_data(chunk: bytes) -> None:
+        nonlocal messages
+        messages = framer.feed(chunk)
+
+    def next_message() -> Message:
+        return next(messages)  # StopIteration ends botocore's ``for event in buffer``
+
+    buffer._data = b""
+    buffer.add_data = add_data  # type: ignore[method-assign]
+    buffer.next = next_message  # type: ignore[method-assign]
+    return True
+
+
 def _aiobotocore_version() -> str:
     try:
         from importlib.metadata import version
@@ -109,6 +155,13 @@ async def iter_events(stream: Any) -> AsyncGenerator[ShardEvent, None]:
             if payload is not None:
                 yield from_parsed(payload)
         return
+    if FRAMING == "efo" and take_over(stream):
+        async for headers, payload in raw_messages(stream):
+            event = decode_message(headers, payload)
+            del payload  # as below
+            if event is not None:
+                yield event
+        return
     async for message in raw_messages(stream):
         event = decode_message(message.headers, message.payload)
         # An event waiting for pool budget must not also pin its raw frame (base64 text, 1.4x the
@@ -118,17 +171,17 @@ async def iter_events(stream: Any) -> AsyncGenerator[ShardEvent, None]:
             yield event
 
 
-def decode_message(headers: dict[str, Any], payload: bytes) -> ShardEvent | None:
+def decode_message(headers: dict[str, Any], payload: bytes | memoryview) -> ShardEvent | None:
     """Decode one raw event-stream message: a :class:`ShardEvent`, None to skip, or raise."""
     message_type = headers.get(":message-type")
     if message_type == "exception" or message_type == "error":
-        raise event_stream_error(headers, payload)
+        raise event_stream_error(dict(headers), bytes(payload))
     if headers.get(":event-type") != EVENT_TYPE:
         return None
     return decode_event(payload)
 
 
-def decode_event(payload: bytes) -> ShardEvent:
+def decode_event(payload: bytes | memoryview) -> ShardEvent:
     """Decode the JSON payload of a SubscribeToShardEvent message."""
     body = orjson.loads(payload)
     event = ShardEvent(
@@ -249,4 +302,5 @@ __all__ = [
     "from_parsed",
     "iter_events",
     "raw_messages",
+    "take_over",
 ]
