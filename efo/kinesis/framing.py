@@ -25,8 +25,9 @@ bytes. Every check botocore makes is kept, in the same order and with the same e
 * a message whose lengths do not add up (total length below prelude + headers + CRC) is handed
   whole to botocore's ``EventStreamBuffer``, so it fails (or not) as it would have.
 
-What is left at the end of the body (a truncated message) is dropped silently, as aiobotocore's
-generator drops it: the subscription then ends as if the server had closed it.
+The framer only frames: :func:`efo.kinesis.decoder.take_over` puts it under aiobotocore's raw
+generator, which still reads the body (aiohttp's errors, a truncated message at the end dropped
+silently as before: the subscription then ends as if the server had closed it).
 
 Header dicts are shared between messages with the same header bytes (every SubscribeToShardEvent
 of a stream has the same three headers): callers must not modify them.
@@ -118,11 +119,6 @@ class Framer:
         self._size = len(data)
         self._need = PRELUDE_LENGTH  # bytes needed before anything can be parsed again
         self._headers: dict[bytes, dict[str, Any]] = {}
-
-    @property
-    def pending(self) -> int:
-        """Bytes received and not yet part of a message."""
-        return self._size
 
     def feed(self, data: bytes) -> Iterator[Message]:
         if data:
