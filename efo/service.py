@@ -283,7 +283,6 @@ class Service:
         assert self._stop is not None and self._driver_done is not None
         stop, driver_done = self._stop, self._driver_done
         errors: list[BaseException] = []
-        gone: list[BaseException] = []
 
         async def run(coordinator: Coordinator) -> None:
             name = coordinator.stream.name
@@ -292,7 +291,7 @@ class Service:
             try:
                 await coordinator.run(stop, driver_done)
             except Exception as error:
-                if len(gone) + 1 < len(coordinators) and await _stream_gone(kinesis, coordinator.stream, error):
+                if len(self._gone) + 1 < len(coordinators) and await _stream_gone(kinesis, coordinator.stream, error):
                     log.error(
                         "stream.deleted",
                         stream=name,
@@ -300,7 +299,6 @@ class Service:
                         hint="no longer read; the other streams go on. Remove it from streams (its checkpoints "
                         "stay until 'efo checkpoints reset --delete-all --stream NAME') and restart",
                     )
-                    gone.append(error)
                     self._gone.add(name)
                     METRICS.stream_gone(name)
                     return
