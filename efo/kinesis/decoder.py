@@ -28,7 +28,7 @@ import binascii
 import functools
 import math
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -52,8 +52,9 @@ OPERATION_NAME = "SubscribeToShard"
 BULK_MAX_MEAN_CHARS = 1024
 EVENT_TYPE = "SubscribeToShardEvent"
 #: Whose framing reads the event stream: "efo" (efo.kinesis.framing) or "botocore" (aiobotocore's
-#: generator, as before efo had its own). The tests run on both; ``EFO_TEST_FRAMING=botocore`` runs any
-#: of them (or the service) on botocore's (an ``EFO_TEST_`` variable is the tooling's, not a setting).
+#: generator, as before efo had its own). tests/unit/test_framing.py compares the two on the same bytes
+#: and runs the decoder on both; ``EFO_TEST_FRAMING=botocore`` runs any other test (or the service) on
+#: botocore's (an ``EFO_TEST_`` variable is the tooling's, not a setting).
 FRAMING = os.environ.get("EFO_TEST_FRAMING", "efo")
 
 
@@ -115,20 +116,33 @@ def take_over(stream: AioEventStream) -> bool:
     data = getattr(buffer, "_data", None)
     if not isinstance(data, bytes):
         return False
-    framer = Framer(data)
-    messages = framer.feed(b"")
-
-    def add_data(chunk: bytes) -> None:
-        nonlocal messages
-        messages = framer.feed(chunk)
-
-    def next_message() -> Message:
-        return next(messages)  # StopIteration ends botocore's ``for event in buffer``
-
     buffer._data = b""
-    buffer.add_data = add_data  # type: ignore[method-assign]
-    buffer.next = next_message  # type: ignore[method-assign]
+    # Its class, not its methods: ``for event in buffer`` looks ``__next__`` up on the type, so the
+    # swap holds however botocore's ``__next__`` is written.
+    buffer.__class__ = FramedBuffer
+    assert isinstance(buffer, FramedBuffer)
+    buffer.start(Framer(data))
     return True
+
+
+class FramedBuffer(EventStreamBuffer):  # type: ignore[misc]
+    """botocore's buffer whose framing is efo's :class:`~efo.kinesis.framing.Framer` (what
+    :func:`take_over` turns aiobotocore's buffer into): messages come out as ``(headers, payload)``."""
+
+    _framer: Framer
+    _messages: Iterator[Message]
+
+    def start(self, framer: Framer) -> None:
+        self._framer = framer
+        self._messages = framer.feed(b"")
+
+    def add_data(self, data: bytes) -> None:
+        self._messages = self._framer.feed(data)
+
+    def next(self) -> Message:  # type: ignore[override]
+        return next(self._messages)  # StopIteration ends botocore's ``for event in buffer``
+
+    __next__ = next
 
 
 def _aiobotocore_version() -> str:

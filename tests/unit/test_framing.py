@@ -183,3 +183,51 @@ def test_iter_events_takes_over_aiobotocore_and_falls_back(monkeypatch: pytest.M
     assert results["efo"] == results["botocore"]
     assert results["efo"][0] == ["1"] and results["efo"][1].__name__ == "EventStreamError"
     assert "ResourceInUseException" in results["efo"][2]
+
+
+def test_the_takeover_holds_when_botocore_iterates_without_calling_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a botocore release wrote ``__next__`` without going through ``self.next()``, a takeover
+    that replaced only the buffer's methods would leave botocore's parser on an emptied buffer: every
+    subscription empty, silently. The takeover swaps the buffer's class, which the loop consults."""
+    from tests.unit.test_decoder import INITIAL_RESPONSE, _encode_event
+    from tests.unit.test_decoder import _efo as read
+
+    def inlined(self: EventStreamBuffer) -> Any:  # botocore's own parsing, not via self.next()
+        return EventStreamBuffer.next(self)
+
+    monkeypatch.setattr(EventStreamBuffer, "__next__", inlined)
+    event = {"Records": [], "MillisBehindLatest": 0, "ContinuationSequenceNumber": "7"}
+    raw = (
+        INITIAL_RESPONSE
+        + _encode_event(event, True)
+        + _encode_event({**event, "ContinuationSequenceNumber": "8"}, True)
+    )
+    monkeypatch.setattr(decoder, "FRAMING", "efo")
+    events, error = asyncio.run(read(_split(raw, [9, 100])))
+    assert [e.continuation_sequence_number for e in events] == ["7", "8"] and error is None
+
+
+def _prelude(total: int, headers_length: int) -> bytes:
+    head = struct.pack("!II", total, headers_length)
+    return head + struct.pack("!I", zlib.crc32(head))
+
+
+@pytest.mark.parametrize(
+    ("total", "headers_length"),
+    [
+        (16 + 128 * 1024 + 1, 128 * 1024 + 1),  # headers over botocore's limit
+        (16 + 24 * 1024 * 1024 + 1, 0),  # payload over botocore's limit
+        (20, 8),  # total below prelude + headers + message CRC
+        (16, 0),  # the smallest message: no headers, no payload
+    ],
+)
+def test_crafted_preludes_fail_or_pass_as_in_botocore(total: int, headers_length: int) -> None:
+    """Preludes with a valid CRC and lengths at and beyond botocore's limits (only the prelude and
+    what fits are sent): the same messages, then the same error, as botocore's buffer."""
+    body = _prelude(total, headers_length)
+    rest = max(0, min(total, 64) - len(body))
+    raw = body + bytes(rest)
+    if total == len(raw) and total >= 16:  # a whole message: give it its message CRC
+        raw = raw[:-4] + struct.pack("!I", zlib.crc32(raw[8:-4], zlib.crc32(raw[:8])))
+    for chunks in ([raw], [raw[:5], raw[5:]], [raw[:12], raw[12:]]):
+        assert _efo(chunks) == _botocore(chunks)
