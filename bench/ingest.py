@@ -62,7 +62,7 @@ from efo.leases.ledger import CheckpointLedger
 from efo.leases.lifecycle import Commit
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, RecordChunk
+from efo.pipeline.records import Position, RecordChunk, shard_key
 
 VARIANTS = ("stock", "stock-epoch", "boto3", "parse", "parse-efo", "efo-botocore", "efo")
 DEFAULT_VARIANTS = ("stock", "boto3", "parse", "parse-efo", "efo")
@@ -310,7 +310,7 @@ async def run_efo(endpoint: str, case: Case, window: Window) -> float:
         await client.ensure_room(case.shards)
         tasks = []
         for shard_id in case.shard_ids:
-            pool.register(shard_id)
+            pool.register(shard_key("bench", shard_id))  # the owner the subscription acquires as
             subscription = ShardSubscription(
                 client=client,
                 consumer_arn=case.arn,

@@ -82,7 +82,7 @@ async def drain_efo(args: argparse.Namespace) -> dict[str, float]:
     from efo.leases.lifecycle import Commit
     from efo.pipeline.handoff import Handoff
     from efo.pipeline.pool import PendingPool
-    from efo.pipeline.records import Position, RecordChunk
+    from efo.pipeline.records import Position, RecordChunk, shard_key
 
     class CountingHandoff(Handoff):
         records = 0
@@ -120,7 +120,7 @@ async def drain_efo(args: argparse.Namespace) -> dict[str, float]:
         await client.ensure_room(len(shard_ids))
         tasks = []
         for shard_id in shard_ids:
-            pool.register(shard_id)
+            pool.register(shard_key(args.stream, shard_id))  # the owner the subscription acquires as
             subscription = ShardSubscription(
                 client=client,
                 consumer_arn=args.consumer_arn,
