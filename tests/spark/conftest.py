@@ -9,23 +9,24 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
+from sparkbridge.session import LOCAL_DEFAULTS
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master("local[1]")
-        .appName("efo-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.default.parallelism", "1")
-        .config("spark.driver.memory", "512m")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master("local[1]").appName("efo-tests")
+    # The service's own settings (how batches become DataFrames), then what keeps tests small.
+    conf = {
+        **LOCAL_DEFAULTS,
+        "spark.sql.shuffle.partitions": "1",
+        "spark.default.parallelism": "1",
+        "spark.driver.memory": "512m",
+    }
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from efo.errors import SinkFailed
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.records import RecordChunk, Row
+from sparkbridge.arrow import to_table
 from sparkbridge.batches import INVALID_JSON, BatchRunner, ValueDecoder
 from sparkbridge.sinks import BatchInfo, ConsoleSink, HandlerSink, ParquetSink
 
@@ -91,6 +93,48 @@ def test_parquet_sink_rerun_of_the_same_batch_replaces_its_own_partition(spark: 
     table = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 25
     assert sorted(set(table.column("efo_batch_id").to_pylist())) == ["run-a-00000001", "run-a-00000002"]
+
+
+def test_parquet_sink_writes_data_and_sequence_numbers_without_a_dictionary_nor_payload_statistics(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Payloads that repeat: a dictionary would be kept for them if it were tried (unique ones fall back to plain).
+    rows = [chunk("s-1", 0, 50, payload=lambda i: b"the same payload")]
+    runner(spark, ParquetSink(str(tmp_path / "out"))).run("run-d-00000001", rows)
+    files = sorted((tmp_path / "out" / "efo_batch_id=run-d-00000001").glob("*.parquet"))
+    assert files
+    for file in files:
+        group = pq.ParquetFile(file).metadata.row_group(0)
+        columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+        for unique in ("sequence_number", "data"):
+            assert not any("DICTIONARY" in e for e in columns[unique].encodings), (unique, columns[unique].encodings)
+        assert not columns["data"].is_stats_set
+        assert columns["sequence_number"].is_stats_set
+        assert any("DICTIONARY" in e for e in columns["partition_key"].encodings)
+
+
+def test_parquet_sink_puts_a_batch_id_of_other_characters_in_an_escaped_partition(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    sink = ParquetSink(str(tmp_path / "out"))
+    r = runner(spark, sink)
+    r.run("run a:1", [chunk("s-1", 0, 4)])
+    r.watermark = type(r.watermark)()
+    r.run("run a:1", [chunk("s-1", 0, 4)])
+    r.run("run-b-00000001", [chunk("s-1", 4, 3, serial=2)])
+    dirs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert dirs == ["efo_batch_id=run a%3A1", "efo_batch_id=run-b-00000001"]
+    table = spark.read.parquet(str(tmp_path / "out")).toArrow()
+    assert sorted(set(table.column("efo_batch_id").to_pylist())) == ["run a:1", "run-b-00000001"]
+    assert table.num_rows == 7
+
+
+def test_a_batch_becomes_a_dataframe_read_from_arrow_in_the_tasks_not_a_local_relation(spark: SparkSession) -> None:
+    # A local relation copies every row on the driver and ships it inside each task (twice the JVM's CPU).
+    df = spark.createDataFrame(to_table([chunk("s-1", 0, 10)]))
+    plan = df._jdf.queryExecution().analyzed().toString()
+    assert "LocalRelation" not in plan, plan
+    assert df.count() == 10
 
 
 def test_handler_sink_is_called_with_dataframe_and_batch(
