@@ -2,7 +2,7 @@
 
 Bridge (timed): ``Handoff.take_batch`` -> ``BatchRunner.run`` (watermark, ``to_table``,
 ``createDataFrame``, sink write) -> the chunks' pool grants released on the asyncio loop thread
-(what ``Service.commit`` ends in). Spark alone (timed): ``spark.createDataFrame(table)`` + the same
+(what ``Service.commit`` ends in). Spark alone (timed): ``createDataFrame(table)`` (made as the bridge makes it) + the same
 sink write, on tables built by ``to_table`` from the same chunks outside the timed region.
 
 Chunks (1 KiB random records, their data as one Arrow column each, as the decoder makes them) and
@@ -39,14 +39,17 @@ from efo.pipeline.pool import Grant, PendingPool
 from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.batches import BatchRunner, DeliveryWatermark, Prefetcher, PreparedBatch
-from sparkbridge.session import build_session
-from sparkbridge.sinks import BatchInfo, ParquetSink, Sink
+from sparkbridge.session import build_session, dataframe_of
+from sparkbridge.sinks import BatchInfo, ParquetSink, Sink, rows_in_tasks
 
 SEQUENCE_BASE = 49_590_338_271_490_256_608_559_692_538_361_571_095_921_575_989_136_588_898  # 56 digits, like Kinesis
 
 
 class NoopSink:
-    """Materializes every row and column in Spark, writes nothing."""
+    """Materializes every row and column in Spark, writes nothing; its batches are made as the
+    Parquet sink's are (sparkbridge.session.dataframe_of), so it shows that path without the writing."""
+
+    rows_in_tasks = True
 
     def write(self, df: DataFrame, batch: BatchInfo) -> None:
         df.write.format("noop").mode("overwrite").save()
@@ -135,7 +138,7 @@ def time_spark(spark: SparkSession, sink: Sink, tables: list[Any], info: BatchIn
     """Seconds per batch of Spark alone on the identical Arrow tables (built before timing)."""
     started = time.perf_counter()
     for table in tables:
-        sink.write(spark.createDataFrame(table), info)
+        sink.write(dataframe_of(spark, table, rows_in_tasks=rows_in_tasks(sink)), info)
     return (time.perf_counter() - started) / len(tables)
 
 

@@ -22,7 +22,8 @@ from efo.kinesis.columns import column_bytes
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import to_table
-from sparkbridge.sinks import BatchInfo, ShardRange, Sink, takes_arrow
+from sparkbridge.session import dataframe_of
+from sparkbridge.sinks import BatchInfo, ShardRange, Sink, rows_in_tasks, takes_arrow
 
 log = structlog.get_logger("sparkbridge.batches")
 
@@ -273,7 +274,7 @@ class BatchRunner:
         if takes_arrow(sink):
             return table
         assert self.spark is not None, "a DataFrame sink needs a Spark session"
-        return self.spark.createDataFrame(table)
+        return dataframe_of(self.spark, table, rows_in_tasks=rows_in_tasks(sink))
 
     def _write(self, sink: Sink, df: Any, batch_id: str, chunks: list[RecordChunk], name: str) -> BatchInfo:
         for attempt in range(1, self.max_attempts + 1):

@@ -6,12 +6,14 @@ session, so the batches run on a Spark cluster and this process holds no JVM.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import Settings
 from efo.stderr_json import child_stderr_as_json, wants_json
@@ -23,12 +25,6 @@ LOCAL_DEFAULTS = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # createDataFrame(arrow table): under this size (48 MiB by default) the JVM converts the batch
-    # to rows on the driver and ships them inside each task (a local relation): every row copied,
-    # serialized and deserialized again. At 0 the Arrow batches go to the tasks as they are and are
-    # converted there: half the JVM's CPU per 32,000-row batch of 1 KiB records, a fifth of its
-    # garbage-collection time (measured with JFR and /proc, PySpark 4.3, local[2]).
-    "spark.sql.execution.arrow.localRelationThreshold": "0",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 
@@ -58,3 +54,40 @@ def build_session(settings: Settings, app_name: str = "efo") -> SparkSession:
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+#: Below this size (48 MiB by default) ``createDataFrame(arrow table)`` makes a local relation: the
+#: JVM converts the batch to rows on the driver and ships them inside each task, every row copied,
+#: serialized and deserialized again. At 0 the Arrow batches go to the tasks as they are and are
+#: converted there: half the JVM's CPU per 32,000-row batch of 1 KiB records, a quarter of it in
+#: garbage collection before (JFR and /proc, PySpark 4.3, local[2]). But a local relation has a
+#: known size, so that joins broadcast it; converted in the tasks Spark knows none.
+LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+#: Rows per Arrow batch sent to the JVM: converted in the tasks, each Arrow batch is one partition.
+MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+def dataframe_of(spark: SparkSession, table: pa.Table, *, rows_in_tasks: bool) -> DataFrame:
+    """``spark.createDataFrame(table)``; with ``rows_in_tasks`` (and a local session) the rows are
+    made from Arrow in the tasks, one Arrow batch for each of the session's cores, so a writing
+    sink writes as many files as it would from a local relation. Spark Connect sends the table its
+    own way: nothing is changed there."""
+    if not rows_in_tasks or _is_connect(spark) or not table.num_rows:
+        return spark.createDataFrame(table)
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    settings = {LOCAL_RELATION_THRESHOLD: "0", MAX_RECORDS_PER_BATCH: str(math.ceil(table.num_rows / cores))}
+    before = {key: spark.conf.get(key) for key in settings}
+    try:
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        return spark.createDataFrame(table)  # the settings are read here, not when the plan runs
+    finally:
+        for key, previous in before.items():
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")

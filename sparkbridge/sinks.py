@@ -55,15 +55,20 @@ BATCH_COLUMN = "efo_batch_id"
 PARTITION_COLUMNS = ("arrival_date", "arrival_hour", "stream", "shard_id")
 
 
-#: Parquet writer settings for the columns whose values are unique within a batch. A dictionary
-#: never pays there: the writer hashes every value into one until the dictionary outgrows its page
-#: and then falls back to plain encoding anyway; and min/max statistics of opaque payloads serve no
-#: filter. Measured (JFR, 32,000 rows of 1 KiB a batch): dictionary building was a third of the
-#: JVM's samples; without it the JVM spent about 10 % less per batch. Other columns keep both.
+#: Parquet writer settings for the columns whose values are unique within a batch (sequence
+#: numbers) or usually so (payloads, and their text in ``value`` with value_format=utf8). A
+#: dictionary seldom pays there: the writer hashes every value into one until the dictionary
+#: outgrows its page and then falls back to plain encoding; and min/max statistics of opaque
+#: payloads serve no filter. Measured (JFR, 32,000 rows of 1 KiB a batch): building dictionaries
+#: was a third of the JVM's samples; without them the JVM spent about 10 % less per batch. Other
+#: columns keep both. The job writes no ``_SUCCESS`` marker (a batch's files are all its own).
 WRITE_OPTIONS = {
     "parquet.enable.dictionary#sequence_number": "false",
     "parquet.enable.dictionary#data": "false",
+    "parquet.enable.dictionary#value": "false",
     "parquet.column.statistics.enabled#data": "false",
+    "parquet.column.statistics.enabled#value": "false",
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
 }
 
 #: A batch id that is its own partition directory name as it is (the driver's: a time, hex and digits).
@@ -72,14 +77,20 @@ _PLAIN_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 class ParquetSink:
     """Each batch is its own partition ``efo_batch_id=<id>`` under the path (after the optional
-    ``partition_by`` columns, e.g. ``arrival_date``), written through Spark's committer: staged,
-    then moved in at job commit; a retry of the same batch replaces its own partitions and
-    nothing else.
+    ``partition_by`` columns, e.g. ``arrival_date``), written through Spark's committer (files
+    staged, then moved in at job commit); a retry of the same batch replaces its own partitions
+    and nothing else.
 
-    Without ``partition_by`` the batch's directory is written as a path of its own (overwritten
-    whole on a retry); with it, under the path with dynamic partition overwrite. The former skips
-    what dynamic partitioning costs per row (a sort by the partition columns and a projection of
-    every row): about 18 % of the JVM's CPU per batch, measured in pairs in one JVM."""
+    Without ``partition_by`` the batch's directory is written as a path of its own: a retry
+    removes what an earlier attempt left there when it starts, and its files move in one by one
+    at job commit. With ``partition_by``, under the path with dynamic partition overwrite, each
+    partition replaced whole at job commit. The former skips what dynamic partitioning costs per
+    row (a sort by the partition columns and a projection of every row): about 18 % of the JVM's
+    CPU per batch, measured in pairs in one JVM. Either way a batch whose write failed is not
+    acknowledged: its records are read again."""
+
+    #: Its batches' rows are made from Arrow in Spark's tasks, not on the driver (session.dataframe_of).
+    rows_in_tasks = True
 
     def __init__(self, path: str, partition_by: tuple[str, ...] = ()) -> None:
         unknown = [c for c in partition_by if c not in PARTITION_COLUMNS]
@@ -145,6 +156,13 @@ class ArrowSink:
 
     def write(self, table: pa.Table, batch: BatchInfo) -> None:
         self._function(table, batch)
+
+
+def rows_in_tasks(sink: object) -> bool:
+    """The sink's DataFrame needs no size estimate (it is written, not joined): its rows are made
+    from Arrow in the tasks (sparkbridge.session.dataframe_of), at half the JVM's CPU. Other sinks
+    get a local relation, whose known size lets their joins broadcast the batch."""
+    return bool(getattr(sink, "rows_in_tasks", False))
 
 
 def takes_arrow(sink: object) -> bool:

@@ -15,8 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 from efo.errors import SinkFailed
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.records import RecordChunk, Row
-from sparkbridge.arrow import to_table
 from sparkbridge.batches import INVALID_JSON, BatchRunner, ValueDecoder
+from sparkbridge.session import LOCAL_RELATION_THRESHOLD
 from sparkbridge.sinks import BatchInfo, ConsoleSink, HandlerSink, ParquetSink
 
 pytestmark = pytest.mark.spark
@@ -103,6 +103,7 @@ def test_parquet_sink_writes_data_and_sequence_numbers_without_a_dictionary_nor_
     runner(spark, ParquetSink(str(tmp_path / "out"))).run("run-d-00000001", rows)
     files = sorted((tmp_path / "out" / "efo_batch_id=run-d-00000001").glob("*.parquet"))
     assert files
+    assert not list((tmp_path / "out").rglob("_SUCCESS"))  # no marker: a batch's files are all its own
     for file in files:
         group = pq.ParquetFile(file).metadata.row_group(0)
         columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
@@ -129,12 +130,37 @@ def test_parquet_sink_puts_a_batch_id_of_other_characters_in_an_escaped_partitio
     assert table.num_rows == 7
 
 
-def test_a_batch_becomes_a_dataframe_read_from_arrow_in_the_tasks_not_a_local_relation(spark: SparkSession) -> None:
+class PlanRecorder(ParquetSink):
+    """The Parquet sink, noting the analyzed plan of each DataFrame it is handed."""
+
+    plans: list[str]
+
+    def write(self, df: DataFrame, batch: BatchInfo) -> None:
+        self.plans = [*getattr(self, "plans", []), df._jdf.queryExecution().analyzed().toString()]
+        super().write(df, batch)
+
+
+def test_a_parquet_batch_is_made_from_arrow_in_the_tasks_one_arrow_batch_per_core(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     # A local relation copies every row on the driver and ships it inside each task (twice the JVM's CPU).
-    df = spark.createDataFrame(to_table([chunk("s-1", 0, 10)]))
-    plan = df._jdf.queryExecution().analyzed().toString()
-    assert "LocalRelation" not in plan, plan
-    assert df.count() == 10
+    threshold = spark.conf.get(LOCAL_RELATION_THRESHOLD)
+    sink = PlanRecorder(str(tmp_path / "out"))
+    runner(spark, sink).run("run-t-00000001", [chunk("s-1", 0, 25_000)])
+    assert "LocalRelation" not in sink.plans[0], sink.plans[0]
+    # One Arrow batch (one task, one file) per core, not one per 10,000 rows.
+    files = list((tmp_path / "out" / "efo_batch_id=run-t-00000001").glob("*.parquet"))
+    assert len(files) == spark.sparkContext.defaultParallelism == 1
+    assert pq.read_table(files[0]).num_rows == 25_000
+    assert spark.conf.get(LOCAL_RELATION_THRESHOLD) == threshold  # the session's settings are as they were
+
+
+def test_a_handler_sinks_batch_stays_a_local_relation_whose_size_spark_knows(spark: SparkSession) -> None:
+    plans: list[str] = []
+    sink = Recorder()
+    sink.write = lambda df, batch: plans.append(df._jdf.queryExecution().analyzed().toString())  # type: ignore[method-assign]
+    runner(spark, sink).run("b-h", [chunk("s-1", 0, 10)])
+    assert "LocalRelation" in plans[0]  # joins in the handler may broadcast the batch
 
 
 def test_handler_sink_is_called_with_dataframe_and_batch(
@@ -271,6 +297,11 @@ def test_parquet_sink_partitions_by_arrival_date_before_the_batch_and_replaces_o
     dirs = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").glob("*/*") if p.is_dir())
     assert dirs == ["arrival_date=2023-11-14/efo_batch_id=run-p-00000001"]
     assert ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").count_rows() == 6
+    # The same writer settings as without partition columns.
+    (file,) = (tmp_path / "out").glob("*/*/*.parquet")
+    group = pq.ParquetFile(file).metadata.row_group(0)
+    data = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == "data")
+    assert not data.is_stats_set
 
 
 def test_parquet_sink_refuses_an_unknown_partition_column_naming_the_setting() -> None:
