@@ -2,8 +2,9 @@
 
 Bridge (timed): ``Handoff.take_batch`` -> ``BatchRunner.run`` (watermark, ``to_table``,
 ``createDataFrame``, sink write) -> the chunks' pool grants released on the asyncio loop thread
-(what ``Service.commit`` ends in). Spark alone (timed): ``createDataFrame(table)`` (made as the bridge makes it) + the same
-sink write, on tables built by ``to_table`` from the same chunks outside the timed region.
+(what ``Service.commit`` ends in). Spark alone (timed): ``createDataFrame(table)`` (made as the
+bridge makes it) + the same sink write, on tables built by ``to_table`` from the same chunks
+outside the timed region.
 
 Chunks (1 KiB random records, their data as one Arrow column each, as the decoder makes them) and
 their pool grants are built before any timing. The two variants run interleaved (alternating which

@@ -137,7 +137,31 @@ def as_list(data: Any) -> list[bytes]:
 
 def to_arrow(data: Any) -> Any:
     """A payload column as a ``pa.binary()`` array (a list of bytes is converted; an array is itself)."""
-    return data if isinstance(data, pa.Array) else pa.array(data, pa.binary(), memory_pool=POOL)
+    return data if isinstance(data, pa.Array) else from_values(data)
 
 
-__all__ = ["POOL", "as_list", "column_bytes", "decode_base64", "is_column", "starts_with_any", "to_arrow"]
+def from_values(values: list[bytes]) -> Any:
+    """The ``pa.binary()`` column of ``values``: their bytes joined in one exact-size copy, the
+    offsets summed in numpy. ``pa.array`` builds the same column through a builder that grows its
+    buffer by doubling (copying what it holds each time): in the service, with events kept until
+    their batch commits, that measured about a tenth more CPU per record at 1 KiB and a fifth at
+    10 KiB than joining."""
+    n = len(values)
+    lengths = np.fromiter(map(len, values), np.int64, n)
+    if int(lengths.sum()) > _MAX_INT32:  # an event is at most a few MiB: never, short of a bug
+        raise ValueError(f"{int(lengths.sum())} bytes of payloads exceed a binary column's 2 GiB")
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
+__all__ = [
+    "POOL",
+    "as_list",
+    "column_bytes",
+    "decode_base64",
+    "from_values",
+    "is_column",
+    "starts_with_any",
+    "to_arrow",
+]

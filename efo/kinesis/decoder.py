@@ -43,7 +43,7 @@ from aiobotocore.eventstream import AioEventStream
 from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import EventStreamError
 
-from efo.kinesis.columns import POOL, column_bytes, decode_base64
+from efo.kinesis.columns import POOL, column_bytes, decode_base64, from_values
 from efo.kinesis.framing import Framer, Message
 from efo.pipeline.records import Payloads, empty_payloads
 
@@ -233,7 +233,7 @@ def decode_payloads(encoded: list[str]) -> Payloads:
         values = [pybase64.b64decode(value, validate=True) for value in encoded]
     except binascii.Error:
         values = [pybase64.b64decode(value) for value in encoded]
-    return pa.array(values, pa.binary(), memory_pool=POOL)
+    return from_values(values)
 
 
 def _epoch_ms(seconds: float | int) -> int:

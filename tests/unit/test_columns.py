@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efo.kinesis.columns import as_list, column_bytes, decode_base64, is_column, starts_with_any
+from efo.kinesis.columns import as_list, column_bytes, decode_base64, from_values, is_column, starts_with_any
 from efo.kinesis.decoder import decode_payloads
 from efo.kinesis.kpl import MAGIC, CorruptAggregate, expand
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
@@ -264,3 +264,18 @@ def test_the_table_does_not_depend_on_how_chunks_carry_their_data(
     table = to_table(mixed)
     assert table.schema == SCHEMA
     assert table.equals(reference_table(mixed))
+
+
+@given(st.lists(st.binary(max_size=64), max_size=40))
+def test_a_column_from_values_is_the_column_pa_array_builds(values: list[bytes]) -> None:
+    column = from_values(values)
+    column.validate(full=True)
+    assert column.equals(pa.array(values, pa.binary()))
+    assert column_bytes(column) == sum(map(len, values))
+
+
+def test_large_records_decoded_one_by_one_give_the_same_column_as_pa_array() -> None:
+    values = [bytes([i]) * (2000 + i) for i in range(30)]  # over the bulk path's mean: decoded one by one
+    column = decode_payloads([base64.b64encode(v).decode() for v in values])
+    column.validate(full=True)
+    assert column.equals(pa.array(values, pa.binary()))
