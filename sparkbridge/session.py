@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,28 +65,33 @@ def build_session(settings: Settings, app_name: str = "efo") -> SparkSession:
 LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 #: Rows per Arrow batch sent to the JVM: converted in the tasks, each Arrow batch is one partition.
 MAX_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: The most bytes of one Arrow batch: each travels inside its task, and a task over
+#: ``spark.rpc.message.maxSize`` (128 MiB by default) fails on a cluster.
+ARROW_BATCH_MAX_BYTES = 64 * 1024 * 1024
 
 
 def dataframe_of(spark: SparkSession, table: pa.Table, *, rows_in_tasks: bool) -> DataFrame:
-    """``spark.createDataFrame(table)``; with ``rows_in_tasks`` (and a local session) the rows are
-    made from Arrow in the tasks, one Arrow batch for each of the session's cores, so a writing
-    sink writes as many files as it would from a local relation. Spark Connect sends the table its
-    own way: nothing is changed there."""
+    """``spark.createDataFrame(table)``; with ``rows_in_tasks`` (and a classic session, local or
+    on a cluster) the rows are made from Arrow in the tasks, one Arrow batch (one partition, one
+    file of a writing sink) for each of the session's default partitions, as a local relation
+    would have it, and none over :data:`ARROW_BATCH_MAX_BYTES`. The two settings are set on the
+    session for this call (they are read in it) and put back: a thread of your own using the
+    session meanwhile would see them. Spark Connect sends the table its own way: nothing changes."""
     if not rows_in_tasks or _is_connect(spark) or not table.num_rows:
         return spark.createDataFrame(table)
-    cores = max(1, spark.sparkContext.defaultParallelism)
-    settings = {LOCAL_RELATION_THRESHOLD: "0", MAX_RECORDS_PER_BATCH: str(math.ceil(table.num_rows / cores))}
-    before = {key: spark.conf.get(key) for key in settings}
-    try:
+    rows = table.num_rows
+    per_partition = math.ceil(rows / max(1, spark.sparkContext.defaultParallelism))
+    per_batch = max(1, min(per_partition, rows * ARROW_BATCH_MAX_BYTES // max(1, table.nbytes)))
+    settings = {LOCAL_RELATION_THRESHOLD: "0", MAX_RECORDS_PER_BATCH: str(per_batch)}
+    with ExitStack() as restore:  # every setting is put back, even if another fails to be
         for key, value in settings.items():
-            spark.conf.set(key, value)
-        return spark.createDataFrame(table)  # the settings are read here, not when the plan runs
-    finally:
-        for key, previous in before.items():
+            previous = spark.conf.get(key)
             if previous is None:
-                spark.conf.unset(key)
+                restore.callback(spark.conf.unset, key)
             else:
-                spark.conf.set(key, previous)
+                restore.callback(spark.conf.set, key, previous)
+            spark.conf.set(key, value)
+        return spark.createDataFrame(table)
 
 
 def _is_connect(spark: SparkSession) -> bool:

@@ -61,14 +61,13 @@ PARTITION_COLUMNS = ("arrival_date", "arrival_hour", "stream", "shard_id")
 #: outgrows its page and then falls back to plain encoding; and min/max statistics of opaque
 #: payloads serve no filter. Measured (JFR, 32,000 rows of 1 KiB a batch): building dictionaries
 #: was a third of the JVM's samples; without them the JVM spent about 10 % less per batch. Other
-#: columns keep both. The job writes no ``_SUCCESS`` marker (a batch's files are all its own).
+#: columns keep both.
 WRITE_OPTIONS = {
     "parquet.enable.dictionary#sequence_number": "false",
     "parquet.enable.dictionary#data": "false",
     "parquet.enable.dictionary#value": "false",
     "parquet.column.statistics.enabled#data": "false",
     "parquet.column.statistics.enabled#value": "false",
-    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
 }
 
 #: A batch id that is its own partition directory name as it is (the driver's: a time, hex and digits).
@@ -86,8 +85,9 @@ class ParquetSink:
     at job commit. With ``partition_by``, under the path with dynamic partition overwrite, each
     partition replaced whole at job commit. The former skips what dynamic partitioning costs per
     row (a sort by the partition columns and a projection of every row): about 18 % of the JVM's
-    CPU per batch, measured in pairs in one JVM. Either way a batch whose write failed is not
-    acknowledged: its records are read again."""
+    CPU per batch, measured in pairs in one JVM. Its ``_SUCCESS`` marker, written last, says the
+    directory is complete. Either way a batch whose write failed is not acknowledged: its records
+    are read again."""
 
     #: Its batches' rows are made from Arrow in Spark's tasks, not on the driver (session.dataframe_of).
     rows_in_tasks = True
@@ -135,10 +135,13 @@ def _function(kind: str, target: str) -> Callable[..., Any]:
 
 
 class HandlerSink:
-    """``handler:<module>:<function>``: calls ``function(df, batch)``."""
+    """``handler:<module>:<function>``: calls ``function(df, batch)``. A function that only writes
+    the batch (no join) may set ``function.rows_in_tasks = True`` to be handed its DataFrame as the
+    Parquet sink is (see :func:`rows_in_tasks`)."""
 
     def __init__(self, target: str) -> None:
         self._function: Callable[[DataFrame, BatchInfo], Any] = _function("handler", target)
+        self.rows_in_tasks = bool(getattr(self._function, "rows_in_tasks", False))
 
     def write(self, df: DataFrame, batch: BatchInfo) -> None:
         self._function(df, batch)

@@ -103,7 +103,7 @@ def test_parquet_sink_writes_data_and_sequence_numbers_without_a_dictionary_nor_
     runner(spark, ParquetSink(str(tmp_path / "out"))).run("run-d-00000001", rows)
     files = sorted((tmp_path / "out" / "efo_batch_id=run-d-00000001").glob("*.parquet"))
     assert files
-    assert not list((tmp_path / "out").rglob("_SUCCESS"))  # no marker: a batch's files are all its own
+    assert (tmp_path / "out" / "efo_batch_id=run-d-00000001" / "_SUCCESS").exists()  # written last: complete
     for file in files:
         group = pq.ParquetFile(file).metadata.row_group(0)
         columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}

@@ -279,3 +279,10 @@ def test_large_records_decoded_one_by_one_give_the_same_column_as_pa_array() -> 
     column = decode_payloads([base64.b64encode(v).decode() for v in values])
     column.validate(full=True)
     assert column.equals(pa.array(values, pa.binary()))
+
+
+def test_a_column_from_values_refuses_a_buffer_whose_length_is_not_its_bytes() -> None:
+    from array import array
+
+    with pytest.raises(TypeError, match="from_values takes bytes"):
+        from_values([memoryview(array("i", [1, 2]))])  # type: ignore[list-item]
