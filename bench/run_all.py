@@ -233,14 +233,14 @@ def ingest_goals(figures: dict[str, Any]) -> list[Verdict]:
     cells = figures["cells"]
     shards = 64 if any(c["shards"] == 64 for c in cells) else max(c["shards"] for c in cells)
 
-    def cell(size: int) -> dict[str, float] | None:
-        return next((c["median"] for c in cells if c["shards"] == shards and c["record_bytes"] == size), None)
-
-    verdicts = []
-    small = cell(1024)
     # Issue 21's goals: 64 shards x 1 KiB, and 256 shards x 10 KiB (the largest run, in a quick one).
     large_shards = 256 if any(c["shards"] == 256 for c in cells) else max(c["shards"] for c in cells)
-    large = next((c["median"] for c in cells if c["shards"] == large_shards and c["record_bytes"] == 10240), None)
+
+    def cell(size: int, at: int) -> dict[str, float] | None:
+        return next((c["median"] for c in cells if c["shards"] == at and c["record_bytes"] == size), None)
+
+    verdicts = []
+    small, large = cell(1024, shards), cell(10240, large_shards)
     if small:
         ratio = _ratio(small["efo"], small["stock"])  # nan when a baseline counted nothing (a starved quick run)
         verdicts.append(
