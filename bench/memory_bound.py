@@ -54,7 +54,9 @@ from efo.devstack.producer import kinesis_client, put_all, wait_active  # noqa: 
 from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
 
 BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
-K_RECORD_BYTES = 250  # tracemalloc: strings, list slots and ints per record, 20-character keys
+# Per record: 250 B of strings, list slots and ints (tracemalloc), 20-character keys, and about 95 B
+# of their Arrow arrays (RecordChunk.build_arrow, the pool's bytes_allocated at 100 records an event).
+K_RECORD_BYTES = 350
 # Per shard with events arriving back to back (a consumer catching up), measured in docs/benchmarks.md
 # (about 1.2 MiB a stalled shard with 200 KiB events): the decoded event waiting for budget, its raw
 # base64 frame (held by aiobotocore's suspended generator), the socket read being framed and

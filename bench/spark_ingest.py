@@ -6,8 +6,8 @@ Bridge (timed): ``Handoff.take_batch`` -> ``BatchRunner.run`` (watermark, ``to_t
 bridge makes it) + the same sink write, on tables built by ``to_table`` from the same chunks
 outside the timed region.
 
-Chunks (1 KiB random records, their data as one Arrow column each, as the decoder makes them) and
-their pool grants are built before any timing. The two variants run interleaved (alternating which
+Chunks (1 KiB random records, every column as an Arrow array, as the subscription hands them over)
+and their pool grants are built before any timing. The two variants run interleaved (alternating which
 goes first), after one untimed warm-up each; medians of the repeats.
 
     .venv/bin/python bench/spark_ingest.py [--sizes 10000,100000] [--repeats 5] [--sinks parquet,noop]
@@ -57,7 +57,8 @@ class NoopSink:
 
 
 def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: int) -> list[RecordChunk]:
-    """Chunks as the subscription hands them over: the data of each as one Arrow column (efo.kinesis.columns)."""
+    """Chunks as the subscription hands them over: the data of each as one Arrow column
+    (efo.kinesis.columns), its other columns as Arrow arrays too (RecordChunk.build_arrow)."""
     chunks: list[RecordChunk] = []
     serials = [0] * shards
     for start in range(0, records, chunk_records):
@@ -67,7 +68,9 @@ def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: in
             Row(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
             for i in range(start, min(records, start + chunk_records))
         )
-        chunks.append(RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows))
+        chunk = RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows)
+        chunk.build_arrow()  # as the subscription does before handing a chunk over
+        chunks.append(chunk)
     return chunks
 
 

@@ -8,7 +8,7 @@ from itertools import chain
 import pyarrow as pa
 
 from efo.kinesis.columns import is_column
-from efo.pipeline.records import RecordChunk, Row
+from efo.pipeline.records import ARROW_COLUMNS, OPTIONAL_COLUMNS, RecordChunk, Row
 
 #: The DataFrame schema: a public contract, documented in the README.
 SCHEMA = pa.schema(
@@ -27,15 +27,23 @@ SCHEMA = pa.schema(
 
 
 def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
-    def column(name: str) -> list[object]:
-        return list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
+    """The chunks' rows, in order, as one table of :data:`SCHEMA`."""
+    prebuilt = [chunk.arrow for chunk in chunks if chunk.arrow is not None]
 
-    def optional(name: str, type_: pa.DataType) -> pa.Array:
+    def column(name: str) -> pa.Array:
+        if chunks and len(prebuilt) == len(chunks):
+            # Every chunk carries its columns as Arrow arrays (RecordChunk.build_arrow): concatenated
+            # in C. A column a chunk left out is all null there.
+            type_ = ARROW_COLUMNS[name]
+            parts = [arrow.get(name) for arrow in prebuilt]
+            if all(part is None for part in parts):
+                return pa.nulls(sum(map(len, chunks)), type_)
+            return _concat([pa.nulls(len(c), type_) if p is None else p for c, p in zip(chunks, parts, strict=True)])
+        values = list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
         # Mostly all null (no KPL aggregate, nothing corrupt): counted in C, built without a value per row.
-        values = column(name)
-        if values.count(None) == len(values):
-            return pa.nulls(len(values), type_)
-        return pa.array(values, type_)
+        if name in OPTIONAL_COLUMNS and values.count(None) == len(values):
+            return pa.nulls(len(values), ARROW_COLUMNS[name])
+        return pa.array(values, ARROW_COLUMNS[name])
 
     def repeated(name: str) -> pa.Array:
         # One value per chunk, repeated in C (pa.repeat) rather than through a list of one str per row.
@@ -49,17 +57,21 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
         [
             repeated("stream"),
             repeated("shard_id"),
-            pa.array(column("sequence_numbers"), pa.string()),
-            optional("sub_sequence_numbers", pa.int64()),
-            pa.array(column("partition_keys"), pa.string()),
-            optional("explicit_hash_keys", pa.string()),
+            column("sequence_numbers"),
+            column("sub_sequence_numbers"),
+            column("partition_keys"),
+            column("explicit_hash_keys"),
             # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
-            pa.array(column("arrival_ms"), pa.int64()).view(SCHEMA.field("approximate_arrival_timestamp").type),
+            column("arrival_ms").view(SCHEMA.field("approximate_arrival_timestamp").type),
             _payloads(chunks),
-            optional("errors", pa.string()),
+            column("errors"),
         ],
         schema=SCHEMA,
     )
+
+
+def _concat(parts: list[pa.Array]) -> pa.Array:
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
 
 
 def _payloads(chunks: Sequence[RecordChunk]) -> pa.Array:
@@ -78,7 +90,7 @@ def _payloads(chunks: Sequence[RecordChunk]) -> pa.Array:
             run.append(chunk.data)
     if run or not parts:
         parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
-    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+    return _concat(parts)
 
 
 def warm_up() -> None:

@@ -18,7 +18,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from efo.errors import ConfigError, SinkFailed
-from efo.kinesis.columns import column_bytes
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import to_table
@@ -76,19 +75,7 @@ class DeliveryWatermark:
             return chunk, 0
         if not keep:
             return RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch, grant=chunk.grant), dropped
-        kept = RecordChunk(chunk.stream, chunk.shard_id, chunk.serial, chunk.epoch, grant=chunk.grant)
-        for name in (
-            "sequence_numbers",
-            "sub_sequence_numbers",
-            "partition_keys",
-            "explicit_hash_keys",
-            "arrival_ms",
-            "data",
-            "errors",
-        ):
-            setattr(kept, name, getattr(chunk, name)[keep.start :])
-        kept.data_bytes = column_bytes(kept.data)
-        return kept, dropped
+        return chunk.rows(keep.start), dropped
 
     @staticmethod
     def _key(chunk: RecordChunk, i: int) -> tuple[int, int]:

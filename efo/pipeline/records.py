@@ -15,6 +15,8 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 import pyarrow as pa
 
+from efo.kinesis.columns import POOL, column_bytes
+
 PositionKind = Literal[
     "LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER", "SHARD_END"
 ]
@@ -113,6 +115,29 @@ class Row(NamedTuple):
     error: str | None = None
 
 
+#: A chunk's columns with one value per row, in the table's order.
+ROW_COLUMNS = (
+    "sequence_numbers",
+    "sub_sequence_numbers",
+    "partition_keys",
+    "explicit_hash_keys",
+    "arrival_ms",
+    "data",
+    "errors",
+)
+#: The list columns a chunk also carries as Arrow arrays (RecordChunk.build_arrow), with their types.
+ARROW_COLUMNS = {
+    "sequence_numbers": pa.string(),
+    "sub_sequence_numbers": pa.int64(),
+    "partition_keys": pa.string(),
+    "explicit_hash_keys": pa.string(),
+    "arrival_ms": pa.int64(),
+    "errors": pa.string(),
+}
+#: Columns that are mostly all null (no KPL aggregate, nothing corrupt).
+OPTIONAL_COLUMNS = frozenset({"sub_sequence_numbers", "explicit_hash_keys", "errors"})
+
+
 @dataclass(slots=True)
 class RecordChunk:
     """The records of one SubscribeToShard event of one shard, as columns, in sequence order."""
@@ -131,10 +156,37 @@ class RecordChunk:
     data_bytes: int = 0
     dead_letters: list[Any] = field(default_factory=list)  # efo.kinesis.kpl.DeadLetter: committed with the chunk
     grant: Any = None  # the pool budget this chunk holds until its batch is committed
+    #: The row columns other than ``data`` as Arrow arrays too (:meth:`build_arrow`), or None: the
+    #: bridge then concatenates them instead of converting one Python object per row.
+    arrow: dict[str, pa.Array] | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         """Rows for the sink (dead letters are carried beside them)."""
         return len(self.sequence_numbers)
+
+    def build_arrow(self) -> None:
+        """Convert the list columns to :data:`ARROW_COLUMNS` arrays (:attr:`arrow`), as
+        ``pa.array`` would convert the batch's lists: once per event, on the service thread, in the
+        payload columns' memory pool (efo.kinesis.columns.POOL). An optional column without a value
+        is left out (all null)."""
+        arrow = {}
+        for name, type_ in ARROW_COLUMNS.items():
+            values = getattr(self, name)
+            if name in OPTIONAL_COLUMNS and values.count(None) == len(values):
+                continue
+            arrow[name] = pa.array(values, type_, memory_pool=POOL)
+        self.arrow = arrow
+
+    def rows(self, start: int, stop: int | None = None) -> RecordChunk:
+        """A chunk of rows ``[start:stop]`` of this one (every column, its Arrow arrays too): the
+        same shard, serial, epoch and grant, without dead letters."""
+        part = RecordChunk(self.stream, self.shard_id, self.serial, self.epoch, grant=self.grant)
+        for name in ROW_COLUMNS:
+            setattr(part, name, getattr(self, name)[start:stop])
+        part.data_bytes = column_bytes(part.data)
+        if self.arrow is not None:
+            part.arrow = {name: array[start:stop] for name, array in self.arrow.items()}
+        return part
 
     @classmethod
     def of_rows(cls, stream: str, shard_id: str, serial: int, rows: Iterable[Row], *, epoch: int = 0) -> RecordChunk:

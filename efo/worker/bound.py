@@ -61,14 +61,13 @@ import structlog
 
 from efo.config import RunSettings, Until
 from efo.errors import LeaseLost, ShardTimeout
-from efo.kinesis.columns import column_bytes
 from efo.kinesis.shards import ShardGraph
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import TableState
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, RecordChunk
+from efo.pipeline.records import ROW_COLUMNS, Position, RecordChunk
 
 log = structlog.get_logger("efo.worker.bound")
 
@@ -259,23 +258,16 @@ class ShardBound:
 def _truncate(chunk: RecordChunk, cut: int) -> None:
     """Keep the chunk's rows (and dead letters) below sequence number ``cut`` (-1: none).
 
-    Every column is cut first and only then assigned, so a failure leaves the chunk whole; the data
-    column is the decoder's Arrow array (its bytes counted by :func:`column_bytes`, not per value)."""
+    Every column (its Arrow arrays too) is cut first, by :meth:`RecordChunk.rows`, and only then
+    assigned, so a failure leaves the chunk whole."""
     keep = 0
     if cut >= 0:
         while keep < len(chunk.sequence_numbers) and int(chunk.sequence_numbers[keep]) < cut:
             keep += 1
-    data = chunk.data[:keep]
-    data_bytes = column_bytes(data)
+    kept = chunk.rows(0, keep)
     dead_letters = [letter for letter in chunk.dead_letters if cut >= 0 and int(letter.sequence_number) < cut]
-    chunk.sequence_numbers = chunk.sequence_numbers[:keep]
-    chunk.sub_sequence_numbers = chunk.sub_sequence_numbers[:keep]
-    chunk.partition_keys = chunk.partition_keys[:keep]
-    chunk.explicit_hash_keys = chunk.explicit_hash_keys[:keep]
-    chunk.arrival_ms = chunk.arrival_ms[:keep]
-    chunk.data = data
-    chunk.errors = chunk.errors[:keep]
-    chunk.data_bytes = data_bytes
+    for name in (*ROW_COLUMNS, "data_bytes", "arrow"):
+        setattr(chunk, name, getattr(kept, name))
     chunk.dead_letters = dead_letters
 
 

@@ -1,7 +1,8 @@
 """End to end, the column path against the old list path: the same rows from the wire to the batch table.
 
 The column path is what runs in production: the event's base64 payloads decoded in bulk into one
-Arrow column (decode_payloads), KPL expand under the delivery watermark, a bounded run's cut
+Arrow column (decode_payloads), KPL expand under the delivery watermark, the other columns as Arrow arrays
+(RecordChunk.build_arrow, as the subscription hands a chunk over), a bounded run's cut
 (bound._truncate) and the bridge's table (to_table). The old path is rebuilt here record by record
 with Python lists: each payload decoded on its own, each aggregate de-aggregated on its own, the
 watermark and the cut applied per row, the table built from one list per column.
@@ -67,7 +68,7 @@ def _old_path(
 
 
 def _column_path(
-    event: Event, delivered: tuple[int, int] | None, policy: str, cut: int
+    event: Event, delivered: tuple[int, int] | None, policy: str, cut: int, prebuilt: bool
 ) -> tuple[pa.Table, list[str], RecordChunk]:
     column = decode_payloads([pybase64.b64encode(data).decode() for data in event.data])
     out = expand(event.sequence_numbers, event.partition_keys, event.arrival_ms, column, delivered, policy=policy)
@@ -85,6 +86,8 @@ def _column_path(
         data_bytes=out.data_bytes,
         dead_letters=out.dead_letters,
     )
+    if prebuilt:
+        chunk.build_arrow()  # as the subscription does before handing the chunk over
     _truncate(chunk, cut)
     return to_table([chunk]), [letter.sequence_number for letter in chunk.dead_letters], chunk
 
@@ -95,13 +98,18 @@ def _column_path(
     st.none() | st.tuples(st.integers(0, 30), st.integers(0, 7) | st.just(MAX_SUB_SEQUENCE)),
     st.sampled_from(["passthrough", "dead_letter"]),
     st.just(-1) | st.integers(0, 40),
+    st.booleans(),
 )
 def test_the_column_path_gives_the_rows_the_list_path_gave(
-    drawn: tuple[Event, list[list[SubRecord] | None]], delivered: tuple[int, int] | None, policy: str, cut: int
+    drawn: tuple[Event, list[list[SubRecord] | None]],
+    delivered: tuple[int, int] | None,
+    policy: str,
+    cut: int,
+    prebuilt: bool,
 ) -> None:
     event, contents = drawn
     want, want_dead = _old_path(event, contents, delivered, policy, cut)
-    table, dead, chunk = _column_path(event, delivered, policy, cut)
+    table, dead, chunk = _column_path(event, delivered, policy, cut, prebuilt)
     assert isinstance(chunk.data, pa.BinaryArray), "one representation: the decoder's column"
     assert table.equals(want), (table.to_pylist(), want.to_pylist())
     assert dead == want_dead
