@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -164,12 +165,33 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+#: What a server of the stack logs when its port is taken (werkzeug, Node, asyncio alike).
+_PORT_TAKEN = re.compile(rb"address already in use|EADDRINUSE|is in use by another program", re.IGNORECASE)
+#: Starts of the stack, each on ports picked afresh, when a port picked free was taken before its
+#: server bound it (by another process's server or by a connection's ephemeral port).
+START_ATTEMPTS = 3
+
+
+class PortTaken(StackError):
+    """A server of the stack exited at start because its port was taken."""
+
+
 class _Child:
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: Path, log_offset: int = 0) -> None:
         self.name = name
         self.popen = popen
         self.log_path = log_path
+        self.log_offset = log_offset  # where this process's lines start in its (appended) log
         self.start_time = process_start_time(popen.pid) or 0
+
+    def port_taken(self) -> bool:
+        """Whether this process logged that its port was taken."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self.log_offset)
+                return bool(_PORT_TAKEN.search(log.read()))
+        except OSError:
+            return False
 
     def record(self) -> ProcessRecord:
         return ProcessRecord(self.name, self.popen.pid, self.start_time, str(self.log_path))
@@ -179,7 +201,8 @@ class _Child:
         while time.monotonic() < deadline:
             code = self.popen.poll()
             if code is not None:
-                raise StackError(
+                error = PortTaken if self.port_taken() else StackError
+                raise error(
                     f"{self.name} exited with code {code} during startup; log {self.log_path}:\n"
                     f"{_log_tail(self.log_path)}"
                 )
@@ -254,7 +277,17 @@ class LocalStack:
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="efo-devstack-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        kinesis_port, proxy_port, dynamodb_port = (p or free_port() for p in self._ports)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start(package, log_dir, *(p or free_port() for p in self._ports))
+            except PortTaken:
+                if attempt == START_ATTEMPTS or all(self._ports):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(
+        self, package: Path, log_dir: Path, kinesis_port: int, proxy_port: int, dynamodb_port: int
+    ) -> StackEndpoints:
         try:
             kinesis = self._spawn(
                 "kinesis-local",
@@ -331,6 +364,7 @@ class LocalStack:
         log_path = log_dir / f"{name}.log"
         env = {**os.environ, **(extra_env or {})}
         with log_path.open("ab") as log_file:
+            log_offset = log_file.tell()
             try:
                 popen = subprocess.Popen(
                     list(argv),
@@ -344,7 +378,7 @@ class LocalStack:
                 )
             except OSError as exc:
                 raise StackError(f"cannot start {name} ({argv[0]}): {exc}") from exc
-        child = _Child(name, popen, log_path)
+        child = _Child(name, popen, log_path, log_offset)
         self._children.append(child)
         return child
 

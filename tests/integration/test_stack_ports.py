@@ -1,0 +1,35 @@
+"""The local stack picks its ports free, then starts its servers on them: a port can be taken in
+between (by another test's server, or as a connection's ephemeral port). It is picked again."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from efo.devstack import stack
+from efo.devstack.stack import LOOPBACK, LocalStack
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_port_taken_between_its_pick_and_its_server_s_start_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((LOOPBACK, 0))  # bound, not listening: nothing answers there, nobody else can bind it
+        port = taken.getsockname()[1]
+        picks = 0
+        free_port = stack.free_port
+
+        def pick() -> int:
+            nonlocal picks
+            picks += 1
+            return port if picks == 3 else free_port()  # kinesis-local, the proxy, then DynamoDB's: taken
+
+        monkeypatch.setattr(stack, "free_port", pick)
+        with LocalStack(log_dir=tmp_path) as endpoints:
+            assert endpoints.dynamodb_port != port
+            assert stack._port_open(endpoints.dynamodb_port)
+        assert b"in use" in (tmp_path / "moto-dynamodb.log").read_bytes(), "the first DynamoDB did not start"
