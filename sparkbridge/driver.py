@@ -48,7 +48,13 @@ WATCH_INTERVAL_S = 0.2
 
 def end_to_end_latencies_s(chunks: list[RecordChunk], committed_at_ms: float) -> pa.Array:
     """Per record, seconds from its arrival in Kinesis to ``committed_at_ms`` (one Arrow column)."""
-    arrivals = pa.chunked_array([pa.array(chunk.arrival_ms, pa.int64()) for chunk in chunks], pa.int64())
+    arrivals = pa.chunked_array(
+        [
+            pa.array(chunk.arrival_ms, pa.int64()) if chunk.arrow is None else chunk.arrow["arrival_ms"]
+            for chunk in chunks
+        ],
+        pa.int64(),
+    )
     elapsed_ms = pc.subtract(pa.scalar(committed_at_ms, pa.float64()), pc.cast(arrivals, pa.float64()))
     return pc.divide(elapsed_ms, 1000.0).combine_chunks() if arrivals.num_chunks else pa.array([], pa.float64())
 

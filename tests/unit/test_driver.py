@@ -14,7 +14,8 @@ import pytest
 from efo.config import load_settings
 from efo.errors import EfoError, ResourceNotFound
 from efo.pipeline.handoff import Handoff
-from sparkbridge.driver import EXIT_GRACE_S, Driver, capture_signals
+from efo.pipeline.records import RecordChunk, Row
+from sparkbridge.driver import EXIT_GRACE_S, Driver, capture_signals, end_to_end_latencies_s
 
 
 class FakeService:
@@ -191,3 +192,13 @@ def test_no_sink_attempt_starts_after_the_deadline_not_even_the_first_after_dead
     with pytest.raises(SinkFailed, match="deadline"):
         runner.run("b-1", [chunk])
     assert calls == ["dead letters"]
+
+
+def test_end_to_end_latencies_are_read_from_the_arrays_a_chunk_carries_or_from_its_list() -> None:
+    rows = [Row(str(i), b"x", "k", 1_700_000_000_000 + 250 * i) for i in range(4)]
+    listed = RecordChunk.of_rows("s", "shard-0", 1, rows)
+    built = RecordChunk.of_rows("s", "shard-1", 1, rows)
+    built.build_arrow()
+    latencies = end_to_end_latencies_s([listed, built], committed_at_ms=1_700_000_001_000.0)
+    assert latencies.to_pylist() == [1.0, 0.75, 0.5, 0.25] * 2
+    assert end_to_end_latencies_s([], 0.0).to_pylist() == []

@@ -361,6 +361,15 @@ def test_build_arrow_leaves_out_optional_columns_without_a_value_and_to_table_fi
     assert to_table([plain]).column("error").null_count == 2
 
 
+def test_to_table_reads_the_lists_of_a_chunk_whose_arrays_are_not_its_length() -> None:
+    chunk = _chunk("s-0", 1, ["1", "2", "3"])
+    chunk.build_arrow()
+    chunk.sequence_numbers, chunk.partition_keys, chunk.arrival_ms = ["1"], ["pk-1"], chunk.arrival_ms[:1]
+    chunk.sub_sequence_numbers, chunk.explicit_hash_keys, chunk.errors = [None], [None], [None]
+    chunk.data = chunk.data[:1]
+    assert to_table([chunk]).column("sequence_number").to_pylist() == ["1"]
+
+
 def test_rows_cuts_every_column_and_keeps_the_chunk_s_claim_and_grant() -> None:
     chunk = RecordChunk.of_rows("orders", "s-0", 4, [Row(str(i), b"x" * i, f"k{i}", i) for i in range(5)], epoch=3)
     chunk.grant = grant = object()
