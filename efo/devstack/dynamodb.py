@@ -50,6 +50,9 @@ ProvisionedThroughputExceededException, as DynamoDB throttles; ``"status": 500, 
 "InternalServerError"`` for a server error; ``"operation": "*"`` for any request). ``GET`` lists the
 rules still to fire, ``DELETE`` clears them. ``efo.devstack.faults.FaultClient`` speaks this API.
 
+It keeps connections open between requests (HTTP/1.1 keep-alive, served by waitress), as
+DynamoDB does: a client's calls reuse its pooled connections instead of opening one per call.
+
 Run: ``python -m efo.devstack.dynamodb --port P`` (binds 127.0.0.1 only).
 """
 
@@ -69,12 +72,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import waitress
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.core.responses import BaseResponse
 from moto.dynamodb.models import dynamodb_backends
 from moto.iam.models import get_account_id_from
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
 from efo.devstack.faults import FaultRule, FaultRules, RuleError
 from efo.devstack.units import (
@@ -409,13 +412,26 @@ class Serialized:
             return _json(start_response, "200 OK", rule.to_json())
 
 
+#: Client connections held open at once (waitress stops accepting past it): a fleet of workers on
+#: one machine, each with its own connection pool, stays well under it.
+CONNECTION_LIMIT = 1000
+
+
+def make_server(port: int) -> Any:
+    """This server on 127.0.0.1:``port``, not yet running (``.run()``): waitress, which speaks
+    HTTP/1.1 with keep-alive as DynamoDB does. werkzeug's development server, moto's own, closes
+    every connection after its answer, so each call of a client opened a new one: an aiobotocore
+    UpdateItem cost 1.6-1.9 ms of client CPU here against 1.3-1.5 ms on a kept connection."""
+    app = DomainDispatcherApplication(create_backend_app)
+    return waitress.create_server(Serialized(app), host=LOOPBACK, port=port, connection_limit=CONNECTION_LIMIT)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    app = DomainDispatcherApplication(create_backend_app)
-    run_simple(LOOPBACK, args.port, Serialized(app), threaded=True, request_handler=MotoRequestHandler)
+    make_server(args.port).run()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """The local stack's DynamoDB keeps DynamoDB's promise that lease fencing rests on: of several
 conditional writes racing on one item, exactly one succeeds (moto alone lets two through at times);
-and the faults it injects look to the SDK like DynamoDB's own."""
+the faults it injects look to the SDK like DynamoDB's own; and it keeps a client's connection open
+between requests, as DynamoDB does."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 from typing import Any
 
@@ -12,7 +15,7 @@ import pytest
 from botocore.config import Config
 
 from efo.devstack.faults import FaultClient
-from efo.devstack.stack import StackEndpoints
+from efo.devstack.stack import LOOPBACK, StackEndpoints
 from tests.conftest import DUMMY_CREDENTIALS
 
 from .service import unique
@@ -86,3 +89,27 @@ def test_injected_throttles_and_server_errors_reach_the_sdk_as_dynamodb_s_own(lo
         assert faults.pending() == []
     finally:
         faults.clear()
+
+
+def test_requests_on_one_connection_are_all_answered_on_it(local_stack: StackEndpoints) -> None:
+    """werkzeug's development server (moto's own) closed every connection after its answer, so each
+    call of the service opened a new one; DynamoDB keeps them open."""
+    list_tables = {
+        "X-Amz-Target": "DynamoDB_20120810.ListTables",
+        "Content-Type": "application/x-amz-json-1.0",
+        "Authorization": "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, "
+        "SignedHeaders=host, Signature=0",
+    }
+    connection = http.client.HTTPConnection(LOOPBACK, local_stack.dynamodb_port, timeout=10)
+    try:
+        sockets = []
+        for _ in range(3):
+            connection.request("POST", "/", body=b"{}", headers=list_tables)
+            response = connection.getresponse()
+            assert response.status == 200 and "TableNames" in json.loads(response.read())
+            assert (response.getheader("Connection") or "").lower() != "close"
+            assert connection.sock is not None, "the server closed the connection after its answer"
+            sockets.append(connection.sock.getsockname())
+        assert len(set(sockets)) == 1
+    finally:
+        connection.close()
