@@ -165,7 +165,8 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-#: What a server of the stack logs when its port is taken (werkzeug, Node, asyncio alike).
+#: What a server of the stack logs when its port is taken (waitress and asyncio: "Address already in use";
+#: Node: EADDRINUSE; werkzeug: "is in use by another program").
 _PORT_TAKEN = re.compile(rb"address already in use|EADDRINUSE|is in use by another program", re.IGNORECASE)
 #: Starts of the stack, each on ports picked afresh, when a port picked free was taken before its
 #: server bound it (by another process's server or by a connection's ephemeral port).
