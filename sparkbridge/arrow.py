@@ -28,13 +28,7 @@ SCHEMA = pa.schema(
 
 def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
     """The chunks' rows, in order, as one table of :data:`SCHEMA`."""
-    # The arrays of a chunk are trusted only at its length: the lists are what the rest of the
-    # driver reads (describe_batch, the watermark), and a chunk cut without its arrays would disagree.
-    prebuilt = [
-        chunk.arrow
-        for chunk in chunks
-        if chunk.arrow is not None and all(len(array) == len(chunk) for array in chunk.arrow.values())
-    ]
+    prebuilt = [arrow for arrow in (chunk.built_arrow for chunk in chunks) if arrow is not None]
 
     def column(name: str) -> pa.Array:
         if chunks and len(prebuilt) == len(chunks):

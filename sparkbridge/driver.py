@@ -50,7 +50,7 @@ def end_to_end_latencies_s(chunks: list[RecordChunk], committed_at_ms: float) ->
     """Per record, seconds from its arrival in Kinesis to ``committed_at_ms`` (one Arrow column)."""
     arrivals = pa.chunked_array(
         [
-            pa.array(chunk.arrival_ms, pa.int64()) if chunk.arrow is None else chunk.arrow["arrival_ms"]
+            pa.array(chunk.arrival_ms, pa.int64()) if (arrow := chunk.built_arrow) is None else arrow["arrival_ms"]
             for chunk in chunks
         ],
         pa.int64(),

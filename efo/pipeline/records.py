@@ -177,6 +177,16 @@ class RecordChunk:
             arrow[name] = pa.array(values, type_, memory_pool=POOL)
         self.arrow = arrow
 
+    @property
+    def built_arrow(self) -> dict[str, pa.Array] | None:
+        """:attr:`arrow` when it was built and still has the chunk's length, else None: the lists
+        are what the rest of the driver reads (describe_batch, the watermark), so arrays a chunk was
+        cut without are not used."""
+        arrow = self.arrow
+        if arrow is None or any(len(array) != len(self) for array in arrow.values()):
+            return None
+        return arrow
+
     def rows(self, start: int, stop: int | None = None) -> RecordChunk:
         """A chunk of rows ``[start:stop]`` of this one (every column, its Arrow arrays too): the
         same shard, serial, epoch and grant, without dead letters."""

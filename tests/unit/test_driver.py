@@ -201,4 +201,8 @@ def test_end_to_end_latencies_are_read_from_the_arrays_a_chunk_carries_or_from_i
     built.build_arrow()
     latencies = end_to_end_latencies_s([listed, built], committed_at_ms=1_700_000_001_000.0)
     assert latencies.to_pylist() == [1.0, 0.75, 0.5, 0.25] * 2
+    stale = built.rows(0)
+    stale.arrival_ms = stale.arrival_ms[:1]
+    stale.sequence_numbers = stale.sequence_numbers[:1]  # cut without its arrays: they are not used
+    assert end_to_end_latencies_s([stale], committed_at_ms=1_700_000_001_000.0).to_pylist() == [1.0]
     assert end_to_end_latencies_s([], 0.0).to_pylist() == []
