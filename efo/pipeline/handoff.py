@@ -2,14 +2,19 @@
 
 Every chunk put here already holds pool budget, so the queue can never hold more than the pool
 allows: ``pool.max_pending_records`` / ``pool.max_pending_bytes`` bound both together.
+
+The driver is woken when its batch can move, not for every chunk: for the first chunk of a batch,
+then when what is queued reaches the batch's bounds (or at ``max_wait_s``, a cut or the close).
+Chunks of the batch being filled wait here until then; a batch holds the same chunks either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from efo.pipeline.records import RecordChunk
 
@@ -25,6 +30,10 @@ class Handoff:
         self._closed = False
         self._cut = False  # batches close at once with what is queued ...
         self._cut_chunks = 0  # ... until the chunks queued at the cut have been taken
+        self._queued_records = 0
+        self._queued_bytes = 0
+        #: (records, bytes) queued at which a put wakes the driver (either one); None: it is not waiting.
+        self._wake_at: tuple[int, int] | None = None
         self._clock = clock
 
     def __len__(self) -> int:
@@ -36,7 +45,11 @@ class Handoff:
             if self._closed:
                 raise HandoffClosed()
             self._chunks.append(chunk)
-            self._cond.notify()
+            self._queued_records += len(chunk)
+            self._queued_bytes += chunk.data_bytes
+            wake_at = self._wake_at
+            if wake_at is not None and (self._queued_records >= wake_at[0] or self._queued_bytes >= wake_at[1]):
+                self._cond.notify()
 
     def cut(self) -> None:
         """Close the batch being taken now (or, if none is, the next one) with what is queued,
@@ -53,6 +66,7 @@ class Handoff:
             self._closed = True
             left = list(self._chunks)
             self._chunks.clear()
+            self._queued_records = self._queued_bytes = 0
             self._cond.notify_all()
             return left
 
@@ -74,8 +88,9 @@ class Handoff:
         batch: list[RecordChunk] = []
         records = 0
         nbytes = 0
-        if not self._cond.wait_for(lambda: self._chunks or self._closed or self._cut, idle_wait_s):
-            return batch
+        with self._waking_at(0, 0):  # any chunk
+            if not self._cond.wait_for(lambda: self._chunks or self._closed or self._cut, idle_wait_s):
+                return batch
         deadline = self._clock() + max_wait_s
         while not self._closed:
             while self._chunks:
@@ -83,6 +98,8 @@ class Handoff:
                 if batch and (records + len(chunk) > max_records or nbytes + chunk.data_bytes > max_bytes):
                     return batch
                 self._chunks.popleft()
+                self._queued_records -= len(chunk)
+                self._queued_bytes -= chunk.data_bytes
                 self._cut_chunks = max(0, self._cut_chunks - 1)
                 batch.append(chunk)
                 records += len(chunk)
@@ -92,5 +109,15 @@ class Handoff:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return batch
-            self._cond.wait(remaining)
+            with self._waking_at(max_records - records, max_bytes - nbytes):  # what would reach a bound
+                self._cond.wait(remaining)
         return batch
+
+    @contextlib.contextmanager
+    def _waking_at(self, records: int, nbytes: int) -> Iterator[None]:
+        """While the taker waits inside: a put wakes it once ``records`` or ``nbytes`` are queued."""
+        self._wake_at = (records, nbytes)
+        try:
+            yield
+        finally:
+            self._wake_at = None

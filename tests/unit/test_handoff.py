@@ -266,3 +266,33 @@ def test_a_cut_while_nothing_is_queued_wakes_the_idle_taker_with_nothing() -> No
     handoff.cut()
     thread.join(JOIN_S)
     assert not thread.is_alive() and result == [[]]
+
+
+def _count_notifies(handoff: Handoff) -> list[int]:
+    notified = [0]
+    original = handoff._cond.notify
+
+    def notify(n: int = 1) -> None:
+        notified[0] += 1
+        original(n)
+
+    handoff._cond.notify = notify  # type: ignore[method-assign]
+    return notified
+
+
+@pytest.mark.parametrize("bound", ["records", "bytes"])
+def test_a_batch_being_filled_wakes_the_taker_once_at_its_bound_not_for_every_chunk(bound: str) -> None:
+    # The taker holds chunk 1 (1 record, 10 bytes) of a batch of at most 100 records (or, with
+    # the byte bound, 100 records and 10**9 bytes replaced below by what the chunks carry).
+    handoff, thread, result = _taker_filling_a_batch_of(_chunk(1))
+    notified = _count_notifies(handoff)
+    by_records = bound == "records"
+    for serial in (2, 3, 4):  # 90 more records (or bytes short of the byte bound): not yet
+        handoff.put(_chunk(serial, 30) if by_records else _chunk(serial, 1, nbytes=3 * 10**8))
+    assert notified == [0], "the taker was woken for a chunk that could not close its batch"
+    assert thread.is_alive()
+    handoff.put(_chunk(5, 9) if by_records else _chunk(5, 1, nbytes=10**8 - 10))  # exactly at the bound
+    thread.join(JOIN_S)
+    assert not thread.is_alive(), "the batch did not close at its bound"
+    assert notified == [1]
+    assert _serials(result) == [1, 2, 3, 4, 5]
