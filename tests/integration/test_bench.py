@@ -49,3 +49,21 @@ def test_the_quick_benchmark_run_writes_every_table_with_its_command(tmp_path: P
         assert f"command: `python {script}" in section, section[:400]
         tables = re.findall(r"^\|.*\|\n\|[-:| ]+\|\n(?:\|.*\|\n)+", section, re.MULTILINE)
         assert tables, f"no table with rows in {title!r}"
+
+
+def test_the_dynamodb_client_benchmark_prints_its_table_with_its_command() -> None:
+    """bench/dynamodb_client.py is run alone, not by ``make bench``: a tiny run keeps it working."""
+    completed = subprocess.run(
+        [sys.executable, "bench/dynamodb_client.py", "--shards", "4", "--calls", "16", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "command: `python bench/dynamodb_client.py --shards 4" in completed.stdout
+    rows = re.findall(
+        r"^\| (checkpoint|heartbeat|read_leases) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", completed.stdout, re.M
+    )
+    assert rows == ["checkpoint", "heartbeat", "read_leases"], completed.stdout
