@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterator
 
 from efo.pipeline.records import RecordChunk
 
+#: What a taker waiting for the first chunk of a batch is woken at: any chunk.
+_ANY_CHUNK = (0, 0)
+
 
 class HandoffClosed(Exception):
     pass
@@ -37,8 +40,15 @@ class Handoff:
         self._clock = clock
 
     def __len__(self) -> int:
-        """Chunks waiting for the driver."""
+        """Chunks waiting for the driver, those of the batch being filled included."""
         return len(self._chunks)
+
+    @property
+    def filling(self) -> bool:
+        """Whether the driver has a batch open: it took the batch's first chunk and waits for its
+        bounds, ``max_wait_s`` or a cut."""
+        wake_at = self._wake_at
+        return wake_at is not None and wake_at != _ANY_CHUNK
 
     def put(self, chunk: RecordChunk) -> None:
         with self._cond:
@@ -88,7 +98,7 @@ class Handoff:
         batch: list[RecordChunk] = []
         records = 0
         nbytes = 0
-        with self._waking_at(0, 0):  # any chunk
+        with self._waking_at(*_ANY_CHUNK):
             if not self._cond.wait_for(lambda: self._chunks or self._closed or self._cut, idle_wait_s):
                 return batch
         deadline = self._clock() + max_wait_s

@@ -144,7 +144,7 @@ def test_a_handover_sends_the_batch_being_filled_to_the_sink_at_once_instead_of_
                 puts = {shard_id: kinesis.put(shard_id, 20) for shard_id in ("shard-000", "shard-001")}
                 handoff, pool = a.driver.handoff, a.coordinator.pool
                 await until(
-                    lambda: pool.records == 40 and not len(handoff), what="the records in the batch being filled"
+                    lambda: pool.records == 40 and handoff.filling, what="the records in the batch being filled"
                 )
                 assert not a.driver.written, "the batch closed before max_wait_s"
                 async with running(b) as stop_b:

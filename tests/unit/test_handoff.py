@@ -166,6 +166,7 @@ def test_close_wakes_a_taker_waiting_for_a_first_chunk() -> None:
                 break
         waiting.wait(0.001)
     assert waiting.is_set()
+    assert not handoff.filling  # waiting for a first chunk: no batch is open
     handoff.close()
     thread.join(JOIN_S)
     assert not thread.is_alive(), "close() did not wake the waiting taker"
@@ -285,6 +286,8 @@ def test_a_batch_being_filled_wakes_the_taker_once_at_its_bound_not_for_every_ch
     # The taker holds chunk 1 (1 record, 10 bytes) of a batch of at most 100 records (or, with
     # the byte bound, 100 records and 10**9 bytes replaced below by what the chunks carry).
     handoff, thread, result = _taker_filling_a_batch_of(_chunk(1))
+    with handoff._cond:  # the taker holds the lock until it waits
+        assert handoff.filling
     notified = _count_notifies(handoff)
     by_records = bound == "records"
     for serial in (2, 3, 4):  # 90 more records (or bytes short of the byte bound): not yet
@@ -296,3 +299,4 @@ def test_a_batch_being_filled_wakes_the_taker_once_at_its_bound_not_for_every_ch
     assert not thread.is_alive(), "the batch did not close at its bound"
     assert notified == [1]
     assert _serials(result) == [1, 2, 3, 4, 5]
+    assert not handoff.filling
