@@ -24,12 +24,21 @@ import orjson
 import pytest
 from aiobotocore.eventstream import AioEventStream
 from aiobotocore.parsers import create_parser
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from efo.devstack.eventstream import encode_message
 from efo.kinesis.columns import as_list
-from efo.kinesis.decoder import ShardEvent, _epoch_ms, arrival_ms, decode_event, from_parsed, iter_events
+from efo.kinesis.decoder import (
+    FEW_DISTINCT_ARRIVALS,
+    ShardEvent,
+    _epoch_ms,
+    arrival_ms,
+    decode_event,
+    epoch_ms_of,
+    from_parsed,
+    iter_events,
+)
 
 EVENT_HEADERS = {":message-type": "event", ":event-type": "SubscribeToShardEvent", ":content-type": "application/json"}
 INITIAL_RESPONSE = encode_message(
@@ -232,6 +241,34 @@ def test_epoch_ms_is_botocore_datetime_round_trip(seconds: float) -> None:
     # orjson parses the JSON text to the same float json (and so botocore) does
     text = json.dumps(seconds)
     assert orjson.loads(text) == json.loads(text)
+
+
+arrival_values = st.one_of(
+    timestamps,
+    st.integers(-10, 2**70),
+    st.floats(-1e3, 1e12, allow_nan=False, allow_infinity=False),
+    st.builds(lambda s, us: s + us / 1e6 + 5e-7, st.integers(1_500_000_000, 2_000_000_000), st.integers(0, 999_999)),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(arrival_values, max_size=60))
+@example([1_764_200_000 + i / 1000 for i in range(40)])
+@example([9_007_199_254.740_991 - i / 1e6 for i in range(20)])  # just below where numpy stops being exact
+@example([9_007_199_254 + i for i in range(20)])
+def test_epoch_ms_of_a_list_is_epoch_ms_of_each_value(arrivals: list[Any]) -> None:
+    assert epoch_ms_of(arrivals) == [_epoch_ms(seconds) for seconds in arrivals]
+
+
+def test_an_event_of_many_arrival_times_converts_each_like_botocore() -> None:
+    seconds = [1_764_200_000 + i * 0.0013 + 0.0000005 for i in range(4 * FEW_DISTINCT_ARRIVALS)]
+    records = [
+        {"SequenceNumber": str(i), "ApproximateArrivalTimestamp": at, "Data": "aGk=", "PartitionKey": "k"}
+        for i, at in enumerate(seconds)
+    ]
+    event = decode_event(orjson.dumps({"Records": records}))
+    assert event.arrival_ms == [int(botocore.utils.parse_timestamp(at).timestamp() * 1000) for at in seconds]
 
 
 def test_modeled_exception_with_lowercase_message() -> None:
