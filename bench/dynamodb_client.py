@@ -1,4 +1,4 @@
-"""Client CPU per DynamoDB call of the lease plane: efo's DynamoDB client against aiobotocore's defaults.
+"""Client CPU per DynamoDB call of the lease plane: efo's DynamoDB client against one validating requests.
 
 A worker's steady DynamoDB traffic is a checkpoint write per shard every few seconds, a heartbeat,
 and a Query of a lease partition when its version moved: at thousands of shards per worker its
@@ -7,8 +7,8 @@ calls through efo's own ``LeaseTable`` (``checkpoint``, ``heartbeat``, ``read_le
 local DynamoDB (a process of its own, so this process's CPU time is the client's):
 
 * ``efo``: ``efo.aws.Clients.dynamodb()``, the client the service uses;
-* ``botocore defaults``: the same settings (retries, timeouts, pool) without the User-Agent built once
-  (``efo.aws.USER_AGENT``) and with botocore's parameter validation.
+* ``validating``: the same settings (``efo.aws.dynamodb_config``) with botocore's parameter validation
+  on, its default.
 
 Rounds alternate between the two, each ``--calls`` calls of each kind, ``--concurrency`` at once
 (the checkpointer's 16); medians of the rounds' CPU per call.
@@ -31,20 +31,18 @@ from typing import Any
 from aiobotocore.config import AioConfig
 from common import command_line, hermetic_aws_environment, start_dynamodb, write_json
 
-from efo.aws import Clients, Endpoints
+from efo.aws import Clients, Endpoints, dynamodb_config
 from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 
 STREAM_ARN = "arn:aws:kinesis:us-east-1:123456789012:stream/bench"
-VARIANTS = ("botocore defaults", "efo")
+VARIANTS = ("validating", "efo")
 KINDS = ("checkpoint", "heartbeat", "read_leases")
 
 
-async def _defaults_client(clients: Clients) -> Any:
-    """aiobotocore's client with efo's settings for retries, timeouts and pool, botocore's for the rest."""
-    config = AioConfig(
-        retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10, max_pool_connections=32
-    )
+async def _validating_client(clients: Clients) -> Any:
+    """efo's DynamoDB client with botocore's parameter validation on."""
+    config = dynamodb_config().merge(AioConfig(parameter_validation=True))
     return await clients._enter("dynamodb", clients.endpoints.dynamodb, config)
 
 
@@ -58,7 +56,7 @@ async def _cpu_per_call(calls: int, concurrency: int, call: Callable[[int], Awai
 
 async def measure(endpoint: str, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     async with Clients(Endpoints("us-east-1", None, endpoint)) as clients:
-        ddbs = {"efo": await clients.dynamodb(), "botocore defaults": await _defaults_client(clients)}
+        ddbs = {"efo": await clients.dynamodb(), "validating": await _validating_client(clients)}
         tables = {
             variant: LeaseTable(ddb, table="bench", app="bench", stream_arn=STREAM_ARN, worker_id="w-bench")
             for variant, ddb in ddbs.items()
@@ -104,7 +102,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=640, help="calls of each kind per round (Queries: an eighth)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")
+    parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args()
     hermetic_aws_environment()
     started = time.monotonic()
@@ -122,10 +120,10 @@ def main() -> None:
         f"{args.shards} leases, {args.concurrency} calls at once, median of {args.rounds} alternating rounds; "
         f"{time.monotonic() - started:.0f} s in all\n"
     )
-    print("| call | botocore defaults, ms | efo, ms | efo / defaults |")
+    print("| call | validating, ms | efo, ms | efo / validating |")
     print("|---|---:|---:|---:|")
     for kind in KINDS:
-        base, ours = medians["botocore defaults"][kind], medians["efo"][kind]
+        base, ours = medians["validating"][kind], medians["efo"][kind]
         print(f"| {kind} | {1000 * base:.3f} | {1000 * ours:.3f} | {ours / base:.2f} |")
     write_json(args.json, {"medians_s": medians, "rounds_s": figures})
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import platform
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -24,25 +23,17 @@ MIN_DATA_CONNECTIONS = 32
 SPARE_DATA_CONNECTIONS = 16  # grown before fewer than this many are left
 
 
-def _user_agent() -> str:
-    def version(package: str) -> str:
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            return "unknown"
-
-    return (
-        f"efo/{version('efo')} aiobotocore/{version('aiobotocore')} Python/{platform.python_version()} "
-        f"{platform.system()}/{platform.release()}"
-    )
+def _efo_version() -> str:
+    try:
+        return importlib.metadata.version("efo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
-#: The User-Agent of every call, built once: it names efo, so that an operator can pick efo's calls
-#: out in CloudTrail, and the SDK (aiobotocore's session appends ``botocore/<version>``). Left to
-#: botocore, the header is built twice per request (its feature metadata is rebuilt in a
-#: ``request-created`` handler). With the DynamoDB client's parameter validation off (below), a
-#: checkpoint write costs about 15 % less client CPU (bench/dynamodb_client.py).
-USER_AGENT = _user_agent()
+#: Added to the end of botocore's User-Agent on every call, so that an operator can pick efo's calls
+#: out in CloudTrail (its ``userAgent`` field). Added, not replacing botocore's own: an
+#: ``AWS_SDK_UA_APP_ID`` of yours and the SDK's metadata stay in the header.
+USER_AGENT_EXTRA = f"efo/{_efo_version()}"
 
 
 def data_connections_for(shard_count: int) -> int:
@@ -54,6 +45,24 @@ class Endpoints:
     region: str | None
     kinesis: str | None
     dynamodb: str | None
+
+
+def dynamodb_config() -> AioConfig:
+    """The DynamoDB client's settings (the lease table's calls)."""
+    return AioConfig(
+        retries={"mode": "standard", "max_attempts": 3},
+        connect_timeout=5,
+        read_timeout=10,
+        max_pool_connections=32,  # the final checkpoints and releases of a stop go out 16 at once
+        user_agent_extra=USER_AGENT_EXTRA,
+        # Every DynamoDB request is built by efo.leases.table, and the service checks each one again:
+        # its ValidationException (a table name of the wrong length or characters, say) is
+        # translated to InvalidRequest naming the table like any other error. botocore's walk of
+        # each request through the service model before sending is paid by every worker for every
+        # shard's checkpoint every few seconds, about a tenth of its client CPU
+        # (bench/dynamodb_client.py).
+        parameter_validation=False,
+    )
 
 
 class Clients:
@@ -75,24 +84,15 @@ class Clients:
 
     async def kinesis(self) -> Any:
         config = AioConfig(
-            retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30, user_agent=USER_AGENT
+            retries={"mode": "standard", "max_attempts": 3},
+            connect_timeout=5,
+            read_timeout=30,
+            user_agent_extra=USER_AGENT_EXTRA,
         )
         return await self._enter("kinesis", self.endpoints.kinesis, config)
 
     async def dynamodb(self) -> Any:
-        config = AioConfig(
-            retries={"mode": "standard", "max_attempts": 3},
-            connect_timeout=5,
-            read_timeout=10,
-            max_pool_connections=32,  # the final checkpoints and releases of a stop go out 16 at once
-            user_agent=USER_AGENT,
-            # Every DynamoDB request is built by efo.leases.table, and the service checks each one
-            # again (its ValidationException is translated like any other error): botocore's walk of
-            # each request through the service model before sending is paid by every worker for
-            # every shard's checkpoint every few seconds.
-            parameter_validation=False,
-        )
-        return await self._enter("dynamodb", self.endpoints.dynamodb, config)
+        return await self._enter("dynamodb", self.endpoints.dynamodb, dynamodb_config())
 
     def subscriber(self, read_timeout_s: float) -> SubscriberClient:
         """The SubscribeToShard client, sized with the shards it serves (see SubscriberClient)."""
@@ -106,7 +106,7 @@ class Clients:
             connect_timeout=5,
             read_timeout=read_timeout_s,
             max_pool_connections=connections,
-            user_agent=USER_AGENT,
+            user_agent_extra=USER_AGENT_EXTRA,
         )
         return await self._enter("kinesis", self.endpoints.kinesis, config)
 

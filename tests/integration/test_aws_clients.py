@@ -1,5 +1,5 @@
-"""efo's AWS clients against a server on loopback that records what reaches it: every call names
-efo in its User-Agent, and a DynamoDB request botocore would have refused before sending (it no
+"""efo's AWS clients against a server on loopback that records what reaches it: every call ends
+its User-Agent with efo's name, and a DynamoDB request botocore would have refused before sending (it no
 longer checks them: efo builds every one) goes to the service, whose ValidationException comes
 back as efo's InvalidRequest naming the table."""
 
@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from botocore.exceptions import ClientError
 
-from efo.aws import USER_AGENT, Clients, Endpoints
+from efo.aws import USER_AGENT_EXTRA, Clients, Endpoints
 from efo.errors import InvalidRequest
 from efo.leases.table import LeaseTable
 
@@ -48,12 +48,8 @@ async def recording_server(seen: list[dict[str, str]]) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def test_the_user_agent_names_efo_and_the_sdk() -> None:
-    assert USER_AGENT.startswith("efo/")
-    assert " aiobotocore/" in USER_AGENT and " Python/" in USER_AGENT
-
-
 def test_a_dynamodb_request_goes_to_the_service_which_rejects_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SDK_UA_APP_ID", "lake-team")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     seen: list[dict[str, str]] = []
@@ -73,4 +69,7 @@ def test_a_dynamodb_request_goes_to_the_service_which_rejects_it_by_name(monkeyp
     asyncio.run(run())
     targets = [request["target"] for request in seen]
     assert targets == ["DynamoDB_20120810.GetItem", "Kinesis_20131202.DescribeStreamSummary"]
-    assert all(request["agent"].startswith(USER_AGENT + " botocore/") for request in seen), seen
+    for request in seen:  # botocore's own User-Agent (your app id in it), then efo's name
+        assert request["agent"].startswith("aiobotocore/") and request["agent"].endswith(" " + USER_AGENT_EXTRA)
+        assert " app/lake-team " in request["agent"], request["agent"]
+    assert USER_AGENT_EXTRA.startswith("efo/")
