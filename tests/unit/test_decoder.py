@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from efo.devstack.eventstream import encode_message
 from efo.kinesis.columns import as_list
 from efo.kinesis.decoder import (
+    _EXACT_BELOW_S,
     FEW_DISTINCT_ARRIVALS,
     ShardEvent,
     _epoch_ms,
@@ -252,12 +253,29 @@ arrival_values = st.one_of(
 )
 
 
+#: Times numpy converts (epoch microseconds below 2**53): ints, floats, and times half a microsecond
+#: off a whole one (where the rounding of the fraction decides).
+exact_range_values = st.one_of(
+    st.integers(0, _EXACT_BELOW_S - 1),
+    st.floats(0, _EXACT_BELOW_S, exclude_max=True, allow_nan=False),
+    st.builds(lambda s, us: s + us / 1e6 + 5e-7, st.integers(1_500_000_000, 2_000_000_000), st.integers(0, 999_998)),
+    st.builds(lambda ms: ms / 1000, st.integers(1_500_000_000_000, 2_000_000_000_000)),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(exact_range_values, min_size=FEW_DISTINCT_ARRIVALS + 1, max_size=60, unique=True))
+@example([1_764_200_000 + i / 1000 for i in range(40)])
+@example([_EXACT_BELOW_S - 1 + 0.9999995 - i * 1e-6 for i in range(20)])  # just below numpy's exact range
+@example([1_650_115_698.5029995 + i for i in range(20)])  # int(seconds * 1000) would be 1 ms short
+def test_epoch_ms_of_many_times_in_numpy_is_epoch_ms_of_each(arrivals: list[Any]) -> None:
+    assert epoch_ms_of(arrivals) == [_epoch_ms(seconds) for seconds in arrivals]
+
+
 @settings(max_examples=300)
 @given(st.lists(arrival_values, max_size=60))
-@example([1_764_200_000 + i / 1000 for i in range(40)])
-@example([9_007_199_254.740_991 - i / 1e6 for i in range(20)])  # just below where numpy stops being exact
-@example([9_007_199_254 + i for i in range(20)])
-def test_epoch_ms_of_a_list_is_epoch_ms_of_each_value(arrivals: list[Any]) -> None:
+@example([_EXACT_BELOW_S + i for i in range(20)])  # beyond it: value by value
+def test_epoch_ms_of_any_list_is_epoch_ms_of_each_value(arrivals: list[Any]) -> None:
     assert epoch_ms_of(arrivals) == [_epoch_ms(seconds) for seconds in arrivals]
 
 
