@@ -348,7 +348,7 @@ class Metrics:
             ),
             handoff_chunks=Gauge(
                 "efo_handoff_queue_chunks",
-                "Chunks waiting in the handoff queue for the driver.",
+                "Chunks waiting in the handoff queue for the driver, those of the batch being filled included.",
                 registry=registry,
             ),
             leases_held=Gauge("efo_leases_held", "Leases of the stream this worker holds.", stream, registry=registry),

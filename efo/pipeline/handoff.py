@@ -5,7 +5,10 @@ allows: ``pool.max_pending_records`` / ``pool.max_pending_bytes`` bound both tog
 
 The driver is woken when its batch can move, not for every chunk: for the first chunk of a batch,
 then when what is queued reaches the batch's bounds (or at ``max_wait_s``, a cut or the close).
-Chunks of the batch being filled wait here until then; a batch holds the same chunks either way.
+Chunks of the batch being filled wait here until then, so a batch closed by its bounds, its
+deadline or a cut holds the chunks it would hold if each had been taken as it came. A close while
+a batch is being filled leaves that batch with its first chunks only: the rest are among the
+chunks ``close()`` hands back, never taken, their budget returned.
 """
 
 from __future__ import annotations

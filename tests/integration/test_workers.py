@@ -50,8 +50,8 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
                     settled_after_s = asyncio.get_running_loop().time() - joined
                     # w1's leases, claimed just now, are not moved for SETTLE_CYCLES (no ping-pong): w2 asks
                     # for one at a time after ASK_AFTER_CYCLES, and w1 sheds the rest once they settled.
-                    # Counted in w2's lease cycles, not in wall time: on a busy machine the cycles run
-                    # late, and the settling waits for them, not for the clock.
+                    # Counted in w2's lease cycles, not in wall time: both thresholds are times, but on a
+                    # busy machine the cycles run late, and each ask and each shed takes a cycle.
                     cycles = b.coordinator.cycle.cycles
                     assert cycles < SETTLE_CYCLES + ASK_AFTER_CYCLES + 2, (cycles, settled_after_s)
                     counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}

@@ -283,8 +283,7 @@ def _count_notifies(handoff: Handoff) -> list[int]:
 
 @pytest.mark.parametrize("bound", ["records", "bytes"])
 def test_a_batch_being_filled_wakes_the_taker_once_at_its_bound_not_for_every_chunk(bound: str) -> None:
-    # The taker holds chunk 1 (1 record, 10 bytes) of a batch of at most 100 records (or, with
-    # the byte bound, 100 records and 10**9 bytes replaced below by what the chunks carry).
+    # Bounds: 100 records, 10**9 bytes; the taker holds chunk 1 (1 record, 10 bytes).
     handoff, thread, result = _taker_filling_a_batch_of(_chunk(1))
     with handoff._cond:  # the taker holds the lock until it waits
         assert handoff.filling
@@ -300,3 +299,24 @@ def test_a_batch_being_filled_wakes_the_taker_once_at_its_bound_not_for_every_ch
     assert notified == [1]
     assert _serials(result) == [1, 2, 3, 4, 5]
     assert not handoff.filling
+
+
+def test_a_chunk_that_would_pass_the_bound_wakes_the_taker_and_stays_for_the_next_batch() -> None:
+    handoff, thread, result = _taker_filling_a_batch_of(_chunk(1, 50))  # bound: 100 records
+    notified = _count_notifies(handoff)
+    handoff.put(_chunk(2, 60))  # 110 > 100: the batch closes without it
+    thread.join(JOIN_S)
+    assert not thread.is_alive(), "the batch did not close when its next chunk could not fit"
+    assert notified == [1]
+    assert _serials(result) == [1]
+    assert len(handoff) == 1
+    assert _serials(handoff.take_batch(100, 10**9, 0)) == [2]
+
+
+def test_a_close_while_a_batch_is_filled_hands_back_what_it_had_not_taken() -> None:
+    handoff, thread, result = _taker_filling_a_batch_of(_chunk(1))
+    handoff.put(_chunk(2))  # below the bound: queued, the taker sleeps on
+    assert _serials(handoff.close()) == [2]  # never taken: its budget goes back with it
+    thread.join(JOIN_S)
+    assert not thread.is_alive()
+    assert _serials(result) == [1]
