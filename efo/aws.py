@@ -8,13 +8,14 @@ per shard, never within 5 s of a success); its events are decoded by efo.kinesis
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
+
+from efo import __version__
 
 # aiobotocore's default pool is 10 connections and it silently stalls beyond; every
 # subscription holds one connection for its whole life, so the data-plane pool is sized from
@@ -23,17 +24,10 @@ MIN_DATA_CONNECTIONS = 32
 SPARE_DATA_CONNECTIONS = 16  # grown before fewer than this many are left
 
 
-def _efo_version() -> str:
-    try:
-        return importlib.metadata.version("efo")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 #: Added to the end of botocore's User-Agent on every call, so that an operator can pick efo's calls
 #: out in CloudTrail (its ``userAgent`` field). Added, not replacing botocore's own: an
 #: ``AWS_SDK_UA_APP_ID`` of yours and the SDK's metadata stay in the header.
-USER_AGENT_EXTRA = f"efo/{_efo_version()}"
+USER_AGENT_EXTRA = f"efo/{__version__}"
 
 
 def data_connections_for(shard_count: int) -> int:
