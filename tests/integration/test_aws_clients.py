@@ -18,6 +18,8 @@ from efo.aws import USER_AGENT_EXTRA, Clients, Endpoints
 from efo.errors import InvalidRequest
 from efo.leases.table import LeaseTable
 
+from .loopback import serving
+
 pytestmark = pytest.mark.integration
 
 VALIDATION = (
@@ -37,15 +39,8 @@ async def recording_server(seen: list[dict[str, str]]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 def test_a_dynamodb_request_goes_to_the_service_which_rejects_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:

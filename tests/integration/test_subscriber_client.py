@@ -15,6 +15,8 @@ from aiohttp import web
 from efo.aws import MIN_DATA_CONNECTIONS, Clients, Endpoints
 from efo.devstack.proxy import INITIAL_RESPONSE
 
+from .loopback import serving
+
 pytestmark = pytest.mark.integration
 
 CONSUMER = "arn:aws:kinesis:us-east-1:000000000000:stream/s/consumer/c:1"
@@ -35,16 +37,11 @@ async def holding_server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/", subscribe)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        closing.set()
-        await runner.cleanup()
+    async with serving(app) as url:
+        try:
+            yield url
+        finally:
+            closing.set()  # the held streams end before the server cleans up
 
 
 async def _open(client: Any, shards: int) -> list[Any]:
