@@ -16,10 +16,13 @@ In one cycle a worker:
    committed, checkpoint written, lease released) so that the worker short of its share claims
    them: this is how a worker that joins gets its share within a few cycles;
 3. **asks** for a lease (a steal is a request, not a grab) when it has held less than its share
-   for a while (the caller's ``may_ask``), nothing is free, and the most loaded worker holds at
-   least two more than it: at most ``max_steals_per_cycle`` requests open, from the most loaded
-   worker only. A worker that holds more than its share sheds on its own, so this is the fallback
-   for one that does not (asking at once would race that shedding and move more than needed).
+   for a while (the caller's ``may_ask``), nothing is free, and the worker most above its own
+   share (then the most loaded) holds at least two more than it: at most ``max_steals_per_cycle``
+   requests open, from that worker only. A worker that holds more than its share sheds on its
+   own, so this is the fallback for one that does not (asking at once would race that shedding
+   and move more than needed). The owner honours a request only while it holds more than its
+   share (:func:`target`) and declines it otherwise: a request written while the owner shed down
+   to its share would otherwise move one lease too many.
 
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
@@ -84,8 +87,7 @@ def plan(
     ceiling = floor + (1 if extra else 0)
 
     def share(worker: str) -> int:
-        base = floor + (1 if (workers.index(worker) - rank_offset) % width < extra else 0)
-        return min(base, max_leases) if max_leases is not None else base
+        return _share(worker, workers, count, rank_offset, max_leases)
 
     load = Counter(lease.owner for lease in leases if lease.owner in workers)
     mine, target = load[me], share(me) if room is None else min(share(me), room)
@@ -139,7 +141,8 @@ def plan(
     if short and may_ask and asked < max_steals:
         others = [worker for worker in workers if worker != me]
         if others:
-            donor = max(others, key=lambda worker: (load[worker], worker))
+            # The most above its own share (the one that will hand over), then the most loaded.
+            donor = max(others, key=lambda worker: (load[worker] - share(worker), load[worker], worker))
             if load[donor] - mine >= 2:
                 candidates = [
                     lease
@@ -148,3 +151,27 @@ def plan(
                 ]
                 ask = candidates[: min(room, max_steals - asked)]
     return Plan(claim=claim, shed=shed, ask=ask, target=target, short=short)
+
+
+def target(
+    me: str,
+    readable: int,
+    live: Iterable[str],
+    *,
+    max_leases: int | None = None,
+    rank_offset: int = 0,
+    room: int | None = None,
+) -> int:
+    """How many of the ``readable`` shards this worker should hold: :func:`plan`'s ``target`` for
+    the same arguments, worked out before the cycle's moves (whether to honour a handover request)."""
+    workers = sorted(set(live) | {me})
+    share = _share(me, workers, readable, rank_offset, max_leases)
+    return share if room is None else min(share, room)
+
+
+def _share(worker: str, workers: list[str], count: int, rank_offset: int, max_leases: int | None) -> int:
+    """``worker``'s share of ``count`` shards among ``workers`` (sorted): the floor, one more for the
+    ``count mod len(workers)`` workers from rank ``rank_offset`` on (around), at most ``max_leases``."""
+    floor, extra = divmod(count, len(workers))
+    base = floor + (1 if (workers.index(worker) - rank_offset) % len(workers) < extra else 0)
+    return base if max_leases is None else min(base, max_leases)

@@ -236,7 +236,10 @@ class _Update:
 
     def expression(self) -> str:
         removes = sorted(set(self.removes))
-        return "SET " + ", ".join(self.sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        clauses = (["SET " + ", ".join(self.sets)] if self.sets else []) + (
+            ["REMOVE " + ", ".join(removes)] if removes else []
+        )
+        return " ".join(clauses)
 
 
 class LeaseTable:
@@ -627,6 +630,18 @@ class LeaseTable:
         update.sets.append("wanted_by = :me")
         update.values[":me"] = {"S": self.worker_id}
         update.conditions.append("attribute_not_exists(wanted_by)")
+        await self._update(lease, update)
+        await self._changed(await self._partition(lease.shard_id))
+
+    async def decline(self, lease: Lease) -> None:
+        """Clear another worker's handover request for a lease held here, which stays here: the
+        asker stops waiting for it (and does not take it once its request is overdue)."""
+        assert lease.owner == self.worker_id and lease.wanted_by, lease
+        update = _Update()
+        update.fence(lease)
+        update.removes.append("wanted_by")
+        update.values[":asker"] = {"S": lease.wanted_by}
+        update.conditions.append("wanted_by = :asker")
         await self._update(lease, update)
         await self._changed(await self._partition(lease.shard_id))
 

@@ -1,8 +1,9 @@
 """The lease cycle (KCL's LeaseTaker; aiokafka's group coordinator and assignor).
 
 Every ``lease.sync_interval_s`` (and at once when asked) it reads the lease table and acts on it,
-in this order: a lease another worker took is dropped here; operators' resets and other workers'
-handover requests are applied; then this worker's share is worked out (:func:`efo.leases.balance.plan`)
+in this order: a lease another worker took is dropped here; operators' resets are applied, and
+other workers' handover requests while this worker holds more than its share (declined after
+that); then its moves are worked out (:func:`efo.leases.balance.plan`)
 and it claims free leases, hands over what it holds above its share and asks for what it lacks;
 a lease asked for and not handed over within ``failover_s`` is taken; a shard gone from the
 stream before it was finished is finished, so its children do not wait for ever.
@@ -22,7 +23,7 @@ from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
 from efo.kinesis.shards import ShardGraph
-from efo.leases.balance import plan
+from efo.leases import balance
 from efo.leases.cache import LeaseCache
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
@@ -121,7 +122,18 @@ class LeaseCycle:
         self.view.update(state)
         METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
-        await self._apply_requests(state, graph)
+        await self._apply_resets(state, graph)
+        arn = self._table.stream_arn
+        limit = self._settings.lease.max_leases_per_worker
+        target = balance.target(
+            self._me,
+            sum(1 for lease in state.leases.values() if self._readable(lease, state, graph)),
+            self.view.live,
+            max_leases=limit or None,
+            rank_offset=self._shares.rank_offset(arn),
+            room=self._shares.room(arn, limit),
+        )
+        await self._apply_requests(state, target)
         if self._stopping.is_set() or self._in_doubt():
             return
         handing_over = {sid for sid, owned in self._owned.items() if owned.phase is ShardPhase.RELEASING}
@@ -140,18 +152,16 @@ class LeaseCycle:
         METRICS.shards_unowned.labels(stream=self._owned.stream).set(
             sum(1 for lease in readable if lease.owner is None or self.view.owner_is_dead(lease.owner))
         )
-        arn = self._table.stream_arn
         held = sum(1 for lease in readable if lease.owner == self._me)
         self._shares.publish(arn, readable=len(readable), held=held)
         interval_s = self._settings.lease.sync_interval_s
         now = self._clock()
         free = (lease.shard_id for lease in readable if lease.owner is None or lease.owner not in self.view.live)
         self._free_since = {shard_id: self._free_since.get(shard_id, now) for shard_id in free}
-        limit = self._settings.lease.max_leases_per_worker
         stale = {sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s}
         short_for_s = None if self._short_since is None else self._clock() - self._short_since
         busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
-        moves = plan(
+        moves = balance.plan(
             self._me,
             readable,
             self.view.live,
@@ -206,9 +216,8 @@ class LeaseCycle:
                 holder = f"{lease.owner} (counter {lease.counter})" if lease is not None else "nobody (row gone)"
                 self._owned.lose(owned, f"the lease is now held by {holder}")
 
-    async def _apply_requests(self, state: TableState, graph: ShardGraph) -> None:
-        """Operators' resets (of finished leases first: their children may have to wait again) and
-        other workers' handover requests for leases held here."""
+    async def _apply_resets(self, state: TableState, graph: ShardGraph) -> None:
+        """Operators' resets, of finished leases first (their children may have to wait again)."""
         for lease in sorted(state.leases.values(), key=lambda lease: not lease.finished):
             owned = self._owned.get(lease.shard_id)
             if lease.reset is not None and lease.finished and lease.owner is None:
@@ -219,8 +228,29 @@ class LeaseCycle:
                     continue
             elif lease.reset is not None and owned is not None and lease.counter == owned.epoch:
                 await self._apply_reset(owned, lease, state, graph)
-            elif lease.wanted_by and owned is not None and owned.phase.reading and lease.counter == owned.epoch:
+
+    async def _apply_requests(self, state: TableState, target: int) -> None:
+        """Other workers' handover requests for leases read here: honoured while this worker reads
+        more than its share (``target``), declined (cleared) after that. The asker wrote its request
+        from a read of the table older than this worker's last shedding, or another worker's
+        shedding covers it; left standing, the asker would take the lease once overdue and this
+        worker would be short in turn."""
+        reading = sum(1 for owned in self._owned.values() if owned.phase.reading)
+        for lease in sorted(state.leases.values(), key=lambda lease: lease.shard_id):
+            owned = self._owned.get(lease.shard_id)
+            if not lease.wanted_by or owned is None or not owned.phase.reading or lease.counter != owned.epoch:
+                continue
+            if reading > target:
                 self._runner.hand_over(owned, f"asked for by {lease.wanted_by}")
+                reading -= 1
+                continue
+            if self._stopping.is_set() or self._in_doubt():
+                continue  # stopping: the release keeps the request, so the asker takes the lease first
+            try:
+                await self._table.decline(lease)
+            except LeaseLost:
+                continue
+            self._log.info("lease.request_declined", shard_id=lease.shard_id, asker=lease.wanted_by, target=target)
 
     async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState, graph: ShardGraph) -> None:
         """Restart the shard at the reset position, here and now: a new claim (a new epoch), so what

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from efo.errors import LeaseLost
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.records import SHARD_END, Position, after
@@ -39,15 +40,40 @@ def test_every_change_of_a_lease_but_its_checkpoint_moves_the_version(local_stac
             assert await version() == before + 1, "a checkpoint or a heartbeat moves nothing"
             await other.want(lease)
             assert await version() == before + 2, "a handover request"
+            await table.decline((await table.read()).leases["shard-000"])
+            assert await version() == before + 3, "a request declined"
+            await other.want(lease)
             await table.release((await table.read()).leases["shard-000"])
-            assert await version() == before + 3, "a release"
+            assert await version() == before + 5, "a release"
             lease = await other.claim((await other.read()).leases["shard-000"])
             await other.finish(lease)
-            assert await version() == before + 5, "a claim and SHARD_END"
+            assert await version() == before + 7, "a claim and SHARD_END"
             await table.request_reset(["shard-001"], Position("TRIM_HORIZON"))
-            assert await version() == before + 6, "an operator's reset"
+            assert await version() == before + 8, "an operator's reset"
             await table.create_lease("shard-new", (), Position("TRIM_HORIZON"))
-            assert await version() == before + 7, "a new lease"
+            assert await version() == before + 9, "a new lease"
+
+    run(scenario())
+
+
+def test_a_declined_request_is_cleared_and_the_owner_keeps_the_lease_fenced_as_read(local_stack: Any) -> None:
+    async def scenario() -> None:
+        async with world(local_stack, MemoryKinesis(2)) as w:
+            table, other = w.table, await w.other_worker("w2")
+            lease = await table.claim((await table.read()).leases["shard-000"])
+            await other.want(lease)
+            asked = (await table.read()).leases["shard-000"]
+            assert asked.wanted_by == "w2"
+            await table.decline(asked)
+            declined = (await other.read()).leases["shard-000"]
+            assert (declined.owner, declined.counter, declined.wanted_by) == (table.worker_id, lease.counter, None)
+            with pytest.raises(LeaseLost):  # the request read is not there any more
+                await table.decline(asked)
+            await other.want(declined)
+            await table.release((await table.read()).leases["shard-000"])
+            with pytest.raises(LeaseLost):  # the owner as read gave it up
+                await table.decline(asked)
+            assert (await other.read()).leases["shard-000"].wanted_by == "w2", "a release keeps the request"
 
     run(scenario())
 

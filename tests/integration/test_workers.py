@@ -104,6 +104,49 @@ def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_su
     run(scenario())
 
 
+def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen(local_stack: Any) -> None:
+    """w1 sheds its surplus in a cycle that read the table just before w2's request landed; the
+    next cycle sees the request, but w1 now holds its share and declines it (the request is
+    cleared, so w2 does not take the lease either once it is overdue): exactly 4 of 8 move, once."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(8)
+        async with world(local_stack, kinesis, lease=PATIENT) as a:
+            b = await a.worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
+                alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
+                asked = asyncio.Event()
+                cycle = a.coordinator.cycle.cycle
+                held_back = True
+
+                async def before_the_ask(state: Any, graph: Any) -> None:
+                    nonlocal held_back
+                    if held_back:  # this one cycle: read before w2 asked, acting after
+                        held_back = False
+                        state = await a.table.read()
+                        await asked.wait()
+                    await cycle(state, graph)
+
+                a.coordinator.cycle.cycle = before_the_ask  # type: ignore[method-assign]
+                async with running(b) as stop_b:
+                    await until(lambda: bool(b.coordinator.cycle.asked), what="w2 asks for a lease")
+                    asked.set()
+                    await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
+                    # Past failover_s: a request left standing would now be taken by force.
+                    await asyncio.sleep(a.settings.lease.failover_s + 5 * a.settings.lease.sync_interval_s)
+                    assert holdings(a, b) == {"w1": 4, "w2": 4}
+                    counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
+                    assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
+                    assert not b.coordinator.cycle.asked
+                    await stop_b()
+                await stop_a()
+
+    run(scenario())
+
+
 def test_a_handover_waits_for_the_sink_so_the_next_owner_neither_loses_nor_repeats_anything(local_stack: Any) -> None:
     async def scenario() -> None:
         kinesis = MemoryKinesis(2)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from efo.leases.balance import plan
+from efo.leases.balance import plan, target
 from efo.leases.table import Lease
 from efo.pipeline.records import Position
 from efo.worker.streams import StreamShares
@@ -93,6 +93,28 @@ def test_an_under_loaded_worker_asks_the_most_loaded_one_for_one_lease_when_noth
     moves = plan("b", leases(owners), ["a", "b", "c"])
     assert not moves.claim and not moves.shed
     assert [(lease.shard_id, lease.owner) for lease in moves.ask] == [("s00", "a")]
+
+
+def test_a_worker_asks_the_one_above_its_share_not_a_one_as_loaded_at_its_share() -> None:
+    # 9 shards on 4 workers, the extra one b's (rank offset 1): shares a 2, b 3, c 2, d 2. a and b
+    # hold 3 each, but only a is above its share: b would decline the request (see target()).
+    owners = {**shards(3, "a"), "s03": "b", "s04": "b", "s05": "b", "s06": "c", "s07": "c", "s08": "d"}
+    moves = plan("d", leases(owners), ["a", "b", "c", "d"], rank_offset=1)
+    assert [(lease.shard_id, lease.owner) for lease in moves.ask] == [("s00", "a")]
+    assert [target(w, 9, ["a", "b", "c", "d"], rank_offset=1) for w in "abcd"] == [2, 3, 2, 2]
+
+
+@pytest.mark.parametrize("room", [None, 0, 2, 5])
+@pytest.mark.parametrize("max_leases", [None, 1, 3])
+def test_target_is_the_plan_s_target_for_every_count_offset_and_limit(max_leases: int | None, room: int | None) -> None:
+    workers = ["a", "b", "c"]
+    for count in range(0, 11):
+        for offset in range(0, 4):
+            for me in workers:
+                planned = plan(
+                    me, leases(shards(count)), workers, rank_offset=offset, max_leases=max_leases, room=room
+                ).target
+                assert target(me, count, workers, rank_offset=offset, max_leases=max_leases, room=room) == planned
 
 
 def test_no_steal_while_the_spread_is_at_most_one_or_a_request_is_open() -> None:
