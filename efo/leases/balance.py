@@ -20,9 +20,9 @@ In one cycle a worker:
    share (then the most loaded) holds at least two more than it: at most ``max_steals_per_cycle``
    requests open, from that worker only. A worker that holds more than its share sheds on its
    own, so this is the fallback for one that does not (asking at once would race that shedding
-   and move more than needed). The owner honours a request only while it holds more than its
-   share (:func:`target`) and declines it otherwise: a request written while the owner shed down
-   to its share would otherwise move one lease too many.
+   and move more than needed). An owner that handed leases over down to its share
+   (:func:`target`) shortly before declines a request instead (efo.worker.cycle): written from
+   a read older than that shedding, it would move one lease too many.
 
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.

@@ -85,6 +85,7 @@ class LeaseCycle:
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
         self._quiet_until = 0.0  # no shedding to short workers before this (after a stale claim)
+        self._gave_at: float | None = None  # when this worker last handed a lease over to balance (shed or asked)
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
         self.read_at: float | None = None  # when it was read, for /readyz
@@ -125,23 +126,19 @@ class LeaseCycle:
         await self._apply_resets(state, graph)
         arn = self._table.stream_arn
         limit = self._settings.lease.max_leases_per_worker
+        # Read once: another stream's cycle may publish while this one awaits its writes.
+        rank_offset, room = self._shares.rank_offset(arn), self._shares.room(arn, limit)
+        readable_now = [lease for lease in state.leases.values() if self._readable(lease, state, graph)]
         target = balance.target(
-            self._me,
-            sum(1 for lease in state.leases.values() if self._readable(lease, state, graph)),
-            self.view.live,
-            max_leases=limit or None,
-            rank_offset=self._shares.rank_offset(arn),
-            room=self._shares.room(arn, limit),
+            self._me, len(readable_now), self.view.live, max_leases=limit or None, rank_offset=rank_offset, room=room
         )
-        await self._apply_requests(state, target)
+        await self._apply_requests(readable_now, target)
         if self._stopping.is_set() or self._in_doubt():
             return
         handing_over = {sid for sid, owned in self._owned.items() if owned.phase is ShardPhase.RELEASING}
         readable = []
         stranded = set()  # ours in the table, not running here (after leases were in doubt, a restart)
-        for lease in state.leases.values():
-            if not self._readable(lease, state, graph):
-                continue
+        for lease in readable_now:
             if lease.shard_id in handing_over:
                 # On its way: the asker's already (so nothing else is shed for it), or free for others.
                 lease = replace(lease, owner=lease.wanted_by if lease.wanted_by in self.view.live else None)
@@ -172,9 +169,9 @@ class LeaseCycle:
             may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * interval_s,
             max_leases=limit or None,
             max_steals=self._settings.lease.max_steals_per_cycle,
-            rank_offset=self._shares.rank_offset(arn),
+            rank_offset=rank_offset,
             exact=self._shares.several and self._same_streams(state),
-            room=self._shares.room(arn, limit),
+            room=room,
             stale_free=stale,
             shed_for_short=now >= self._quiet_until,
         )
@@ -197,6 +194,7 @@ class LeaseCycle:
             owned = self._owned.get(shard_id)  # lost meanwhile (the claims above awaited): nothing to shed
             if owned is not None:
                 self._runner.hand_over(owned, f"above this worker's share of {moves.target}")
+                self._gave_at = now
         for lease in moves.ask:
             await self._ask(lease)
         await self._take_overdue(state, asked_now={lease.shard_id for lease in moves.ask})
@@ -229,20 +227,29 @@ class LeaseCycle:
             elif lease.reset is not None and owned is not None and lease.counter == owned.epoch:
                 await self._apply_reset(owned, lease, state, graph)
 
-    async def _apply_requests(self, state: TableState, target: int) -> None:
-        """Other workers' handover requests for leases read here: honoured while this worker reads
-        more than its share (``target``), declined (cleared) after that. The asker wrote its request
-        from a read of the table older than this worker's last shedding, or another worker's
-        shedding covers it; left standing, the asker would take the lease once overdue and this
-        worker would be short in turn."""
-        reading = sum(1 for owned in self._owned.values() if owned.phase.reading)
-        for lease in sorted(state.leases.values(), key=lambda lease: lease.shard_id):
+    async def _apply_requests(self, readable: list[Lease], target: int) -> None:
+        """Other workers' handover requests for leases read here, honoured; but one that comes
+        within ``failover_s`` of this worker handing leases over down to its share (``target``) is
+        declined (cleared): its asker read the table before that, and will claim what was shed.
+        Left standing, the asker would take the lease once overdue, and this worker would then be
+        short in turn. Any other request is honoured even at the share: workers that disagree on
+        the shares (their lists of streams differ for a while) have no other way to move a lease."""
+        held = sum(
+            1
+            for lease in readable
+            if lease.owner == self._me
+            and (owned := self._owned.get(lease.shard_id)) is not None
+            and owned.phase is not ShardPhase.RELEASING
+        )  # as plan() counts it
+        gave_lately = self._gave_at is not None and self._clock() - self._gave_at < self._settings.lease.failover_s
+        for lease in sorted(readable, key=lambda lease: lease.shard_id):
             owned = self._owned.get(lease.shard_id)
             if not lease.wanted_by or owned is None or not owned.phase.reading or lease.counter != owned.epoch:
                 continue
-            if reading > target:
+            if held > target or not gave_lately:
                 self._runner.hand_over(owned, f"asked for by {lease.wanted_by}")
-                reading -= 1
+                self._gave_at = self._clock()
+                held -= 1
                 continue
             if self._stopping.is_set() or self._in_doubt():
                 continue  # stopping: the release keeps the request, so the asker takes the lease first
@@ -335,6 +342,8 @@ class LeaseCycle:
             lease = state.leases.get(shard_id)
             if lease is None or lease.wanted_by != self._me or lease.finished:
                 del self.asked[shard_id]  # taken, finished, or the request was cleared
+                if lease is not None and lease.owner not in (None, self._me) and self._short_since is not None:
+                    self._short_since = self._clock()  # declined: the others' shedding comes first again
                 continue
             if lease.owner is not None and self._clock() - asked_at >= self._settings.lease.failover_s:
                 self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)

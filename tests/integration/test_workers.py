@@ -130,6 +130,13 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
                     await cycle(state, graph)
 
                 a.coordinator.cycle.cycle = before_the_ask  # type: ignore[method-assign]
+                want, wanted = b.table.want, []
+
+                async def counting_want(lease: Any) -> None:
+                    wanted.append(lease.shard_id)
+                    await want(lease)
+
+                b.table.want = counting_want  # type: ignore[method-assign]
                 async with running(b) as stop_b:
                     await until(lambda: bool(b.coordinator.cycle.asked), what="w2 asks for a lease")
                     asked.set()
@@ -141,7 +148,30 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
                     moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
                     assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
                     assert not b.coordinator.cycle.asked
+                    assert len(wanted) == 1, f"w2 asked again after the decline: {wanted}"
                     await stop_b()
+                await stop_a()
+
+    run(scenario())
+
+
+def test_an_owner_that_gave_nothing_lately_honours_a_request_even_at_its_share(local_stack: Any) -> None:
+    """Workers that disagree on the shares (lists of streams differing during a rolling restart)
+    move a lease only by asking: w1 holds its share (w2 is not live, so all 8) and handed nothing
+    over lately, so it honours the request, and then takes the lease back (free, the asker not live)."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(8)
+        async with world(local_stack, kinesis, lease=PATIENT) as a:
+            other = await a.other_worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
+                lease = (await a.table.read()).leases["shard-000"]
+                await other.want(lease)
+                a.coordinator.cycle.run_now()
+                await until(lambda: "shard-000" not in a.coordinator.owned, what="w1 hands shard-000 over")
+                await until(lambda: holdings(a) == {"w1": 8}, what="w1 takes it back")
+                assert (await a.table.read()).leases["shard-000"].counter == lease.counter + 2
                 await stop_a()
 
     run(scenario())
