@@ -20,9 +20,9 @@ In one cycle a worker:
    share (then the most loaded) holds at least two more than it: at most ``max_steals_per_cycle``
    requests open, from that worker only. A worker that holds more than its share sheds on its
    own, so this is the fallback for one that does not (asking at once would race that shedding
-   and move more than needed). An owner that handed leases over down to its share
-   (:func:`target`) shortly before declines a request instead (efo.worker.cycle): written from
-   a read older than that shedding, it would move one lease too many.
+   and move more than needed). An owner at or below its share (:func:`target`) that handed a
+   lease over shortly before declines a request instead (:func:`answer_requests`): written from
+   a read older than that handover, it would move one lease too many.
 
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
@@ -31,7 +31,7 @@ last few cycles is neither shed nor asked for again (no ping-pong); a worker nev
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -167,6 +167,29 @@ def target(
     workers = sorted(set(live) | {me})
     share = _share(me, workers, readable, rank_offset, max_leases)
     return share if room is None else min(share, room)
+
+
+def answer_requests(
+    requested: Sequence[str], *, held: int, target: int, gave_lately: bool
+) -> tuple[list[str], list[str]]:
+    """Other workers' handover requests for leases held here (``held`` of them, ``target`` its
+    share): which to honour and which to decline, in order. Honoured while this worker holds more
+    than its share, or when it has given nothing over lately (``gave_lately``: within
+    ``failover_s``, shed or asked); declined otherwise. A request that comes after this worker
+    handed leases over was written from an older read of the table (its asker will claim what was
+    shed); any other is honoured even at the share, since workers that disagree on the shares
+    (their lists of streams differ for a while) have no other way to move a lease. Each one
+    honoured counts as giving: two at once do not take this worker below its share."""
+    honour: list[str] = []
+    decline: list[str] = []
+    for shard_id in requested:
+        if held > target or not gave_lately:
+            honour.append(shard_id)
+            held -= 1
+            gave_lately = True
+        else:
+            decline.append(shard_id)
+    return honour, decline
 
 
 def _share(worker: str, workers: list[str], count: int, rank_offset: int, max_leases: int | None) -> int:

@@ -550,10 +550,15 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
 
     async def claim(self, lease: Lease) -> Lease:
-        """Take the lease as it was read (same owner, same counter), or raise LeaseLost. A pending
-        reset is applied in the same write; a steal request (``wanted_by``) is cleared."""
+        """Take the lease as it was read (same owner, same counter, the same steal request if one
+        was read), or raise LeaseLost. A pending reset is applied in the same write; a steal
+        request (``wanted_by``) is cleared. An asker taking an overdue lease fails once the owner
+        declined its request (which moves no counter)."""
         update = _Update()
         update.fence(lease)
+        if lease.wanted_by is not None:
+            update.values[":wanted"] = {"S": lease.wanted_by}
+            update.conditions.append("wanted_by = :wanted")
         update.sets.append("lease_owner = :me")
         update.values[":me"] = {"S": self.worker_id}
         update.next_counter()

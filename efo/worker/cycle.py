@@ -2,11 +2,12 @@
 
 Every ``lease.sync_interval_s`` (and at once when asked) it reads the lease table and acts on it,
 in this order: a lease another worker took is dropped here; operators' resets are applied, and
-other workers' handover requests while this worker holds more than its share (declined after
-that); then its moves are worked out (:func:`efo.leases.balance.plan`)
-and it claims free leases, hands over what it holds above its share and asks for what it lacks;
-a lease asked for and not handed over within ``failover_s`` is taken; a shard gone from the
-stream before it was finished is finished, so its children do not wait for ever.
+other workers' handover requests (honoured, or declined when they come just after this worker
+handed leases over down to its share: :func:`efo.leases.balance.answer_requests`); then its
+moves are worked out (:func:`efo.leases.balance.plan`) and it claims free leases, hands over
+what it holds above its share and asks for what it lacks; a lease asked for and neither handed
+over nor declined within ``failover_s`` is taken; a shard gone from the stream before it was
+finished is finished, so its children do not wait for ever.
 """
 
 from __future__ import annotations
@@ -228,12 +229,11 @@ class LeaseCycle:
                 await self._apply_reset(owned, lease, state, graph)
 
     async def _apply_requests(self, readable: list[Lease], target: int) -> None:
-        """Other workers' handover requests for leases read here, honoured; but one that comes
-        within ``failover_s`` of this worker handing leases over down to its share (``target``) is
-        declined (cleared): its asker read the table before that, and will claim what was shed.
-        Left standing, the asker would take the lease once overdue, and this worker would then be
-        short in turn. Any other request is honoured even at the share: workers that disagree on
-        the shares (their lists of streams differ for a while) have no other way to move a lease."""
+        """Other workers' handover requests for leases read here, honoured or declined (cleared) as
+        :func:`efo.leases.balance.answer_requests` decides: a request that comes within
+        ``failover_s`` of this worker handing leases over, once it is at its share (``target``), was
+        written from an older read; left standing, the asker would take the lease once overdue and
+        this worker would be short in turn. A stopping or in-doubt worker declines nothing."""
         held = sum(
             1
             for lease in readable
@@ -241,23 +241,33 @@ class LeaseCycle:
             and (owned := self._owned.get(lease.shard_id)) is not None
             and owned.phase is not ShardPhase.RELEASING
         )  # as plan() counts it
-        gave_lately = self._gave_at is not None and self._clock() - self._gave_at < self._settings.lease.failover_s
-        for lease in sorted(readable, key=lambda lease: lease.shard_id):
-            owned = self._owned.get(lease.shard_id)
-            if not lease.wanted_by or owned is None or not owned.phase.reading or lease.counter != owned.epoch:
-                continue
-            if held > target or not gave_lately:
-                self._runner.hand_over(owned, f"asked for by {lease.wanted_by}")
-                self._gave_at = self._clock()
-                held -= 1
-                continue
-            if self._stopping.is_set() or self._in_doubt():
-                continue  # stopping: the release keeps the request, so the asker takes the lease first
+        requested = {
+            lease.shard_id: lease
+            for lease in sorted(readable, key=lambda lease: lease.shard_id)
+            if lease.wanted_by
+            and (owned := self._owned.get(lease.shard_id)) is not None
+            and owned.phase.reading
+            and lease.counter == owned.epoch
+        }
+        honour, decline = balance.answer_requests(
+            list(requested), held=held, target=target, gave_lately=self._gave_lately()
+        )
+        for shard_id in honour:
+            self._runner.hand_over(self._owned[shard_id], f"asked for by {requested[shard_id].wanted_by}")
+            self._gave_at = self._clock()
+        if self._stopping.is_set() or self._in_doubt():
+            return  # stopping: the release keeps the request, so the asker takes the lease first
+        for shard_id in decline:
+            lease = requested[shard_id]
             try:
                 await self._table.decline(lease)
             except LeaseLost:
                 continue
-            self._log.info("lease.request_declined", shard_id=lease.shard_id, asker=lease.wanted_by, target=target)
+            self._log.info("lease.request_declined", shard_id=shard_id, asker=lease.wanted_by, target=target)
+
+    def _gave_lately(self) -> bool:
+        """This worker handed a lease over for balance (shed, asked, stranded) within ``failover_s``."""
+        return self._gave_at is not None and self._clock() - self._gave_at < self._settings.lease.failover_s
 
     async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState, graph: ShardGraph) -> None:
         """Restart the shard at the reset position, here and now: a new claim (a new epoch), so what
@@ -322,6 +332,7 @@ class LeaseCycle:
             await self._table.release(lease)
         except LeaseLost:
             return
+        self._gave_at = self._clock()  # down to its share, as a shed is
         METRICS.lease_changes.labels(stream=self._owned.stream, reason="released").inc()
         self._log.info("lease.released_stranded", shard_id=lease.shard_id)
 

@@ -69,6 +69,8 @@ def test_a_declined_request_is_cleared_and_the_owner_keeps_the_lease_fenced_as_r
             assert (declined.owner, declined.counter, declined.wanted_by) == (table.worker_id, lease.counter, None)
             with pytest.raises(LeaseLost):  # the request read is not there any more
                 await table.decline(asked)
+            with pytest.raises(LeaseLost):  # nor can the asker take it as overdue from that read
+                await other.claim(asked)
             await other.want(declined)
             await table.release((await table.read()).leases["shard-000"])
             with pytest.raises(LeaseLost):  # the owner as read gave it up

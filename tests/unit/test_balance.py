@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from efo.leases.balance import plan, target
+from efo.leases.balance import answer_requests, plan, target
 from efo.leases.table import Lease
 from efo.pipeline.records import Position
 from efo.worker.streams import StreamShares
@@ -303,3 +303,16 @@ def test_a_stale_lease_claimed_above_the_share_is_not_paid_for_by_shedding_anoth
     owners[taken.shard_id] = "c"
     assert plan("c", leases(owners), ["a", "b", "c"], shed_for_short=False).shed == []
     assert plan("c", leases(owners), ["a", "b", "c"]).shed != []  # (b short: shed, once the quiet time is over)
+
+
+def test_requests_are_honoured_down_to_the_share_then_declined_while_this_worker_gave_lately() -> None:
+    # Above the share: honoured until the share, the rest declined (it gave just now).
+    assert answer_requests(["s1", "s2", "s3"], held=5, target=3, gave_lately=True) == (["s1", "s2"], ["s3"])
+    # At the share, having given nothing lately: workers that disagree on the shares move leases
+    # only this way, so one is honoured; a second in the same cycle is declined (it just gave one).
+    assert answer_requests(["s1", "s2"], held=4, target=4, gave_lately=False) == (["s1"], ["s2"])
+    assert answer_requests(["s1", "s2"], held=5, target=4, gave_lately=False) == (["s1"], ["s2"])
+    # At or below the share, having shed or given lately: the asker read the table before that.
+    assert answer_requests(["s1"], held=4, target=4, gave_lately=True) == ([], ["s1"])
+    assert answer_requests(["s1"], held=2, target=4, gave_lately=True) == ([], ["s1"])
+    assert answer_requests([], held=9, target=1, gave_lately=False) == ([], [])
