@@ -25,7 +25,11 @@ LOCAL_DEFAULTS = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    # C1 only: C2 cost 0.10-0.13 CPU-s per 10,000 records of JIT in a service's first minute. G1
+    # regions of 32 MiB instead of 1 MiB (G1's choice at a 1-2 GiB heap, where the Arrow batches'
+    # large byte arrays are humongous objects): G1's threads went from 0.021-0.030 to 0.004-0.011
+    # CPU-s per 10,000 records (bench/service_cpu.py, Parquet sink, 4 runs against 4).
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:G1HeapRegionSize=32m",
 }
 
 #: log4j2 configuration of the JVM when efo logs JSON: the JVM's lines are JSON objects too.
