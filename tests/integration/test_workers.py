@@ -155,6 +155,48 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
     run(scenario())
 
 
+def test_a_worker_whose_request_was_declined_waits_before_asking_again(local_stack: Any) -> None:
+    """w1 sheds 4 of 8 to w2, but its sink holds their records, so the handovers wait (up to
+    failover/2) and w2, seeing w1 still hold 8, asks for the others; w1 declines each (it just shed
+    to its share). w2 waits ASK_AFTER_CYCLES after each decline instead of asking every cycle: a
+    request and its refusal are two writes and a re-read of the partition by every worker."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(8)
+        lease = {**PATIENT, "failover_s": 12.0}  # the handovers wait up to 6 s for the sink
+        async with world(local_stack, kinesis, lease=lease) as a:
+            b = await a.worker("w2")
+            async with running(a) as stop_a:
+                await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
+                await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
+                a.driver.hold = True
+                puts = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
+                await until(lambda: sum(len(c) for c in a.driver.held) == 40, what="40 records in the sink")
+                want, wanted = b.table.want, []
+
+                async def counting_want(lease: Any) -> None:
+                    wanted.append(lease.shard_id)
+                    await want(lease)
+
+                b.table.want = counting_want  # type: ignore[method-assign]
+                async with running(b) as stop_b:
+                    await until(lambda: len(wanted) >= 1, what="w2 asks")
+                    first_cycle = b.coordinator.cycle.cycles
+                    await asyncio.sleep(4.0)  # the handovers still wait for the sink
+                    cycles = b.coordinator.cycle.cycles - first_cycle
+                    asked = len(wanted) - 1
+                    a.driver.hold = False
+                    a.driver.release_held()
+                    # One ask, then a cycle for w1's decline to be seen, then ASK_AFTER_CYCLES of waiting.
+                    assert asked <= cycles // ASK_AFTER_CYCLES, f"{asked} more requests in {cycles} cycles"
+                    await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=15, what="4 and 4")
+                    await until(lambda: set(puts) <= {seq for _, seq in all_written(a, b)})
+                    await stop_b()
+                await stop_a()
+
+    run(scenario())
+
+
 def test_an_owner_that_gave_nothing_lately_honours_a_request_even_at_its_share(local_stack: Any) -> None:
     """Workers that disagree on the shares (lists of streams differing during a rolling restart)
     move a lease only by asking: w1 holds its share (w2 is not live, so all 8) and handed nothing
