@@ -83,10 +83,11 @@ class LeaseCycle:
         self.view = TableView(self._me, settings.lease.failover_s, clock)
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
+        self._ask_not_before = 0.0  # a request of this worker was declined: no other before this
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
         self._quiet_until = 0.0  # no shedding to short workers before this (after a stale claim)
-        self._gave_at: float | None = None  # when this worker last handed a lease over to balance (shed or asked)
+        self._gave_at: float | None = None  # when it last handed a lease over for balance (shed, asked, stranded)
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
         self.read_at: float | None = None  # when it was read, for /readyz
@@ -167,7 +168,9 @@ class LeaseCycle:
             reserved_for_others=self.view.reserved_for_others() | handing_over,
             stranded=stranded,
             asked=len(self.asked),
-            may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * interval_s,
+            may_ask=short_for_s is not None
+            and short_for_s >= ASK_AFTER_CYCLES * interval_s
+            and now >= self._ask_not_before,
             max_leases=limit or None,
             max_steals=self._settings.lease.max_steals_per_cycle,
             rank_offset=rank_offset,
@@ -353,8 +356,10 @@ class LeaseCycle:
             lease = state.leases.get(shard_id)
             if lease is None or lease.wanted_by != self._me or lease.finished:
                 del self.asked[shard_id]  # taken, finished, or the request was cleared
-                if lease is not None and lease.owner not in (None, self._me) and self._short_since is not None:
-                    self._short_since = self._clock()  # declined: the others' shedding comes first again
+                if lease is not None and lease.owner not in (None, self._me):
+                    # Declined: its owner gave leases over lately and declines for failover_s after
+                    # that; what it shed comes here first, and asking again meanwhile would be refused.
+                    self._ask_not_before = self._clock() + self._settings.lease.failover_s
                 continue
             if lease.owner is not None and self._clock() - asked_at >= self._settings.lease.failover_s:
                 self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)

@@ -35,6 +35,18 @@ def all_written(*workers: World) -> Counter[tuple[str, int]]:
     return Counter(record for w in workers for record in w.driver.written)
 
 
+def calls_of(table: Any, method: str) -> list[tuple[float, str]]:
+    """Record each call of ``table.<method>(lease)`` (its loop time and shard) as it goes on."""
+    original, calls = getattr(table, method), []
+
+    async def counting(lease: Any) -> None:
+        calls.append((asyncio.get_running_loop().time(), lease.shard_id))
+        await original(lease)
+
+    setattr(table, method, counting)
+    return calls
+
+
 def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothing_moves(local_stack: Any) -> None:
     async def scenario() -> None:
         kinesis = MemoryKinesis(8)
@@ -123,20 +135,13 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
 
                 async def before_the_ask(state: Any, graph: Any) -> None:
                     nonlocal held_back
-                    if held_back:  # this one cycle: read before w2 asked, acting after
+                    if held_back and "w2" in state.heartbeats:  # w1's first cycle to see w2: it will shed
                         held_back = False
-                        state = await a.table.read()
-                        await asked.wait()
+                        await asked.wait()  # ... acting on this read, older than w2's request
                     await cycle(state, graph)
 
                 a.coordinator.cycle.cycle = before_the_ask  # type: ignore[method-assign]
-                want, wanted = b.table.want, []
-
-                async def counting_want(lease: Any) -> None:
-                    wanted.append(lease.shard_id)
-                    await want(lease)
-
-                b.table.want = counting_want  # type: ignore[method-assign]
+                wanted, declined = calls_of(b.table, "want"), calls_of(a.table, "decline")
                 async with running(b) as stop_b:
                     await until(lambda: bool(b.coordinator.cycle.asked), what="w2 asks for a lease")
                     asked.set()
@@ -148,17 +153,17 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
                     moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
                     assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
                     assert not b.coordinator.cycle.asked
-                    assert len(wanted) == 1, f"w2 asked again after the decline: {wanted}"
+                    assert len(wanted) == 1 and [shard for _, shard in declined] == [wanted[0][1]]
                     await stop_b()
                 await stop_a()
 
     run(scenario())
 
 
-def test_a_worker_whose_request_was_declined_waits_before_asking_again(local_stack: Any) -> None:
+def test_a_worker_whose_request_was_declined_asks_nothing_more_for_failover_s(local_stack: Any) -> None:
     """w1 sheds 4 of 8 to w2, but its sink holds their records, so the handovers wait (up to
-    failover/2) and w2, seeing w1 still hold 8, asks for the others; w1 declines each (it just shed
-    to its share). w2 waits ASK_AFTER_CYCLES after each decline instead of asking every cycle: a
+    failover/2) and w2, seeing w1 still hold 8, asks for another lease; w1 declines it (it just
+    shed to its share, and declines for failover_s). w2 then asks nothing more for failover_s: a
     request and its refusal are two writes and a re-read of the partition by every worker."""
 
     async def scenario() -> None:
@@ -172,23 +177,14 @@ def test_a_worker_whose_request_was_declined_waits_before_asking_again(local_sta
                 a.driver.hold = True
                 puts = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
                 await until(lambda: sum(len(c) for c in a.driver.held) == 40, what="40 records in the sink")
-                want, wanted = b.table.want, []
-
-                async def counting_want(lease: Any) -> None:
-                    wanted.append(lease.shard_id)
-                    await want(lease)
-
-                b.table.want = counting_want  # type: ignore[method-assign]
+                wanted, declined = calls_of(b.table, "want"), calls_of(a.table, "decline")
                 async with running(b) as stop_b:
-                    await until(lambda: len(wanted) >= 1, what="w2 asks")
-                    first_cycle = b.coordinator.cycle.cycles
-                    await asyncio.sleep(4.0)  # the handovers still wait for the sink
-                    cycles = b.coordinator.cycle.cycles - first_cycle
-                    asked = len(wanted) - 1
+                    await until(lambda: bool(declined), what="w1 declines w2's request")
+                    cycles = b.coordinator.cycle.cycles
+                    await until(lambda: b.coordinator.cycle.cycles >= cycles + 4 * ASK_AFTER_CYCLES, what="cycles")
+                    assert len(wanted) == 1, f"w2 asked again after the decline: {wanted}"
                     a.driver.hold = False
                     a.driver.release_held()
-                    # One ask, then a cycle for w1's decline to be seen, then ASK_AFTER_CYCLES of waiting.
-                    assert asked <= cycles // ASK_AFTER_CYCLES, f"{asked} more requests in {cycles} cycles"
                     await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=15, what="4 and 4")
                     await until(lambda: set(puts) <= {seq for _, seq in all_written(a, b)})
                     await stop_b()
