@@ -35,6 +35,11 @@ def all_written(*workers: World) -> Counter[tuple[str, int]]:
     return Counter(record for w in workers for record in w.driver.written)
 
 
+async def lease_counters(w: World) -> dict[str, int]:
+    """Each lease's counter as the table has it now (it moves once per claim and once per release)."""
+    return {lease.shard_id: lease.counter for lease in (await w.table.read()).leases.values()}
+
+
 def calls_of(table: Any, method: str) -> list[tuple[float, str]]:
     """Record each call of ``table.<method>(lease)`` (its loop time and shard) as it goes on."""
     original, calls = getattr(table, method), []
@@ -55,7 +60,7 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
             b = await a.worker("w2")
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
-                alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                alone = await lease_counters(a)
                 async with running(b) as stop_b:
                     joined = asyncio.get_running_loop().time()
                     await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
@@ -66,12 +71,12 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
                     # busy machine the cycles run late, and each ask and each shed takes a cycle.
                     cycles = b.coordinator.cycle.cycles
                     assert cycles < SETTLE_CYCLES + ASK_AFTER_CYCLES + 2, (cycles, settled_after_s)
-                    counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    counters = await lease_counters(a)
                     moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
                     assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
                     more = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
                     await asyncio.sleep(20 * a.settings.lease.sync_interval_s)  # twenty cycles
-                    after = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    after = await lease_counters(a)
                     assert after == counters, "a lease moved although the shards were balanced"
                     await until(lambda: set(puts + more) <= {seq for _, seq in all_written(a, b)})
                     await stop_b()
@@ -92,7 +97,7 @@ def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_su
             b = await a.worker("w2")
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
-                alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                alone = await lease_counters(a)
                 await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
                 asked = asyncio.Event()
                 cycle = a.coordinator.cycle.cycle
@@ -107,7 +112,7 @@ def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_su
                     asked.set()
                     await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=10, what="4 and 4")
                     await asyncio.sleep(5 * a.settings.lease.sync_interval_s)
-                    counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    counters = await lease_counters(a)
                     moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
                     assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
                     await stop_b()
@@ -127,7 +132,7 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
             b = await a.worker("w2")
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
-                alone = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                alone = await lease_counters(a)
                 await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
                 asked = asyncio.Event()
                 cycle = a.coordinator.cycle.cycle
@@ -149,7 +154,7 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
                     # Past failover_s: a request left standing would now be taken by force.
                     await asyncio.sleep(a.settings.lease.failover_s + 5 * a.settings.lease.sync_interval_s)
                     assert holdings(a, b) == {"w1": 4, "w2": 4}
-                    counters = {lease.shard_id: lease.counter for lease in (await a.table.read()).leases.values()}
+                    counters = await lease_counters(a)
                     moved = Counter(counters[shard_id] - alone[shard_id] for shard_id in alone)
                     assert moved == {0: 4, 2: 4}, f"{moved}: not 4 leases released and claimed once each"
                     assert not b.coordinator.cycle.asked
