@@ -7,7 +7,7 @@ from itertools import chain
 
 import pyarrow as pa
 
-from efo.kinesis.columns import is_column
+from efo.kinesis.columns import from_values, is_column
 from efo.pipeline.records import ARROW_COLUMNS, OPTIONAL_COLUMNS, RecordChunk, Row
 
 #: The DataFrame schema: a public contract, documented in the README.
@@ -27,18 +27,10 @@ SCHEMA = pa.schema(
 
 
 def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
-    """The chunks' rows, in order, as one table of :data:`SCHEMA`."""
-    prebuilt = [arrow for arrow in (chunk.built_arrow for chunk in chunks) if arrow is not None]
+    """The chunks' rows, in order, as one table of :data:`SCHEMA`: each column converted once per
+    batch (the chunks' lists chained), not once per event."""
 
     def column(name: str) -> pa.Array:
-        if chunks and len(prebuilt) == len(chunks):
-            # Every chunk carries its columns as Arrow arrays (RecordChunk.build_arrow): concatenated
-            # in C. A column a chunk left out is all null there.
-            type_ = ARROW_COLUMNS[name]
-            parts = [arrow.get(name) for arrow in prebuilt]
-            if all(part is None for part in parts):
-                return pa.nulls(sum(map(len, chunks)), type_)
-            return _concat([pa.nulls(len(c), type_) if p is None else p for c, p in zip(chunks, parts, strict=True)])
         values = list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
         # Mostly all null (no KPL aggregate, nothing corrupt): counted in C, built without a value per row.
         if name in OPTIONAL_COLUMNS and values.count(None) == len(values):
@@ -70,27 +62,23 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
     )
 
 
-def _concat(parts: list[pa.Array]) -> pa.Array:
-    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
-
-
 def _payloads(chunks: Sequence[RecordChunk]) -> pa.Array:
-    """The data column: the chunks' Arrow columns (as decoded from the wire) concatenated, one copy in
-    C. Chunks whose data is a list of bytes (built by hand, or expanded from KPL aggregates) are
-    converted together, each run of them in one ``pa.array``."""
+    """The data column: the chunks' Arrow columns (small records, decoded in bulk) as they are, and
+    each run of chunks whose data is a list of bytes joined into one column in one copy
+    (:func:`~efo.kinesis.columns.from_values`), then all concatenated in C."""
     parts: list[pa.Array] = []
     run: list[list[bytes]] = []
     for chunk in chunks:
         if is_column(chunk.data):
             if run:
-                parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
+                parts.append(from_values(list(chain.from_iterable(run))))
                 run = []
             parts.append(chunk.data)
         else:
             run.append(chunk.data)
     if run or not parts:
-        parts.append(pa.array(list(chain.from_iterable(run)), pa.binary()))
-    return _concat(parts)
+        parts.append(from_values(list(chain.from_iterable(run))))
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
 
 
 def warm_up() -> None:

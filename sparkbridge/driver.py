@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import chain
 from types import FrameType
 from typing import Any
 
@@ -48,15 +49,9 @@ WATCH_INTERVAL_S = 0.2
 
 def end_to_end_latencies_s(chunks: list[RecordChunk], committed_at_ms: float) -> pa.Array:
     """Per record, seconds from its arrival in Kinesis to ``committed_at_ms`` (one Arrow column)."""
-    arrivals = pa.chunked_array(
-        [
-            pa.array(chunk.arrival_ms, pa.int64()) if (arrow := chunk.built_arrow) is None else arrow["arrival_ms"]
-            for chunk in chunks
-        ],
-        pa.int64(),
-    )
-    elapsed_ms = pc.subtract(pa.scalar(committed_at_ms, pa.float64()), pc.cast(arrivals, pa.float64()))
-    return pc.divide(elapsed_ms, 1000.0).combine_chunks() if arrivals.num_chunks else pa.array([], pa.float64())
+    arrivals = pa.array(list(chain.from_iterable(chunk.arrival_ms for chunk in chunks)), pa.float64())
+    elapsed_ms = pc.subtract(pa.scalar(committed_at_ms, pa.float64()), arrivals)
+    return pc.divide(elapsed_ms, 1000.0)
 
 
 @contextmanager

@@ -5,7 +5,7 @@ record, a datetime per timestamp, stdlib base64): on this machine that caps one 
 48k records/s of 1 KiB. Here botocore and aiobotocore still sign and send the call, open the
 connection, check the HTTP status and read the initial-response frame; after the call returns we
 read the rest of the body with efo's own framing (:mod:`efo.kinesis.framing`: botocore's checks,
-fewer copies) and decode each SubscribeToShardEvent with orjson and pybase64 straight into columns
+fewer copies) and decode each SubscribeToShardEvent with orjson and pybase64 into columns
 (:class:`ShardEvent`). With ``EFO_TEST_FRAMING=botocore`` in the environment (or :data:`FRAMING` set to
 ``"botocore"``), or when the stream cannot be taken over, the raw event-stream messages come from
 the :class:`~aiobotocore.eventstream.AioEventStream` itself (botocore's own framing and CRC checks).
@@ -38,13 +38,12 @@ import botocore.model
 import botocore.parsers
 import numpy as np
 import orjson
-import pyarrow as pa
 import pybase64
 from aiobotocore.eventstream import AioEventStream
 from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import EventStreamError
 
-from efo.kinesis.columns import POOL, column_bytes, decode_base64, from_values
+from efo.kinesis.columns import column_bytes, decode_base64
 from efo.kinesis.framing import Framer, Message
 from efo.pipeline.records import Payloads, empty_payloads
 
@@ -65,7 +64,7 @@ class ShardEvent:
 
     sequence_numbers: list[str] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    # One ``pa.binary()`` column (efo.kinesis.columns), from the wire or from botocore's parse alike.
+    # An Arrow binary array (small records, decoded in bulk) or a list of bytes (efo.pipeline.records.Payloads).
     data: Payloads = field(default_factory=empty_payloads)
     partition_keys: list[str] = field(default_factory=list)
     data_bytes: int = 0
@@ -215,23 +214,25 @@ def decode_event(payload: bytes | memoryview) -> ShardEvent:
 
 
 def decode_payloads(encoded: list[str]) -> Payloads:
-    """The records' data as one Arrow binary column (efo.kinesis.columns), holding exactly the
-    values decoded record by record would: strictly, or, when a value is not canonical base64, as
-    botocore does (stdlib semantics, junk characters dropped).
+    """The records' data, holding exactly the values decoded record by record would: strictly, or,
+    when a value is not canonical base64, as botocore does (stdlib semantics, junk characters dropped).
 
-    Small records are decoded in bulk. Large ones are decoded one by one and then copied into the
-    column: per record that costs little next to their bytes, and Arrow's compaction of one large
-    buffer (the bulk path's ``take``) measured slower than that here from about 1 KiB (10 KiB records: 10x)."""
-    column = None
+    Small records are decoded in bulk into one Arrow binary column (efo.kinesis.columns), without
+    a Python object per record. Large ones are decoded one by one into a list of bytes, which the
+    bridge joins into its batch's column (sparkbridge.arrow): per record a ``bytes`` costs little
+    next to its data, and building an Arrow column per event as well measured dearer in the whole
+    service than one per batch (about 0.04 CPU-s per 10,000 records of 1 KiB out of 0.17-0.21 on the
+    service thread; bench/service_cpu.py, docs/benchmarks.md section 9). Arrow's compaction of one
+    large buffer (the bulk path's ``take``) is also slower than decoding one by one from about
+    1 KiB (10 KiB records: 10x)."""
     if sum(map(len, encoded)) <= BULK_MAX_MEAN_CHARS * len(encoded):
         column = decode_base64(encoded)
-    if column is not None:
-        return column
+        if column is not None:
+            return column
     try:
-        values = [pybase64.b64decode(value, validate=True) for value in encoded]
+        return [pybase64.b64decode(value, validate=True) for value in encoded]
     except binascii.Error:
-        values = [pybase64.b64decode(value) for value in encoded]
-    return from_values(values)
+        return [pybase64.b64decode(value) for value in encoded]
 
 
 def _epoch_ms(seconds: float | int) -> int:
@@ -296,9 +297,8 @@ def from_parsed(payload: dict[str, Any]) -> ShardEvent:
         event.partition_keys.append(record["PartitionKey"])
         event.arrival_ms.append(arrival_ms(record["ApproximateArrivalTimestamp"]))
         values.append(record["Data"])
-    # The same column the wire decoder builds (decode_payloads): every path downstream sees one shape.
-    event.data = pa.array(values, pa.binary(), memory_pool=POOL)
-    event.data_bytes = column_bytes(event.data)
+    event.data = values  # as the wire decoder hands large records on (decode_payloads)
+    event.data_bytes = sum(map(len, values))
     return event
 
 

@@ -46,7 +46,7 @@ from itertools import repeat
 from typing import Literal
 
 from efo.errors import EfoError
-from efo.kinesis.columns import column_bytes, is_column, starts_with_any, to_arrow
+from efo.kinesis.columns import as_list, column_bytes, is_column, starts_with_any
 from efo.pipeline.records import MAX_SUB_SEQUENCE, Payloads
 
 MAGIC = b"\xf3\x89\x9a\xc2"
@@ -301,7 +301,7 @@ class Expanded:
     partition_keys: list[str]
     explicit_hash_keys: list[str | None]
     arrival_ms: list[int]
-    data: Payloads  # the input's own column on the fast path; else built from a list: an Arrow array either way
+    data: Payloads  # the input's own on the fast path (an Arrow array or a list); else a list of bytes
     errors: list[str | None]
     data_bytes: int = 0
     dead_letters: list[DeadLetter] = field(default_factory=list)
@@ -336,10 +336,10 @@ def expand(
     ``"fail"``: :class:`CorruptAggregate` is raised (nothing is returned).
 
     ``data`` is a list of bytes or an Arrow binary array (:data:`efo.pipeline.records.Payloads`).
-    An event without any aggregate costs one C-level prefix scan of ``data`` and returns the
-    input columns themselves (sliced if the watermark drops a prefix); an event with one is
-    expanded through a list (an Arrow column is converted first) and handed back as a column: the
-    returned ``data`` is always an Arrow binary array.
+    An event without any aggregate costs one prefix scan of ``data`` (in C for an Arrow column)
+    and returns the input columns themselves (sliced if the watermark drops a prefix); an event
+    with one is expanded through a list (an Arrow column is converted first), and its ``data`` is
+    handed on as that list.
     """
     n = len(sequence_numbers)
     start = 0
@@ -357,12 +357,11 @@ def expand(
     if is_column(data) and starts_with_any(data, MAGIC):
         # An Arrow column (the decoder's) is checked for aggregates in C; only an event that holds
         # one becomes a Python object per record, for the per-record path below.
-        data = data.to_pylist()
+        data = as_list(data)
     if is_column(data) or not any(map(bytes.startswith, data, repeat(MAGIC))):
         if start:
             sequence_numbers, partition_keys = sequence_numbers[start:], partition_keys[start:]
             arrival_ms, data = arrival_ms[start:], data[start:]
-        data = to_arrow(data)  # one representation downstream: the decoder's column
         kept = n - start
         return Expanded(
             sequence_numbers,
@@ -411,7 +410,6 @@ def expand(
         out.data.extend(payloads)
         out.errors.extend(repeat(None, kept))
         out.data_bytes += sum(map(len, payloads))
-    out.data = to_arrow(out.data)  # built as a list of bytes here, handed on as the decoder's column
     return out
 
 

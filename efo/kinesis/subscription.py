@@ -351,7 +351,6 @@ class ShardSubscription:
             resume = after(last) if continuation is None or int(continuation) < int(last) else after(continuation)
             records = len(chunk) + len(chunk.dead_letters)
             nbytes = chunk.data_bytes + sum(len(letter.data) for letter in chunk.dead_letters)
-            chunk.build_arrow()  # here, per event, rather than per row on the driver's critical path
             chunk.grant = await self._admit(records, nbytes)
             chunk.serial = self._progress.next_serial()
             self._progress.enqueued(chunk.serial, resume)

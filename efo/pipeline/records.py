@@ -1,8 +1,8 @@
 """What travels from a subscription to the Spark driver, and positions within a shard.
 
 Records travel as columns (one list per field, one chunk per SubscribeToShard event) so the driver
-can build an Arrow table without a Python object per record. Sequence numbers are strings on the
-wire and in the output, and compared as integers everywhere (they run to 128 digits).
+builds a batch's Arrow table column by column, never a Python object per row. Sequence numbers are
+strings on the wire and in the output, and compared as integers everywhere (they run to 128 digits).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 import pyarrow as pa
 
-from efo.kinesis.columns import POOL, column_bytes
+from efo.kinesis.columns import column_bytes
 
 PositionKind = Literal[
     "LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER", "SHARD_END"
@@ -74,11 +74,14 @@ class Position:
 
 MAX_SUB_SEQUENCE = 2**63 - 1
 
-#: A column of record payloads: one ``pyarrow`` binary array per event, what the decoder builds from
-#: the wire (base64-decoded in bulk: efo.kinesis.columns) and from botocore's parse (from_parsed) alike;
-#: :func:`efo.kinesis.columns.column_bytes` counts its bytes. (pyarrow ships no type stubs: mypy sees
-#: the alias as Any, so tests run every path on the real column instead.)
-Payloads: TypeAlias = "pa.BinaryArray"
+#: An event's record payloads, in order, as the decoder hands them on: one ``pyarrow`` binary array
+#: when they were base64-decoded in bulk (small records: efo.kinesis.columns.decode_base64), else a
+#: list of bytes (large records, decoded one by one; KPL sub-records; botocore's parse). The bridge
+#: makes one column of a batch's payloads, concatenating arrays and joining runs of lists in one copy
+#: each (sparkbridge.arrow): an Arrow array per event measured dearer than that for large records.
+#: :func:`efo.kinesis.columns.column_bytes` counts the bytes of either. (pyarrow ships no type stubs:
+#: mypy sees the array as Any, so tests run every path on both shapes.)
+Payloads: TypeAlias = "pa.BinaryArray | list[bytes]"
 
 
 @functools.cache
@@ -125,7 +128,7 @@ ROW_COLUMNS = (
     "data",
     "errors",
 )
-#: The list columns a chunk also carries as Arrow arrays (RecordChunk.build_arrow), with their types.
+#: The Arrow type of each list column of a chunk, for the bridge's table (sparkbridge.arrow).
 ARROW_COLUMNS = {
     "sequence_numbers": pa.string(),
     "sub_sequence_numbers": pa.int64(),
@@ -151,58 +154,29 @@ class RecordChunk:
     partition_keys: list[str] = field(default_factory=list)
     explicit_hash_keys: list[str | None] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    data: Payloads = field(default_factory=empty_payloads)  # one pyarrow binary array (Payloads)
+    data: Payloads = field(default_factory=empty_payloads)  # an Arrow binary array or a list of bytes
     errors: list[str | None] = field(default_factory=list)
     data_bytes: int = 0
     dead_letters: list[Any] = field(default_factory=list)  # efo.kinesis.kpl.DeadLetter: committed with the chunk
     grant: Any = None  # the pool budget this chunk holds until its batch is committed
-    #: The row columns other than ``data`` as Arrow arrays too (:meth:`build_arrow`), or None: the
-    #: bridge then concatenates them instead of converting one Python object per row.
-    arrow: dict[str, pa.Array] | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         """Rows for the sink (dead letters are carried beside them)."""
         return len(self.sequence_numbers)
 
-    def build_arrow(self) -> None:
-        """Convert the list columns to :data:`ARROW_COLUMNS` arrays (:attr:`arrow`), as
-        ``pa.array`` would convert the batch's lists: once per event, on the service thread, in the
-        payload columns' memory pool (efo.kinesis.columns.POOL). An optional column without a value
-        is left out (all null)."""
-        arrow = {}
-        for name, type_ in ARROW_COLUMNS.items():
-            values = getattr(self, name)
-            if name in OPTIONAL_COLUMNS and values.count(None) == len(values):
-                continue
-            arrow[name] = pa.array(values, type_, memory_pool=POOL)
-        self.arrow = arrow
-
-    @property
-    def built_arrow(self) -> dict[str, pa.Array] | None:
-        """:attr:`arrow` when it was built and still has the chunk's length, else None: the lists
-        are what the rest of the driver reads (describe_batch, the watermark), so arrays a chunk was
-        cut without are not used."""
-        arrow = self.arrow
-        if arrow is None or any(len(array) != len(self) for array in arrow.values()):
-            return None
-        return arrow
-
     def rows(self, start: int, stop: int | None = None) -> RecordChunk:
-        """A chunk of rows ``[start:stop]`` of this one (every column, its Arrow arrays too): the
-        same shard, serial, epoch and grant, without dead letters."""
+        """A chunk of rows ``[start:stop]`` of this one (every column): the same shard, serial, epoch
+        and grant, without dead letters."""
         part = RecordChunk(self.stream, self.shard_id, self.serial, self.epoch, grant=self.grant)
         for name in ROW_COLUMNS:
             setattr(part, name, getattr(self, name)[start:stop])
         part.data_bytes = column_bytes(part.data)
-        if self.arrow is not None:
-            part.arrow = {name: array[start:stop] for name, array in self.arrow.items()}
         return part
 
     @classmethod
     def of_rows(cls, stream: str, shard_id: str, serial: int, rows: Iterable[Row], *, epoch: int = 0) -> RecordChunk:
-        """A chunk of whole rows, its data as the one column the decoder builds (tests, odd rows)."""
+        """A chunk of whole rows (tests, dead letters), its data as a list of bytes."""
         rows = list(rows)
-        data = pa.array([row.data for row in rows], pa.binary())
         return cls(
             stream,
             shard_id,
@@ -213,7 +187,7 @@ class RecordChunk:
             partition_keys=[row.partition_key for row in rows],
             explicit_hash_keys=[row.explicit_hash_key for row in rows],
             arrival_ms=[row.arrival_ms for row in rows],
-            data=data,
+            data=[row.data for row in rows],
             errors=[row.error for row in rows],
             data_bytes=sum(len(row.data) for row in rows),
         )

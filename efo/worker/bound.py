@@ -258,7 +258,7 @@ class ShardBound:
 def _truncate(chunk: RecordChunk, cut: int) -> None:
     """Keep the chunk's rows (and dead letters) below sequence number ``cut`` (-1: none).
 
-    Every column (its Arrow arrays too) is cut first, by :meth:`RecordChunk.rows`, and only then
+    Every column is cut first, by :meth:`RecordChunk.rows`, and only then
     assigned, so a failure leaves the chunk whole."""
     keep = 0
     if cut >= 0:
@@ -266,7 +266,7 @@ def _truncate(chunk: RecordChunk, cut: int) -> None:
             keep += 1
     kept = chunk.rows(0, keep)
     dead_letters = [letter for letter in chunk.dead_letters if cut >= 0 and int(letter.sequence_number) < cut]
-    for name in (*ROW_COLUMNS, "data_bytes", "arrow"):
+    for name in (*ROW_COLUMNS, "data_bytes"):
         setattr(chunk, name, getattr(kept, name))
     chunk.dead_letters = dead_letters
 

@@ -403,8 +403,8 @@ def test_a_cut_shard_s_lag_is_not_reported_any_more() -> None:
 
 
 def test_a_cut_chunk_carrying_the_decoder_s_column_is_cut_whole_and_its_budget_comes_back() -> None:
-    """The decoder hands data over as one Arrow column (not a list of bytes): the cut slices it,
-    counts its bytes, and cuts errors and dead letters at the same record."""
+    """The decoder hands small records' data over as one Arrow column (not a list of bytes): the
+    cut slices it, counts its bytes, and cuts errors and dead letters at the same record."""
     import base64
 
     from efo.kinesis.decoder import decode_payloads

@@ -1,9 +1,9 @@
 """End to end, the column path against the old list path: the same rows from the wire to the batch table.
 
-The column path is what runs in production: the event's base64 payloads decoded in bulk into one
-Arrow column (decode_payloads), KPL expand under the delivery watermark, the other columns as Arrow arrays
-(RecordChunk.build_arrow, as the subscription hands a chunk over), a bounded run's cut
-(bound._truncate) and the bridge's table (to_table). The old path is rebuilt here record by record
+The column path is what runs in production: the event's base64 payloads decoded (decode_payloads: in
+bulk into one Arrow column for small records, one by one into a list for large ones; both are drawn),
+KPL expand under the delivery watermark, a bounded run's cut (bound._truncate) and the bridge's
+table (to_table). The old path is rebuilt here record by record
 with Python lists: each payload decoded on its own, each aggregate de-aggregated on its own, the
 watermark and the cut applied per row, the table built from one list per column.
 """
@@ -11,12 +11,14 @@ watermark and the cut applied per row, the table built from one list per column.
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import patch
 
 import pyarrow as pa
 import pybase64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from efo.kinesis import decoder
 from efo.kinesis.decoder import decode_payloads
 from efo.kinesis.kpl import CORRUPT_AGGREGATE, SubRecord, expand
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
@@ -68,9 +70,12 @@ def _old_path(
 
 
 def _column_path(
-    event: Event, delivered: tuple[int, int] | None, policy: str, cut: int, prebuilt: bool
+    event: Event, delivered: tuple[int, int] | None, policy: str, cut: int, one_by_one: bool
 ) -> tuple[pa.Table, list[str], RecordChunk]:
-    column = decode_payloads([pybase64.b64encode(data).decode() for data in event.data])
+    # The drawn payloads are all small: with one_by_one, the bulk path's threshold is set below them.
+    with patch.object(decoder, "BULK_MAX_MEAN_CHARS", -1 if one_by_one else decoder.BULK_MAX_MEAN_CHARS):
+        column = decode_payloads([pybase64.b64encode(data).decode() for data in event.data])
+    assert isinstance(column, list) == (one_by_one and bool(event.data))
     out = expand(event.sequence_numbers, event.partition_keys, event.arrival_ms, column, delivered, policy=policy)
     chunk = RecordChunk(
         "s",
@@ -86,8 +91,6 @@ def _column_path(
         data_bytes=out.data_bytes,
         dead_letters=out.dead_letters,
     )
-    if prebuilt:
-        chunk.build_arrow()  # as the subscription does before handing the chunk over
     _truncate(chunk, cut)
     return to_table([chunk]), [letter.sequence_number for letter in chunk.dead_letters], chunk
 
@@ -105,12 +108,11 @@ def test_the_column_path_gives_the_rows_the_list_path_gave(
     delivered: tuple[int, int] | None,
     policy: str,
     cut: int,
-    prebuilt: bool,
+    one_by_one: bool,
 ) -> None:
     event, contents = drawn
     want, want_dead = _old_path(event, contents, delivered, policy, cut)
-    table, dead, chunk = _column_path(event, delivered, policy, cut, prebuilt)
-    assert isinstance(chunk.data, pa.BinaryArray), "one representation: the decoder's column"
+    table, dead, chunk = _column_path(event, delivered, policy, cut, one_by_one)
     assert table.equals(want), (table.to_pylist(), want.to_pylist())
     assert dead == want_dead
     assert chunk.data_bytes == sum(map(len, want.column("data").to_pylist()))

@@ -327,19 +327,20 @@ _ROWS = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(_ROWS, st.booleans(), st.integers(0, 7), st.none() | st.integers(0, 7)), max_size=5))
-def test_to_table_of_chunks_with_arrow_columns_equals_the_table_of_their_lists(
+def test_to_table_of_chunks_whose_data_is_an_arrow_column_equals_the_table_of_their_lists(
     drawn: list[tuple[list[Row], bool, int, int | None]],
 ) -> None:
-    """Chunks carrying their columns as Arrow (RecordChunk.build_arrow), some or all, and cut with
-    RecordChunk.rows as the watermark and a bounded run cut them, give the table the lists give."""
+    """Chunks carrying their data as an Arrow column (small records decoded in bulk), some or all,
+    and cut with RecordChunk.rows as the watermark and a bounded run cut them, give the table the
+    lists give."""
     listed, mixed = [], []
-    for i, (rows, prebuilt, start, stop) in enumerate(drawn):
+    for i, (rows, column, start, stop) in enumerate(drawn):
         chunk = RecordChunk.of_rows("orders", f"s-{i}", 1, rows)
         listed.append(chunk.rows(start, stop))
-        if prebuilt:
-            chunk.build_arrow()
+        if column:
+            chunk.data = pa.array(chunk.data, pa.binary())
         mixed.append(chunk.rows(start, stop))
-    assert all(chunk.arrow is None for chunk in listed)
+    assert all(isinstance(chunk.data, list) for chunk in listed)
     want = to_table(listed)
     assert want.num_rows == sum(len(rows[start:stop]) for rows, _, start, stop in drawn)
     got = to_table(mixed)
@@ -347,13 +348,9 @@ def test_to_table_of_chunks_with_arrow_columns_equals_the_table_of_their_lists(
     assert got.equals(want), (got.to_pylist(), want.to_pylist())
 
 
-def test_build_arrow_leaves_out_optional_columns_without_a_value_and_to_table_fills_them_with_nulls() -> None:
+def test_to_table_fills_optional_columns_without_a_value_with_nulls() -> None:
     plain = RecordChunk.of_rows("orders", "s-0", 1, [Row("1", b"a", "k", 5), Row("2", b"b", "k", 6)])
     aggregated = RecordChunk.of_rows("orders", "s-1", 1, [Row("3", b"c", "k", 7, 0, "99")])
-    for chunk in (plain, aggregated):
-        chunk.build_arrow()
-    assert plain.arrow is not None and set(plain.arrow) == {"sequence_numbers", "partition_keys", "arrival_ms"}
-    assert aggregated.arrow is not None and "sub_sequence_numbers" in aggregated.arrow
     rows = to_table([plain, aggregated]).to_pylist()
     assert [r["sub_sequence_number"] for r in rows] == [None, None, 0]
     assert [r["explicit_hash_key"] for r in rows] == [None, None, "99"]
@@ -361,25 +358,13 @@ def test_build_arrow_leaves_out_optional_columns_without_a_value_and_to_table_fi
     assert to_table([plain]).column("error").null_count == 2
 
 
-def test_to_table_reads_the_lists_of_a_chunk_whose_arrays_are_not_its_length() -> None:
-    chunk = _chunk("s-0", 1, ["1", "2", "3"])
-    chunk.build_arrow()
-    chunk.sequence_numbers, chunk.partition_keys, chunk.arrival_ms = ["1"], ["pk-1"], chunk.arrival_ms[:1]
-    chunk.sub_sequence_numbers, chunk.explicit_hash_keys, chunk.errors = [None], [None], [None]
-    chunk.data = chunk.data[:1]
-    assert to_table([chunk]).column("sequence_number").to_pylist() == ["1"]
-
-
 def test_rows_cuts_every_column_and_keeps_the_chunk_s_claim_and_grant() -> None:
     chunk = RecordChunk.of_rows("orders", "s-0", 4, [Row(str(i), b"x" * i, f"k{i}", i) for i in range(5)], epoch=3)
     chunk.grant = grant = object()
-    chunk.build_arrow()
     part = chunk.rows(1, 3)
     assert (part.stream, part.shard_id, part.serial, part.epoch, part.grant) == ("orders", "s-0", 4, 3, grant)
-    assert part.sequence_numbers == ["1", "2"] and part.data.to_pylist() == [b"x", b"xx"]
-    assert part.data_bytes == 3
-    assert part.arrow is not None and part.arrow["sequence_numbers"].to_pylist() == ["1", "2"]
-    assert part.arrow["arrival_ms"].to_pylist() == [1, 2]
+    assert part.sequence_numbers == ["1", "2"] and part.data == [b"x", b"xx"]
+    assert part.data_bytes == 3 and part.arrival_ms == [1, 2]
     assert len(chunk) == 5, "the chunk itself is left whole"
 
 
