@@ -54,8 +54,8 @@ from efo.devstack.producer import kinesis_client, put_all, wait_active  # noqa: 
 from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, die_with_parent_process  # noqa: E402
 
 BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
-# Per record, at most: 250 B of strings, list slots and ints (tracemalloc, 20-character keys), and
-# about 40 B for a record over 768 B, whose payload is a bytes object of its own (README).
+# Per record at 100 records an event: 250 B of strings, list slots and ints (tracemalloc, 20-character
+# keys), and about 40 B when an event's records average over 768 B: each payload a bytes of its own (README).
 K_RECORD_BYTES = 350
 # Per shard with events arriving back to back (a consumer catching up), measured in docs/benchmarks.md
 # (about 1.2 MiB a stalled shard with 200 KiB events): the decoded event waiting for budget, its raw

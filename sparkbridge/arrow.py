@@ -7,7 +7,7 @@ from itertools import chain
 
 import pyarrow as pa
 
-from efo.kinesis.columns import from_values, is_column
+from efo.kinesis.columns import join_payloads
 from efo.pipeline.records import ARROW_COLUMNS, OPTIONAL_COLUMNS, RecordChunk, Row
 
 #: The DataFrame schema: a public contract, documented in the README.
@@ -55,30 +55,11 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
             column("explicit_hash_keys"),
             # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
             column("arrival_ms").view(SCHEMA.field("approximate_arrival_timestamp").type),
-            _payloads(chunks),
+            join_payloads([chunk.data for chunk in chunks]),
             column("errors"),
         ],
         schema=SCHEMA,
     )
-
-
-def _payloads(chunks: Sequence[RecordChunk]) -> pa.Array:
-    """The data column: the chunks' Arrow columns (small records, decoded in bulk) as they are, and
-    each run of chunks whose data is a list of bytes joined into one column in one copy
-    (:func:`~efo.kinesis.columns.from_values`), then all concatenated in C."""
-    parts: list[pa.Array] = []
-    run: list[list[bytes]] = []
-    for chunk in chunks:
-        if is_column(chunk.data):
-            if run:
-                parts.append(from_values(list(chain.from_iterable(run))))
-                run = []
-            parts.append(chunk.data)
-        else:
-            run.append(chunk.data)
-    if run or not parts:
-        parts.append(from_values(list(chain.from_iterable(run))))
-    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
 
 
 def warm_up() -> None:

@@ -217,14 +217,14 @@ def decode_payloads(encoded: list[str]) -> Payloads:
     """The records' data, holding exactly the values decoded record by record would: strictly, or,
     when a value is not canonical base64, as botocore does (stdlib semantics, junk characters dropped).
 
-    Small records are decoded in bulk into one Arrow binary column (efo.kinesis.columns), without
-    a Python object per record. Large ones are decoded one by one into a list of bytes, which the
-    bridge joins into its batch's column (sparkbridge.arrow): per record a ``bytes`` costs little
-    next to its data, and building an Arrow column per event as well measured dearer in the whole
-    service than one per batch (about 0.04 CPU-s per 10,000 records of 1 KiB out of 0.17-0.21 on the
-    service thread; bench/service_cpu.py, docs/benchmarks.md section 9). Arrow's compaction of one
-    large buffer (the bulk path's ``take``) is also slower than decoding one by one from about
-    1 KiB (10 KiB records: 10x)."""
+    Records averaging at most 768 bytes are decoded in bulk into one Arrow binary column
+    (efo.kinesis.columns), without a Python object per record. Larger ones are decoded one by one
+    into a list of bytes, which the bridge joins into its batch's column (sparkbridge.arrow): per
+    record a ``bytes`` costs little next to its data, and copying them into an Arrow column per
+    event as well measured dearer in the whole service than once per batch (the service thread
+    0.125 against 0.169 CPU-s per 10,000 records of 1 KiB without it and the chunks' per-event
+    arrays; docs/benchmarks.md section 9). Arrow's compaction of one large buffer (the bulk path's
+    ``take``) is also slower than decoding one by one from about 1 KiB (10 KiB records: 10x)."""
     if sum(map(len, encoded)) <= BULK_MAX_MEAN_CHARS * len(encoded):
         column = decode_base64(encoded)
         if column is not None:

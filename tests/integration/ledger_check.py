@@ -103,11 +103,12 @@ class Produced:
 
 
 class Producer:
-    """Writes records whose data is ``<key>:<counter>``; remembers what Kinesis acknowledged."""
+    """Writes records whose data is ``<pad><key>:<counter>``; remembers what Kinesis acknowledged."""
 
-    def __init__(self, kinesis: Any, stream: str, keys: int = 24) -> None:
+    def __init__(self, kinesis: Any, stream: str, keys: int = 24, pad: str = "") -> None:
         self.kinesis = kinesis
         self.stream = stream
+        self.pad = pad  # makes the records as large as a test needs; the checker reads it as part of the key
         self.keys = [f"key-{i:03d}" for i in range(keys)]
         self.counters: Counter[str] = Counter()
         self.acknowledged: list[Produced] = []
@@ -119,7 +120,7 @@ class Producer:
         for i in range(count):
             key = self.keys[(len(self.acknowledged) + i) % len(self.keys)]
             self.counters[key] += 1
-            entries.append({"Data": f"{key}:{self.counters[key]}".encode(), "PartitionKey": key})
+            entries.append({"Data": f"{self.pad}{key}:{self.counters[key]}".encode(), "PartitionKey": key})
         puts = put_all(self.kinesis, self.stream, entries)
         produced = [
             Produced(p.shard_id, p.sequence_number, p.partition_key, int(p.data.decode().rsplit(":", 1)[1]))

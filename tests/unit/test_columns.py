@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import string
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efo.kinesis.columns import as_list, column_bytes, decode_base64, from_values, is_column, starts_with_any
+from efo.kinesis.columns import as_list, column_bytes, decode_base64, is_column, join_payloads, starts_with_any
 from efo.kinesis.decoder import decode_payloads
 from efo.kinesis.kpl import MAGIC, CorruptAggregate, expand
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
@@ -264,12 +265,53 @@ def test_the_table_does_not_depend_on_how_chunks_carry_their_data(
     assert table.equals(reference_table(mixed))
 
 
-@given(st.lists(st.binary(max_size=64), max_size=40))
-def test_a_column_from_values_is_the_column_pa_array_builds(values: list[bytes]) -> None:
-    column = from_values(values)
-    column.validate(full=True)
-    assert column.equals(pa.array(values, pa.binary()))
-    assert column_bytes(column) == sum(map(len, values))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.binary(max_size=64), max_size=12), st.booleans(), st.integers(0, 3), st.integers(0, 3)),
+        max_size=6,
+    )
+)
+def test_joined_payloads_are_the_column_pa_array_builds_of_every_value_in_order(
+    parts: list[tuple[list[bytes], bool, int, int]],
+) -> None:
+    """Lists of bytes and Arrow columns (sliced, as a cut or the watermark leave them) in any mix."""
+    drawn: list[Any] = []
+    values: list[bytes] = []
+    for part, column, head, tail in parts:
+        kept = part[head : len(part) - tail]
+        values.extend(kept)
+        drawn.append(pa.array(part, pa.binary()).slice(head, len(kept)) if column else kept)
+    joined = join_payloads(drawn)
+    joined.validate(full=True)
+    assert joined.equals(pa.array(values, pa.binary()))
+    assert column_bytes(joined) == sum(map(len, values))
+
+
+def test_joined_payloads_are_copied_once_whatever_the_mix() -> None:
+    """The batch's payloads are never held twice over while its column is made: one exact-size
+    copy, nothing from Arrow's pool (a column per run of lists, then a concatenation, took both)."""
+    import tracemalloc
+
+    mib = 2**20
+    big = [os.urandom(1000) for _ in range(1024)]
+    parts: list[Any] = [big, pa.array(big, pa.binary()), big[:512], pa.array(big, pa.binary()).slice(100, 500)]
+    payload_bytes = 1000 * (1024 + 1024 + 512 + 500)
+    arrow_before = pa.total_allocated_bytes()
+    tracemalloc.start()
+    try:
+        joined = join_payloads(parts)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert column_bytes(joined) == payload_bytes
+    assert peak < payload_bytes + mib / 4, peak
+    assert pa.total_allocated_bytes() == arrow_before
+
+
+def test_one_column_alone_is_its_own_join() -> None:
+    column = pa.array([b"a", b"bc"], pa.binary())
+    assert join_payloads([column]) is column
+    assert join_payloads([]).equals(pa.array([], pa.binary()))
 
 
 def test_large_records_are_decoded_one_by_one_into_a_list_and_small_ones_into_a_column() -> None:
@@ -281,8 +323,8 @@ def test_large_records_are_decoded_one_by_one_into_a_list_and_small_ones_into_a_
     assert column.equals(pa.array(small, pa.binary()))
 
 
-def test_a_column_from_values_refuses_a_buffer_whose_length_is_not_its_bytes() -> None:
+def test_joined_payloads_refuse_a_buffer_whose_length_is_not_its_bytes() -> None:
     from array import array
 
-    with pytest.raises(TypeError, match="from_values takes bytes"):
-        from_values([memoryview(array("i", [1, 2]))])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="payloads are bytes"):
+        join_payloads([[memoryview(array("i", [1, 2]))]])
