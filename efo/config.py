@@ -125,7 +125,7 @@ class PoolSettings(_Section):
     )
 
 
-#: The largest batch.max_bytes: the bridge concatenates a batch's payload columns into one Arrow
+#: The largest batch.max_bytes: the bridge copies a batch's payloads into one Arrow
 #: ``binary`` column (32-bit offsets, at most 2 GiB of values); half of that leaves room for the one
 #: event a batch may hold past its bound.
 MAX_BATCH_BYTES: Final = 1 << 30

@@ -1,12 +1,11 @@
 """Record payloads as one Arrow binary column per event, base64-decoded in bulk rather than per record.
 
 A SubscribeToShardEvent carries each record's data as its own base64 string, padded to a multiple of
-four characters. Decoding them one by one costs a call and a ``bytes`` object per record, and the
-bridge then copies every one of those objects again into the batch's Arrow table. Here the strings
-of an event are joined and decoded in one call into one buffer, and that buffer becomes the event's
-``data`` column (a ``pyarrow.BinaryArray``) as it is: the bridge concatenates columns. The decoder
-takes this path for small records (efo.kinesis.decoder.decode_payloads); larger ones are decoded one
-by one, and :func:`join_payloads` makes the batch's column of both.
+four characters. Decoding them one by one costs a call and a ``bytes`` object per record. Here the
+strings of an event are joined and decoded in one call into one buffer, and that buffer becomes the
+event's ``data`` column (a ``pyarrow.BinaryArray``) as it is. The decoder takes this path for small
+records (efo.kinesis.decoder.decode_payloads); larger ones are decoded one by one into bytes, and
+the bridge copies both kinds into its batch's column at once (:func:`join_payloads`).
 
 Joined strings cannot simply be decoded as one: a record's padding (``=``) would end the decoding
 in the middle. So each ``=`` is first replaced by ``A`` (zero bits): every record then decodes to
@@ -138,32 +137,35 @@ def as_list(data: Any) -> list[bytes]:
     return data.to_pylist() if isinstance(data, pa.Array) else data  # type: ignore[no-any-return]
 
 
-#: The memory pool of a batch's data column (join_payloads): pyarrow's default (mimalloc), which
-#: keeps large blocks for the next batch. A fresh 100 MB from the C library (mmap) is touched page
-#: by page: 55-70 ms for a batch of 100,000 records of 1 KiB against 9 ms here (a loop on this machine).
-BATCH_POOL = pa.default_memory_pool()
-
-
 def join_payloads(parts: Sequence[Any]) -> Any:
-    """One ``pa.binary()`` column of the payloads of ``parts``, in order: Arrow binary arrays (the
-    decoder's columns, sliced or not) and lists of bytes alike, copied once into one exact-size
-    buffer of :data:`BATCH_POOL`, the offsets summed in numpy. A batch's payloads are never held
-    twice over (a column per run of lists, then a concatenation, would be), and ``pa.array``'s
-    builder, which grows its buffer by doubling, copies more. One array alone is returned as it is."""
-    if len(parts) == 1 and isinstance(parts[0], pa.Array):
+    """One ``pa.binary()`` column of the payloads of ``parts``, in order: the decoder's Arrow binary
+    columns (sliced or not) and lists of bytes alike, their bytes joined in one exact-size copy
+    (``b"".join``, which copies without the GIL) and the offsets summed in numpy. A batch's
+    payloads are never held twice over (a column per run of lists, then a concatenation, would
+    be), and ``pa.array``'s builder, which grows its buffer by doubling, copies more. One column
+    alone is returned as it is.
+
+    The copy is a fresh block from the C library, which maps a large one anew and frees it whole:
+    touching its pages costs about 0.6 ms per MiB here (55-70 ms for 100,000 records of 1 KiB).
+    pyarrow's mimalloc pool measured 9 ms in a loop, but it keeps a freed block for a second and
+    reuses it only for a batch that fits, so the resident memory would outgrow the README's bound
+    of two batches; and with batches seconds apart (``batch.max_wait_s``) its pages come back
+    page by page as well."""
+    if len(parts) == 1 and isinstance(parts[0], pa.Array) and parts[0].type == pa.binary():
         return parts[0]
     pieces: list[Any] = []
     lengths: list[Any] = []
     for part in parts:
         if isinstance(part, pa.Array):
+            if part.type != pa.binary():
+                raise TypeError(f"a payload column is pa.binary(), not {part.type}")
             if part.null_count:
                 raise ValueError("a payload column has no nulls")
-            _, offsets_buffer, data_buffer = part.buffers()
             if not len(part):
                 continue
+            _, offsets_buffer, data_buffer = part.buffers()
             offsets = np.frombuffer(offsets_buffer, np.int32)[part.offset : part.offset + len(part) + 1]
-            if data_buffer is not None:
-                pieces.append(memoryview(data_buffer).cast("B")[int(offsets[0]) : int(offsets[-1])])
+            pieces.append(memoryview(data_buffer)[int(offsets[0]) : int(offsets[-1])])
             lengths.append(np.diff(offsets))
         else:
             pieces.extend(part)
@@ -172,23 +174,15 @@ def join_payloads(parts: Sequence[Any]) -> Any:
     total = int(sizes.sum())
     if total > _MAX_INT32:  # a batch is at most batch.max_bytes (1 GiB) and one event
         raise ValueError(f"{total} bytes of payloads exceed a binary column's 2 GiB")
-    data = pa.allocate_buffer(total, memory_pool=BATCH_POOL)
-    view = memoryview(data).cast("B")
-    position = 0
-    try:
-        for piece in pieces:
-            end = position + len(piece)
-            view[position:end] = piece
-            position = end
-    except ValueError:  # a buffer whose len() is not its bytes (a memoryview of ints)
-        raise TypeError("payloads are bytes (or byte buffers): a value's len() is not its size in bytes") from None
+    joined = b"".join(pieces)
+    if len(joined) != total:  # a buffer whose len() is not its bytes (a memoryview of ints)
+        raise TypeError("payloads are bytes (or byte buffers): a value's len() is not its size in bytes")
     offsets = np.zeros(len(sizes) + 1, np.int32)
     np.cumsum(sizes, out=offsets[1:])
-    return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), data])
+    return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(joined)])
 
 
 __all__ = [
-    "BATCH_POOL",
     "POOL",
     "as_list",
     "column_bytes",

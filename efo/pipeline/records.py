@@ -77,8 +77,8 @@ MAX_SUB_SEQUENCE = 2**63 - 1
 #: An event's record payloads, in order, as the decoder hands them on: one ``pyarrow`` binary array
 #: when they were base64-decoded in bulk (small records: efo.kinesis.columns.decode_base64), else a
 #: list of bytes (large records, decoded one by one; KPL sub-records; botocore's parse). The bridge
-#: makes one column of a batch's payloads, concatenating arrays and joining runs of lists in one copy
-#: each (sparkbridge.arrow): an Arrow array per event measured dearer than that for large records.
+#: copies a batch's payloads, of either kind, into one column at once (efo.kinesis.columns.join_payloads):
+#: an Arrow array per event measured dearer than that for large records.
 #: :func:`efo.kinesis.columns.column_bytes` counts the bytes of either. (pyarrow ships no type stubs:
 #: mypy sees the array as Any, so tests run every path on both shapes.)
 Payloads: TypeAlias = "pa.BinaryArray | list[bytes]"

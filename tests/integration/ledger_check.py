@@ -105,10 +105,11 @@ class Produced:
 class Producer:
     """Writes records whose data is ``<pad><key>:<counter>``; remembers what Kinesis acknowledged."""
 
-    def __init__(self, kinesis: Any, stream: str, keys: int = 24, pad: str = "") -> None:
+    def __init__(self, kinesis: Any, stream: str, keys: int = 24, pad: str = "", hash_key: str | None = None) -> None:
         self.kinesis = kinesis
         self.stream = stream
         self.pad = pad  # makes the records as large as a test needs; the checker reads it as part of the key
+        self.hash_key = hash_key  # an ExplicitHashKey for every record: all of them to one shard
         self.keys = [f"key-{i:03d}" for i in range(keys)]
         self.counters: Counter[str] = Counter()
         self.acknowledged: list[Produced] = []
@@ -120,7 +121,10 @@ class Producer:
         for i in range(count):
             key = self.keys[(len(self.acknowledged) + i) % len(self.keys)]
             self.counters[key] += 1
-            entries.append({"Data": f"{self.pad}{key}:{self.counters[key]}".encode(), "PartitionKey": key})
+            entry = {"Data": f"{self.pad}{key}:{self.counters[key]}".encode(), "PartitionKey": key}
+            if self.hash_key is not None:
+                entry["ExplicitHashKey"] = self.hash_key
+            entries.append(entry)
         puts = put_all(self.kinesis, self.stream, entries)
         produced = [
             Produced(p.shard_id, p.sequence_number, p.partition_key, int(p.data.decode().rsplit(":", 1)[1]))

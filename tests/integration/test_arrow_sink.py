@@ -3,7 +3,6 @@ handed each batch as a pyarrow.Table of the DataFrame schema; no Spark session i
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +43,17 @@ def test_small_and_large_records_reach_the_sink_whole_in_one_batch(
     over 768 B one by one into bytes (efo.kinesis.decoder.decode_payloads); the bridge makes one
     data column of a batch holding both. Every payload arrives whole, once, in order per key.
 
-    kinesis-local sends one event a second per subscription with every record put since the last
-    one, so puts 2.5 s apart land in different events, and a 20 s batch window holds both."""
+    The small records all go to one shard and the large ones to the other (ExplicitHashKey), so
+    no event mixes the two; a 20 s batch window holds an event of each."""
     stream, app = unique("sizes"), unique("app")
-    create_stream(kinesis_client, stream, 1)
-    small, large = Producer(kinesis_client, stream), Producer(kinesis_client, stream, pad="p" * 1500)
+    create_stream(kinesis_client, stream, 2)
+    shards = kinesis_client.list_shards(StreamName=stream)["Shards"]
+    starts = [shard["HashKeyRange"]["StartingHashKey"] for shard in shards]
+    small = Producer(kinesis_client, stream, hash_key=starts[0])
+    large = Producer(kinesis_client, stream, pad="p" * 1500, hash_key=starts[1])
+    small.put(40)
+    large.put(40)
+    assert {p.shard_id for p in small.acknowledged}.isdisjoint({p.shard_id for p in large.acknowledged})
     run = ServiceRun(
         arrow_env(
             local_stack,
@@ -60,10 +65,6 @@ def test_small_and_large_records_reach_the_sink_whole_in_one_batch(
         ),
         tmp_path / "efo.log",
     ).start()
-    run.wait_for_event("subscription.started", timeout_s=30)
-    small.put(40)
-    time.sleep(2.5)
-    large.put(40)
     verdict = wait_until_all_committed(small.acknowledged + large.acknowledged, tmp_path / "sink", timeout_s=60)
     assert run.stop() == 0
     assert not verdict.lost and not verdict.out_of_order and verdict.duplicates == 0, verdict
