@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from itertools import chain
 from types import FrameType
 from typing import Any
 
@@ -34,7 +33,6 @@ from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_RUNTIME, EfoError
 from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
-from efo.pipeline.records import RecordChunk
 from efo.service import Service
 from sparkbridge.arrow import warm_up
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
@@ -47,11 +45,14 @@ EXIT_GRACE_S = FINAL_WRITES_TIMEOUT_S + 2.0
 WATCH_INTERVAL_S = 0.2
 
 
-def end_to_end_latencies_s(chunks: list[RecordChunk], committed_at_ms: float) -> pa.Array:
-    """Per record, seconds from its arrival in Kinesis to ``committed_at_ms`` (one Arrow column)."""
-    arrivals = pa.array(list(chain.from_iterable(chunk.arrival_ms for chunk in chunks)), pa.float64())
+def end_to_end_latencies_s(table: pa.Table | None, committed_at_ms: float) -> pa.Array:
+    """Per row of the batch's ``table`` (None: no row), seconds from its arrival in Kinesis to
+    ``committed_at_ms``, from the table's own arrival column (one Arrow column)."""
+    if table is None:
+        return pa.array([], pa.float64())
+    arrivals = pc.cast(pc.cast(table.column("approximate_arrival_timestamp"), pa.int64()), pa.float64())
     elapsed_ms = pc.subtract(pa.scalar(committed_at_ms, pa.float64()), arrivals)
-    return pc.divide(elapsed_ms, 1000.0)
+    return pc.divide(elapsed_ms, 1000.0).combine_chunks()
 
 
 @contextmanager
@@ -217,7 +218,7 @@ class Driver:
         METRICS.batch_records.observe(result.info.records)
         METRICS.batch_bytes.observe(result.info.bytes)
         # What the sink got: rows dropped as already delivered carry an earlier arrival, not a latency.
-        METRICS.end_to_end_latency.observe_many(end_to_end_latencies_s(prepared.kept, committed_at_ms))
+        METRICS.end_to_end_latency.observe_many(end_to_end_latencies_s(prepared.table, committed_at_ms))
         log.info(
             "batch.committed",
             batch_id=result.info.batch_id,

@@ -15,6 +15,7 @@ from efo.config import load_settings
 from efo.errors import EfoError, ResourceNotFound
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.records import RecordChunk, Row
+from sparkbridge.arrow import to_table
 from sparkbridge.driver import EXIT_GRACE_S, Driver, capture_signals, end_to_end_latencies_s
 
 
@@ -197,6 +198,6 @@ def test_no_sink_attempt_starts_after_the_deadline_not_even_the_first_after_dead
 def test_end_to_end_latencies_are_seconds_from_each_record_s_arrival_to_the_commit() -> None:
     rows = [Row(str(i), b"x", "k", 1_700_000_000_000 + 250 * i) for i in range(4)]
     chunks = [RecordChunk.of_rows("s", "shard-0", 1, rows), RecordChunk.of_rows("s", "shard-1", 1, rows[:2])]
-    latencies = end_to_end_latencies_s(chunks, committed_at_ms=1_700_000_001_000.0)
+    latencies = end_to_end_latencies_s(to_table(chunks), committed_at_ms=1_700_000_001_000.0)
     assert latencies.to_pylist() == [1.0, 0.75, 0.5, 0.25, 1.0, 0.75]
-    assert end_to_end_latencies_s([], 0.0).to_pylist() == []
+    assert end_to_end_latencies_s(None, 0.0).to_pylist() == []
