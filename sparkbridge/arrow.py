@@ -7,7 +7,7 @@ from itertools import chain
 
 import pyarrow as pa
 
-from efo.kinesis.columns import join_payloads
+from efo.kinesis.columns import ReusableBlocks, join_payloads
 from efo.pipeline.records import ARROW_COLUMNS, OPTIONAL_COLUMNS, RecordChunk, Row
 
 #: The DataFrame schema: a public contract, documented in the README.
@@ -26,9 +26,10 @@ SCHEMA = pa.schema(
 )
 
 
-def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
+def to_table(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None) -> pa.Table:
     """The chunks' rows, in order, as one table of :data:`SCHEMA`: each column converted once per
-    batch (the chunks' lists chained), not once per event."""
+    batch (the chunks' lists chained), not once per event; the payloads copied into one of
+    ``blocks`` when one is free (efo.kinesis.columns.join_payloads)."""
 
     def column(name: str) -> pa.Array:
         values = list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
@@ -55,7 +56,7 @@ def to_table(chunks: Sequence[RecordChunk]) -> pa.Table:
             column("explicit_hash_keys"),
             # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
             column("arrival_ms").view(SCHEMA.field("approximate_arrival_timestamp").type),
-            join_payloads([chunk.data for chunk in chunks]),
+            join_payloads([chunk.data for chunk in chunks], blocks),
             column("errors"),
         ],
         schema=SCHEMA,

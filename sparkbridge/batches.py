@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from efo.errors import ConfigError, SinkFailed
+from efo.kinesis.columns import ReusableBlocks
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import to_table
@@ -191,6 +192,9 @@ class BatchRunner:
         self.retry_backoff_s = retry_backoff_s
         self.decoder = decoder or ValueDecoder("binary", None)
         self.watermark = DeliveryWatermark()
+        # The batch in the sink and the next one prepared meanwhile: each batch's payloads are
+        # copied into a block whose pages are already mapped (dead letters, rare, are not).
+        self.blocks = ReusableBlocks(2)
         self._give_up_at = give_up_at
         self._sleep = sleep
         self._clock = clock
@@ -219,7 +223,7 @@ class BatchRunner:
             batch_id=batch_id,
             chunks=chunks,
             kept=kept,
-            table=to_table(kept) if kept else None,
+            table=to_table(kept, self.blocks) if kept else None,
             dead=dead,
             dead_table=to_table(dead) if dead else None,
             duplicates=duplicates,

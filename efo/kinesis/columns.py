@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import binascii
 import functools
+import io
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,20 +139,63 @@ def as_list(data: Any) -> list[bytes]:
     return data.to_pylist() if isinstance(data, pa.Array) else data  # type: ignore[no-any-return]
 
 
-def join_payloads(parts: Sequence[Any]) -> Any:
+#: Pieces copied into a block per call: about 256 KiB of 1 KiB records, a few MiB of the decoder's columns.
+_PIECES_PER_WRITE = 256
+
+
+class ReusableBlocks:
+    """Blocks a bridge copies its batches' payloads into, each reused once no column made on it is
+    alive: a block's pages stay mapped from one batch to the next.
+
+    A fresh block for every batch (``b"".join``) is mapped anew by the C library and its pages
+    touched one by one: about 0.6 ms per MiB here, a 62 ms copy of 100,000 records of 1 KiB against
+    12 ms into a block already mapped (docs/benchmarks.md section 2). A block is an
+    ``io.BytesIO``, and CPython itself refuses to write to one while a view of it is exported
+    (``BufferError``): a column made on it holds such a view (``pa.py_buffer``) for as long as
+    anything refers to its data (the table, a slice, a sink that kept it), so a block in use is
+    never overwritten; the next free one is taken, or a fresh block when none is. Each block holds
+    at most the largest batch written into it since it last shrank: writing a batch less than half
+    its size shrinks it to that batch. With two (the batch in the sink and the next, prepared
+    while Spark commits), the driver stays within the README's two Arrow copies, and keeps them
+    while idle. Thread-safe."""
+
+    def __init__(self, count: int = 2) -> None:
+        self._blocks = [io.BytesIO() for _ in range(count)]
+        self._lock = threading.Lock()
+
+    def join(self, pieces: list[Any]) -> Any:
+        """The ``pieces`` one after another: a view of a free block, or fresh bytes when none is free."""
+        with self._lock:
+            for block in self._blocks:
+                block.seek(0)
+                try:
+                    # In slices: one writelines holds the GIL throughout (b"".join lets go of it
+                    # while it copies), and the driver's thread waits for it between Spark calls.
+                    for start in range(0, len(pieces), _PIECES_PER_WRITE):
+                        block.writelines(pieces[start : start + _PIECES_PER_WRITE])
+                    block.truncate()  # at what was written: a block less than half full shrinks to it
+                except BufferError:  # a column made on this block is alive
+                    continue
+                return block.getbuffer()
+        return b"".join(pieces)
+
+    def sizes(self) -> list[int]:
+        """Each block's allocation in bytes (what it keeps while idle)."""
+        return [block.__sizeof__() for block in self._blocks]
+
+
+def join_payloads(parts: Sequence[Any], blocks: ReusableBlocks | None = None) -> Any:
     """One ``pa.binary()`` column of the payloads of ``parts``, in order: the decoder's Arrow binary
     columns (sliced or not) and lists of bytes alike, their bytes joined in one exact-size copy
-    (``b"".join``, which copies without the GIL) and the offsets summed in numpy. A batch's
-    payloads are never held twice over (a column per run of lists, then a concatenation, would
-    be), and ``pa.array``'s builder, which grows its buffer by doubling, copies more. One column
-    alone is returned as it is.
+    (``b"".join`` or :meth:`ReusableBlocks.join`, which copy in C) and the offsets summed in numpy.
+    A batch's payloads are never held twice over (a column per run of lists, then a
+    concatenation, would be), and ``pa.array``'s builder, which grows its buffer by doubling,
+    copies more. One column alone is returned as it is.
 
-    The copy is a fresh block from the C library, which maps a large one anew and frees it whole:
-    touching its pages costs about 0.6 ms per MiB here (55-70 ms for 100,000 records of 1 KiB).
-    pyarrow's mimalloc pool measured 9 ms in a loop, but it keeps a freed block for a second and
-    reuses it only for a batch that fits, so the resident memory would outgrow the README's bound
-    of two batches; and with batches seconds apart (``batch.max_wait_s``) its pages come back
-    page by page as well."""
+    Without ``blocks`` the copy is a fresh block from the C library, freed with the column. pyarrow's
+    mimalloc pool was tried instead (7abd072): it keeps a freed block for a second and reuses it
+    only for a batch that fits, so the resident memory could outgrow the README's bound of two
+    batches, and with batches seconds apart its pages come back page by page as well."""
     if len(parts) == 1 and isinstance(parts[0], pa.Array) and parts[0].type == pa.binary():
         return parts[0]
     pieces: list[Any] = []
@@ -174,7 +219,7 @@ def join_payloads(parts: Sequence[Any]) -> Any:
     total = int(sizes.sum())
     if total > _MAX_INT32:  # a batch is at most batch.max_bytes (1 GiB) and one event
         raise ValueError(f"{total} bytes of payloads exceed a binary column's 2 GiB")
-    joined = b"".join(pieces)
+    joined = blocks.join(pieces) if blocks is not None else b"".join(pieces)
     if len(joined) != total:  # a buffer whose len() is not its bytes (a memoryview of ints)
         raise TypeError("payloads are bytes (or byte buffers): a value's len() is not its size in bytes")
     offsets = np.zeros(len(sizes) + 1, np.int32)
@@ -184,6 +229,7 @@ def join_payloads(parts: Sequence[Any]) -> Any:
 
 __all__ = [
     "POOL",
+    "ReusableBlocks",
     "as_list",
     "column_bytes",
     "decode_base64",
