@@ -10,6 +10,7 @@ from contextlib import contextmanager, nullcontext
 
 from pyspark.sql import SparkSession
 
+from efo import gc_tuning
 from efo.config import Settings, SinkSpec
 from efo.errors import ConfigError
 from efo.health import HealthServer
@@ -30,6 +31,7 @@ def run(settings: Settings) -> int:
     if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
         with _serving(settings, service):
             service.health.ready_check("spark", lambda: None)
+            gc_tuning.tune()  # start-up is over: the process is efo's
             return _drive(_driver(None, sink, settings, service), install_signals=True)
     # The JVM starts before any thread of ours (pyspark forks it with a preexec_fn, unsafe with
     # threads running): the HTTP server comes after it, and the startup probe covers the wait.
@@ -41,6 +43,7 @@ def run(settings: Settings) -> int:
         raise
     with _serving(settings, service):
         service.health.ready_check("spark", lambda: session_problem(spark))
+        gc_tuning.tune()  # start-up is over: the process is efo's
         return _drive(_driver(spark, sink, settings, service), install_signals=True, then=spark.stop)
 
 
@@ -49,7 +52,8 @@ def run_with_session(
 ) -> int:
     """Run the service on the caller's SparkSession, which stays open. From the main thread,
     ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)
-    until it returns; the caller's handlers are restored then."""
+    until it returns; the caller's handlers are restored then. The garbage collector is the
+    caller's too: :func:`efo.gc_tuning.tune` sets it as ``efo run`` does."""
     require_filesystems(spark, sink_paths(settings, main_sink=sink is None))
     service = Service(settings)
     with _serving(settings, service):
