@@ -133,6 +133,7 @@ def time_bridge(runner: BatchRunner, batches: list[list[RecordChunk]], loop: Loo
     started = time.perf_counter()
     prefetch = Prefetcher(take_and_prepare)
     for _ in batches:
+        prepared = None  # as the driver lets go of it: its payload block is free for the batch after next
         prepared = prefetch.next()
         assert prepared is not None
         result = runner.commit(prepared)

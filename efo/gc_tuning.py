@@ -6,13 +6,14 @@ young generation is collected every few events, each time in the middle of a dec
 event's dicts alive, which promotes them, so the older generations are collected often too, the
 oldest over every module, botocore model and Spark object loaded at start. Measured with
 ``bench/ingest.py`` at 64 shards x 1 KiB (gc.callbacks around every collection): 67-80 us of
-collection per event of 100 records, 12-15 % of the process's CPU; with :func:`tune` 2-3 us.
+collection per event of 100 records, about 11 % of the process's CPU; with :func:`tune` 2-3 us.
 
-:func:`tune` collects once, freezes what start-up left (``gc.freeze``: the oldest generation's
-collections no longer walk it; it lives as long as the process anyway) and collects the young
-generation only once 10,000 more containers are alive than were, instead of 700. Records freed as
-usual (by reference counting) do not count towards that, so collections become rare without
-garbage cycles waiting longer than a few thousand containers' worth.
+:func:`tune` collects once, freezes what start-up left (``gc.freeze``: collections no longer walk
+it; a frozen object that later becomes cyclic garbage is never freed, and what start-up makes lives
+as long as the process) and collects the young generation only once 10,000 more containers are
+alive than were, instead of 700. Records freed as usual (by reference counting) do not count
+towards that; cyclic garbage waits for up to 10,000 containers before a young collection, and what
+survives one for the older generations' collections (10 and 100 young ones, as before).
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ def tune() -> None:
 
 @contextmanager
 def tuned() -> Iterator[None]:
-    """:func:`tune` for a while (benchmarks compare efo's code, tuned as ``efo run`` is, with others' code)."""
+    """:func:`tune` for a while (benchmarks run efo's code, tuned as ``efo run`` is, beside others'
+    code). The thresholds are put back; what was frozen is unfrozen only if nothing was before."""
     before = gc.get_threshold()
+    frozen_before = gc.get_freeze_count()
     tune()
     try:
         yield
     finally:
         gc.set_threshold(*before)
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()

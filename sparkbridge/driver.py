@@ -124,7 +124,11 @@ class Driver:
         watchdog.start()
         prefetch = Prefetcher(self._take_and_prepare)
         try:
+            prepared: PreparedBatch | None = None
             while not (self._stopping.is_set() or self.service.finished.is_set() or self.service.stopping.is_set()):
+                # Let go of the batch just committed before the one after next is prepared: its
+                # payload block is then free for it (sparkbridge.batches.BatchRunner.blocks).
+                prepared = None
                 prepared = prefetch.next()
                 if prepared is not None:
                     self.commit(prepared)

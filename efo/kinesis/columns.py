@@ -139,7 +139,8 @@ def as_list(data: Any) -> list[bytes]:
     return data.to_pylist() if isinstance(data, pa.Array) else data  # type: ignore[no-any-return]
 
 
-#: Pieces copied into a block per call: about 256 KiB of 1 KiB records, a few MiB of the decoder's columns.
+#: Pieces copied into a block per call, so that other threads get the GIL in between: 256 KiB of
+#: 1 KiB records, up to about 25 MiB of the decoder's per-event columns (2-3 ms).
 _PIECES_PER_WRITE = 256
 
 
@@ -150,33 +151,42 @@ class ReusableBlocks:
     A fresh block for every batch (``b"".join``) is mapped anew by the C library and its pages
     touched one by one: about 0.6 ms per MiB here, a 62 ms copy of 100,000 records of 1 KiB against
     12 ms into a block already mapped (docs/benchmarks.md section 2). A block is an
-    ``io.BytesIO``, and CPython itself refuses to write to one while a view of it is exported
+    ``io.BytesIO``, and CPython refuses to write to one while a view of it is exported
     (``BufferError``): a column made on it holds such a view (``pa.py_buffer``) for as long as
     anything refers to its data (the table, a slice, a sink that kept it), so a block in use is
-    never overwritten; the next free one is taken, or a fresh block when none is. Each block holds
-    at most the largest batch written into it since it last shrank: writing a batch less than half
-    its size shrinks it to that batch. With two (the batch in the sink and the next, prepared
-    while Spark commits), the driver stays within the README's two Arrow copies, and keeps them
-    while idle. Thread-safe."""
+    never overwritten; the next free one is taken, or a fresh block when none is. The columns are
+    read-only views. A block is allocated at exactly the size of the batch it is made for, and
+    made anew for a batch larger than it or at most half of it: it holds no more than one batch
+    that was written into it. With two (the batch in the sink and the next, prepared while Spark
+    commits), the driver stays within the README's two Arrow copies, and keeps them while idle.
+    Thread-safe."""
 
     def __init__(self, count: int = 2) -> None:
         self._blocks = [io.BytesIO() for _ in range(count)]
+        self._capacities = [0] * count  # bytes allocated for each block's data
         self._lock = threading.Lock()
 
-    def join(self, pieces: list[Any]) -> Any:
-        """The ``pieces`` one after another: a view of a free block, or fresh bytes when none is free."""
+    def join(self, pieces: list[Any], total: int) -> Any:
+        """The ``pieces`` (``total`` bytes) one after another: a read-only view of a free block, or fresh bytes."""
+        if not total:
+            return b""
         with self._lock:
-            for block in self._blocks:
-                block.seek(0)
+            for index, block in enumerate(self._blocks):
                 try:
-                    # In slices: one writelines holds the GIL throughout (b"".join lets go of it
-                    # while it copies), and the driver's thread waits for it between Spark calls.
-                    for start in range(0, len(pieces), _PIECES_PER_WRITE):
-                        block.writelines(pieces[start : start + _PIECES_PER_WRITE])
-                    block.truncate()  # at what was written: a block less than half full shrinks to it
-                except BufferError:  # a column made on this block is alive
+                    block.write(b"")  # nothing, or BufferError while a column made on it is alive
+                except BufferError:
                     continue
-                return block.getbuffer()
+                capacity = self._capacities[index]
+                if total > capacity or total <= capacity // 2:  # (BytesIO itself would shrink it then)
+                    block = self._blocks[index] = io.BytesIO()  # the old block is freed
+                    block.seek(total - 1)
+                    block.write(b"\0")  # one allocation of exactly total bytes (zero-filled)
+                    self._capacities[index] = total
+                block.seek(0)
+                for start in range(0, len(pieces), _PIECES_PER_WRITE):
+                    block.writelines(pieces[start : start + _PIECES_PER_WRITE])
+                block.truncate()
+                return block.getbuffer().toreadonly()
         return b"".join(pieces)
 
     def sizes(self) -> list[int]:
@@ -219,7 +229,7 @@ def join_payloads(parts: Sequence[Any], blocks: ReusableBlocks | None = None) ->
     total = int(sizes.sum())
     if total > _MAX_INT32:  # a batch is at most batch.max_bytes (1 GiB) and one event
         raise ValueError(f"{total} bytes of payloads exceed a binary column's 2 GiB")
-    joined = blocks.join(pieces) if blocks is not None else b"".join(pieces)
+    joined = blocks.join(pieces, total) if blocks is not None else b"".join(pieces)
     if len(joined) != total:  # a buffer whose len() is not its bytes (a memoryview of ints)
         raise TypeError("payloads are bytes (or byte buffers): a value's len() is not its size in bytes")
     offsets = np.zeros(len(sizes) + 1, np.int32)

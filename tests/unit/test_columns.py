@@ -327,20 +327,30 @@ def test_a_block_is_not_written_while_anything_made_on_it_is_alive_and_is_reused
     assert _data_address(join_payloads([[b"m" * 5], [b"n" * 4]], blocks)) == second_block
 
 
-def test_a_block_keeps_its_pages_for_the_next_batch_and_shrinks_to_a_batch_under_half_of_it() -> None:
-    """The point of reusing: the next batch of the same size touches no new page (a fresh block
-    of 8 MiB is about 2,000 page faults here), and an idle block holds no more than it needs."""
+def test_a_block_keeps_its_pages_for_the_next_batch_and_is_made_anew_for_one_under_half_of_it() -> None:
+    """The point of reusing: the next batch of the same size touches no new page, where a fresh
+    copy of 40 MiB (over glibc's largest mmap threshold, so always mapped anew) touches all of
+    them; and an idle block holds no more than its last batch."""
     import resource
 
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    pages = (40 << 20) // resource.getpagesize()
+    batch = [[os.urandom(1 << 20) for _ in range(40)]]
+    before = faults()
+    fresh = join_payloads(batch)
+    assert faults() - before > pages // 2  # the control: this machine maps a fresh block page by page
+    del fresh
     blocks = ReusableBlocks(1)
-    batch = [[os.urandom(1024) for _ in range(8192)]]
     column = join_payloads(batch, blocks)
+    assert blocks.sizes()[0] >= 40 << 20
     del column
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = faults()
     column = join_payloads(batch, blocks)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 200
+    assert faults() - before < pages // 20
     assert column.to_pylist() == batch[0]
-    assert blocks.sizes()[0] >= 8 << 20
+    assert not column.buffers()[2].is_mutable  # a view of the block, read-only
     del column
     small = join_payloads([[b"x" * 1000] * 10, [b"y"]], blocks)
     assert small.to_pylist() == [b"x" * 1000] * 10 + [b"y"]
@@ -357,9 +367,9 @@ def test_an_empty_join_into_a_block_in_use_leaves_it_alone() -> None:
 @pytest.mark.parametrize("blocks", [None, ReusableBlocks], ids=["fresh", "into-a-new-block"])
 def test_joined_payloads_are_copied_once_whatever_the_mix(blocks: type[ReusableBlocks] | None) -> None:
     """The batch's payloads are never held twice over while its column is made: one exact-size
-    copy, nothing more (a column per run of lists, then a concatenation, took two; a block
-    growing by copying would too). Arrow's allocations go through a proxy pool whose peak is
-    read; Python's through tracemalloc."""
+    copy, nothing more (a column per run of lists, then a concatenation, took two), into a
+    fresh block or one allocated at the batch's size. Arrow's allocations go through a proxy
+    pool whose peak is read; Python's through tracemalloc."""
     import tracemalloc
 
     big = [os.urandom(1000) for _ in range(1024)]
@@ -406,3 +416,47 @@ def test_joined_payloads_refuse_a_buffer_whose_length_is_not_its_bytes() -> None
 
     with pytest.raises(TypeError, match="payloads are bytes"):
         join_payloads([[memoryview(array("i", [1, 2]))]])
+
+
+def test_a_runner_prepares_each_batch_into_a_free_block_and_reuses_it_once_the_batch_is_gone() -> None:
+    """The driver's BatchRunner copies the payloads of the batch it prepares into its blocks: the
+    batch in the sink and the next one never share a block; once the first is let go, the one
+    after next takes its block."""
+    from sparkbridge.batches import BatchRunner
+
+    runner = BatchRunner(None, sink=None, max_attempts=1, retry_backoff_s=0)  # type: ignore[arg-type]
+    payloads = [os.urandom(100) for _ in range(8)]
+
+    def prepare(serial: int) -> Any:
+        return runner.prepare(f"b-{serial}", [_chunk("shard-0", 100 * serial, payloads, column=False)])
+
+    first, second = prepare(1), prepare(2)
+    first_block = _data_address(first.table.column("data").chunk(0))
+    assert _data_address(second.table.column("data").chunk(0)) != first_block
+    del first
+    third = prepare(3)
+    assert _data_address(third.table.column("data").chunk(0)) == first_block
+    for batch in (second, third):
+        assert batch.table.column("data").to_pylist() == payloads
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["orders", "payments", "clicks-é"]), st.integers(0, 2), st.integers(0, 3)),
+        max_size=12,
+    )
+)
+def test_stream_and_shard_columns_repeat_each_chunk_s_own_in_order(chunks: list[tuple[str, int, int]]) -> None:
+    """Several streams and shards interleaved, empty chunks among them."""
+    made = [
+        RecordChunk.of_rows(stream, f"shardId-{shard}", i, [Row(str(i * 10 + j), b"x", "k", 0) for j in range(rows)])
+        for i, (stream, shard, rows) in enumerate(chunks)
+    ]
+    table = to_table(made)
+    assert table.column("stream").to_pylist() == [stream for stream, _, rows in chunks for _ in range(rows)]
+    assert table.column("shard_id").to_pylist() == [
+        f"shardId-{shard}" for _, shard, rows in chunks for _ in range(rows)
+    ]
+    assert table.column("sequence_number").to_pylist() == [
+        str(i * 10 + j) for i, (_, _, rows) in enumerate(chunks) for j in range(rows)
+    ]
