@@ -201,3 +201,43 @@ def test_end_to_end_latencies_are_seconds_from_each_record_s_arrival_to_the_comm
     latencies = end_to_end_latencies_s(to_table(chunks), committed_at_ms=1_700_000_001_000.0)
     assert latencies.to_pylist() == [1.0, 0.75, 0.5, 0.25, 1.0, 0.75]
     assert end_to_end_latencies_s(None, 0.0).to_pylist() == []
+
+
+def test_the_driver_collects_the_batch_s_reference_cycles_once_it_is_committed() -> None:
+    """py4j's proxies of a batch's Spark objects sit in reference cycles: the JVM drops the batch
+    only once Python's collector has freed them, which the driver does after each commit rather
+    than leaving it to the (rare, efo.gc_tuning) automatic collections."""
+    import gc
+    import weakref
+
+    from sparkbridge.batches import BatchRunner
+
+    class Proxy:  # as py4j's JavaObject and the JavaMember it caches refer to each other
+        def __init__(self) -> None:
+            self.member = self
+
+    proxies: list[weakref.ref[Proxy]] = []
+
+    class Sink:
+        takes_arrow = True
+
+        def write(self, table: Any, batch: Any) -> None:
+            proxies.append(weakref.ref(Proxy()))
+
+    class Service(FakeService):
+        def batch_started(self) -> None:
+            pass
+
+        def commit(self, commits: Any) -> None:
+            list(commits)
+
+    settings = load_settings(stream="s", app="a", sink="console")
+    runner = BatchRunner(None, Sink(), max_attempts=1, retry_backoff_s=0)  # type: ignore[arg-type]
+    driver = Driver(runner, settings, Service(), exit_process=lambda code: None)  # type: ignore[arg-type]
+    chunk = RecordChunk.of_rows("s", "shard-0", 1, [Row("1", b"x", "k", 0)])
+    gc.disable()
+    try:
+        driver.commit(runner.prepare("b-1", [chunk]))
+        assert len(proxies) == 1 and proxies[0]() is None
+    finally:
+        gc.enable()
