@@ -12,8 +12,10 @@ collection per event of 100 records, about 11 % of the process's CPU; with :func
 it; a frozen object that later becomes cyclic garbage is never freed, and what start-up makes lives
 as long as the process) and collects the young generation only once 10,000 more containers are
 alive than were, instead of 700. Records freed as usual (by reference counting) do not count
-towards that; cyclic garbage waits for up to 10,000 containers before a young collection, and what
-survives one for the older generations' collections (10 and 100 young ones, as before).
+towards that; cyclic garbage waits for up to 10,000 containers before a young collection. The
+driver also collects the young and middle generations after each batch, and all of them every
+10th (sparkbridge.driver.Driver.commit): py4j's proxies of a batch's Spark objects are cycles that
+hold the batch in the JVM until they are collected.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def tune() -> None:
     """Set the collector for the rest of the process: after start-up, before records flow."""
     gc.collect()
     gc.freeze()
+    gc.collect()  # so that full collections are started by what was made since, not by start-up's size
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
 

@@ -203,26 +203,14 @@ def test_end_to_end_latencies_are_seconds_from_each_record_s_arrival_to_the_comm
     assert end_to_end_latencies_s(None, 0.0).to_pylist() == []
 
 
-def test_the_driver_collects_the_batch_s_reference_cycles_once_it_is_committed() -> None:
-    """py4j's proxies of a batch's Spark objects sit in reference cycles: the JVM drops the batch
-    only once Python's collector has freed them, which the driver does after each commit rather
-    than leaving it to the (rare, efo.gc_tuning) automatic collections."""
-    import gc
-    import weakref
-
+def _committing_driver(write: Any) -> tuple[Driver, Any]:
     from sparkbridge.batches import BatchRunner
-
-    class Proxy:  # as py4j's JavaObject and the JavaMember it caches refer to each other
-        def __init__(self) -> None:
-            self.member = self
-
-    proxies: list[weakref.ref[Proxy]] = []
 
     class Sink:
         takes_arrow = True
 
         def write(self, table: Any, batch: Any) -> None:
-            proxies.append(weakref.ref(Proxy()))
+            write()
 
     class Service(FakeService):
         def batch_started(self) -> None:
@@ -233,11 +221,62 @@ def test_the_driver_collects_the_batch_s_reference_cycles_once_it_is_committed()
 
     settings = load_settings(stream="s", app="a", sink="console")
     runner = BatchRunner(None, Sink(), max_attempts=1, retry_backoff_s=0)  # type: ignore[arg-type]
-    driver = Driver(runner, settings, Service(), exit_process=lambda code: None)  # type: ignore[arg-type]
+    return Driver(runner, settings, Service(), exit_process=lambda code: None), runner  # type: ignore[arg-type]
+
+
+class _Proxy:  # as py4j's JavaObject and the JavaMember it caches refer to each other
+    def __init__(self) -> None:
+        self.member = self
+
+
+def test_the_driver_collects_the_batch_s_reference_cycles_once_it_is_committed() -> None:
+    """py4j's proxies of a batch's Spark objects sit in reference cycles: the JVM drops the batch
+    only once Python's collector has freed them, which the driver does after each commit rather
+    than leaving it to the (rare, efo.gc_tuning) automatic collections. One that a young
+    collection during the batch made middle-aged goes too."""
+    import gc
+    import weakref
+
+    proxies: list[weakref.ref[_Proxy]] = []
+
+    def write() -> None:
+        proxies.append(weakref.ref(proxy := _Proxy()))
+        gc.collect(0)  # as a young collection during the batch would: the proxy, alive, moves up
+        assert any(obj is proxy for obj in gc.get_objects(1))
+
+    driver, runner = _committing_driver(write)
     chunk = RecordChunk.of_rows("s", "shard-0", 1, [Row("1", b"x", "k", 0)])
+    enabled = gc.isenabled()
     gc.disable()
     try:
         driver.commit(runner.prepare("b-1", [chunk]))
         assert len(proxies) == 1 and proxies[0]() is None
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
+
+
+def test_what_outlived_a_batch_and_became_garbage_later_is_collected_within_the_oldest_threshold() -> None:
+    """The per-batch collection moves survivors to the oldest generation and resets the counts that
+    start a full collection: every oldest-threshold-th batch collects all generations."""
+    import gc
+    import weakref
+
+    kept: list[_Proxy] = []
+    driver, runner = _committing_driver(lambda: kept.append(_Proxy()) if not kept else None)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        driver.commit(runner.prepare("b-1", [RecordChunk.of_rows("s", "shard-0", 1, [Row("1", b"x", "k", 0)])]))
+        gone = weakref.ref(kept[0])
+        assert any(obj is kept[0] for obj in gc.get_objects(2))  # survived a batch: the oldest generation
+        kept.clear()  # garbage now, in a cycle
+        for serial in range(2, 2 + gc.get_threshold()[2] + 1):
+            if gone() is None:
+                break
+            chunk = RecordChunk.of_rows("s", "shard-0", serial, [Row(str(serial), b"x", "k", 0)])
+            driver.commit(runner.prepare(f"b-{serial}", [chunk]))
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()
