@@ -14,7 +14,7 @@ as long as the process) and collects the young generation only once 10,000 more 
 alive than were, instead of 700. Records freed as usual (by reference counting) do not count
 towards that; cyclic garbage waits for up to 10,000 containers before a young collection. The
 driver also collects the young and middle generations after each batch, and all of them every
-10th (sparkbridge.driver.Driver.commit): py4j's proxies of a batch's Spark objects are cycles that
+11th (sparkbridge.driver.Driver.commit): py4j's proxies of a batch's Spark objects are cycles that
 hold the batch in the JVM until they are collected.
 """
 

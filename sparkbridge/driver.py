@@ -231,10 +231,11 @@ class Driver:
         # (bench/service_cpu.py, Parquet sink). A collection of the young and middle generations
         # catches what the batch made (unless something still held it then); it also moves every
         # survivor to the oldest generation and resets the counts that would start a full
-        # collection, so every oldest-threshold-th batch (10th) collects all generations, as
-        # CPython would: what outlived a batch and became cyclic garbage later is freed too.
-        # After start-up is frozen these walk only what was made since (a full one per batch
-        # cost 0.007 CPU-s per 10,000 records of the driver's thread; this, about a tenth).
+        # collection, so once the oldest generation's count reaches its threshold (every 11th
+        # batch, or sooner) all generations are collected, as CPython would: what outlived a
+        # batch and became cyclic garbage later is freed too. After start-up is frozen these walk
+        # only what was made since (a full one per batch cost the driver's thread 0.007 CPU-s
+        # per 10,000 records).
         gc.collect(2 if gc.get_count()[2] >= gc.get_threshold()[2] else 1)
         log.info(
             "batch.committed",
