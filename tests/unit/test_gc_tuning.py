@@ -23,6 +23,17 @@ def test_tuned_raises_the_young_threshold_freezes_start_up_and_puts_both_back() 
     assert gc.get_freeze_count() == before_frozen
 
 
+def test_tuned_leaves_frozen_what_was_frozen_before_it() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_tuning.tuned():
+            pass
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
+
+
 class _Node:
     def __init__(self) -> None:
         self.me = self
