@@ -4,8 +4,10 @@ A SubscribeToShardEvent carries each record's data as its own base64 string, pad
 four characters. Decoding them one by one costs a call and a ``bytes`` object per record. Here the
 strings of an event are joined and decoded in one call into one buffer, and that buffer becomes the
 event's ``data`` column (a ``pyarrow.BinaryArray``) as it is. The decoder takes this path for small
-records (efo.kinesis.decoder.decode_payloads); larger ones are decoded one by one into bytes, and
-the bridge copies both kinds into its batch's column at once (:func:`join_payloads`).
+records in the events that orjson parses (efo.kinesis.decoder.decode_payloads: those whose first
+record is over 1,350 B, or that msgspec refuses; msgspec decodes the others' payloads into bytes
+faster than this). Larger ones are decoded one by one into bytes, and the bridge copies both kinds
+into its batch's column at once (:func:`join_payloads`).
 
 Joined strings cannot simply be decoded as one: a record's padding (``=``) would end the decoding
 in the middle. So each ``=`` is first replaced by ``A`` (zero bits): every record then decodes to

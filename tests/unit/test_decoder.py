@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from efo.devstack.eventstream import encode_message
+from efo.kinesis import decoder
 from efo.kinesis.columns import as_list
 from efo.kinesis.decoder import (
     _EXACT_BELOW_S,
@@ -232,6 +233,149 @@ def test_decoder_matches_botocore(
         else:  # botocore drops the code of a type its model does not know; efo keeps it
             assert stock_error.response["Error"]["Code"] == ""
             assert efo_error.response["Error"] == {"Code": code, "Message": message}
+
+
+# ---- msgspec (small records) and orjson give the same events and the same errors -----------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=6,
+)
+#: Near the edges of what msgspec types as a 64-bit int and orjson parses as an int (to 2**64 - 1) or a float.
+edge_integers = st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1])
+base64_texts = st.text(alphabet="ABCDQRSTabcz019+/=\n -_\u00e9", max_size=24)
+odd_records = st.fixed_dictionaries(
+    {},
+    optional={
+        "SequenceNumber": digits | json_values,
+        "ApproximateArrivalTimestamp": timestamps | edge_integers | json_values,
+        "Data": st.binary(max_size=40).map(lambda data: base64.b64encode(data).decode()) | base64_texts | json_values,
+        "PartitionKey": st.text(max_size=8) | json_values,
+        "EncryptionType": json_values,
+    },
+)
+odd_events = st.fixed_dictionaries(
+    {},
+    optional={
+        "Records": st.lists(records.map(lambda r: {**r, "Data": base64.b64encode(r["Data"]).decode()}) | odd_records)
+        | json_values,
+        "MillisBehindLatest": st.integers(0, 2**53) | edge_integers | json_values,
+        "ContinuationSequenceNumber": digits | json_values,
+        "ChildShards": child_shards | json_values,
+    },
+)
+
+
+def _outcome(decode: Any, payload: bytes) -> Any:
+    """What decoding gives, types included (1 and 1.0 differ), or the error it raises."""
+    try:
+        e = decode(payload)
+    except Exception as exc:
+        return ("raised", type(exc), str(exc))
+    fields = (e.sequence_numbers, e.partition_keys, e.arrival_ms, as_list(e.data), e.data_bytes)
+    return repr((*fields, e.continuation_sequence_number, e.millis_behind_latest, e.child_shards))
+
+
+def _decode_with_orjson(payload: bytes) -> ShardEvent:
+    return decoder._from_json(orjson.loads(payload))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    event=st.one_of(
+        events.map(
+            lambda e: {**e, "Records": [{**r, "Data": base64.b64encode(r["Data"]).decode()} for r in e["Records"]]}
+        ),
+        odd_events,
+    ),
+    cut=st.none() | st.integers(0, 10**4),
+    splice=st.sampled_from([b"", b"\\ud800", b"\xff", b"\x01", b" x"]),
+)
+@example(
+    event={
+        "Records": [
+            {"SequenceNumber": "1", "ApproximateArrivalTimestamp": 2**64 - 1, "Data": "QQ==", "PartitionKey": "k"}
+        ]
+    },
+    cut=None,
+    splice=b"",
+)
+@example(event={"MillisBehindLatest": 2**63, "Records": []}, cut=None, splice=b"")
+@example(event={"ChildShards": [{"ShardId": 2**64}]}, cut=None, splice=b"")
+@example(
+    event={
+        "Records": [{"SequenceNumber": "1", "ApproximateArrivalTimestamp": 1, "Data": "QQ==\n", "PartitionKey": "k"}]
+    },
+    cut=None,
+    splice=b"",
+)
+def test_small_records_decode_as_orjson_and_pybase64_would(
+    event: dict[str, Any], cut: int | None, splice: bytes
+) -> None:
+    payload = json.dumps(event).encode()
+    if cut is not None:  # a truncated or corrupted event: both raise, the same error
+        cut %= len(payload) + 1
+        payload = payload[:cut] + splice + payload[cut:]
+    assert _outcome(decode_event, payload) == _outcome(_decode_with_orjson, payload)
+    assert _outcome(decode_event, memoryview(payload)) == _outcome(_decode_with_orjson, payload)
+
+
+def _event_of(key: bytes = b'"k"', arrival: bytes = b"1.5", data: bytes = b'"QQ=="', rest: bytes = b"") -> bytes:
+    record = b'{"SequenceNumber":"1","ApproximateArrivalTimestamp":' + arrival + b',"Data":' + data
+    return b'{"Records":[' + record + b',"PartitionKey":' + key + b"}]" + rest + b"}"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _event_of(key=b'"\xff"'),  # not UTF-8: msgspec raises UnicodeDecodeError, orjson its JSONDecodeError
+        _event_of(key=b'"\xc0\xaf"'),
+        _event_of(key=b'"\\ud800"'),  # a lone surrogate
+        _event_of(key=b'"\\ud83d\\ude00"'),
+        _event_of(key=b'"a\x01"'),
+        _event_of(arrival=b"1e400"),
+        _event_of(arrival=b"-0.0"),
+        _event_of(arrival=b"1E5"),
+        _event_of(arrival=b"18446744073709551615"),  # 2**64 - 1: an int for both
+        _event_of(arrival=b"123456789012345678901234567890"),  # a float for orjson
+        _event_of(rest=b',"MillisBehindLatest":18446744073709551616'),
+        _event_of(rest=b',"MillisBehindLatest":-9223372036854775809'),
+        _event_of(rest=b',"MillisBehindLatest":1.0'),
+        _event_of(rest=b',"ChildShards":[{"ShardId":"s","HashKeyRange":{"StartingHashKey":18446744073709551616}}]'),
+        _event_of(rest=b',"ChildShards":{}'),
+        _event_of(rest=b',"Records":[]'),  # a duplicate key: the last one counts
+        _event_of(data=b'"QQ==\\n"'),  # not canonical: botocore's lenient base64
+        _event_of(data=b'"QQ"'),
+        _event_of(data=b"null"),
+        _event_of() + b" x",
+        b"\xef\xbb\xbf" + _event_of(),
+        b" \n" + _event_of() + b"\n ",
+        b"[]",
+    ],
+)
+def test_corner_cases_decode_as_orjson_and_pybase64_would(payload: bytes) -> None:
+    assert _outcome(decode_event, payload) == _outcome(_decode_with_orjson, payload)
+
+
+def test_events_of_small_records_are_parsed_by_msgspec_and_large_ones_by_orjson(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def record(size: int) -> dict[str, Any]:
+        data = base64.b64encode(b"x" * size).decode()
+        return {"SequenceNumber": "1", "ApproximateArrivalTimestamp": 1.5, "Data": data, "PartitionKey": "k"}
+
+    parsed: list[int] = []
+    monkeypatch.setattr(decoder, "_from_json", lambda body: parsed.append(len(body["Records"])) or ShardEvent())
+    small = decode_event(orjson.dumps({"Records": [record(1024), record(100)]}))
+    assert as_list(small.data) == [b"x" * 1024, b"x" * 100] and parsed == []
+    decode_event(orjson.dumps({"Records": [record(2048), record(100)]}))  # the first record decides
+    decode_event(orjson.dumps({"x": "-" * 5000, "Records": [record(1)]}))  # no record in the first 4 KiB
+    assert parsed == [2, 1]
 
 
 @given(st.one_of(st.floats(min_value=0, max_value=1e11, allow_nan=False), st.integers(0, 10**11)))
