@@ -12,7 +12,8 @@ the client reads. For each shard count and record size, in the same run, interle
   on a ``queue.Queue`` that the main thread drains and counts;
 * ``parse``: the parse limit, no network, no pool, no handoff: the same event frames the server
   sends, cut into 64 KiB pieces (what one socket read hands aiohttp), through botocore's
-  ``EventStreamBuffer`` (framing and CRCs) and efo's payload decoder (orjson, base64) in a tight loop;
+  ``EventStreamBuffer`` (framing and CRCs) and efo's payload decoder (msgspec, or orjson and
+  pybase64) in a tight loop;
 * ``parse-efo``: the same, framed by efo's :class:`efo.kinesis.framing.Framer` instead;
 * ``efo-botocore`` (only with ``--variants``): ``efo`` below with botocore's framing
   (``efo.kinesis.decoder.FRAMING = "botocore"``, what ``EFO_TEST_FRAMING=botocore`` selects);
