@@ -55,7 +55,7 @@ from efo.devstack.stack import DEFAULT_SHARD_LIMIT, LocalStack, StackEndpoints, 
 
 BATCH_MAX_BYTES = 64 * 2**20  # batch.max_bytes, the default
 # Per record at 100 records an event: 250 B of strings, list slots and ints (tracemalloc, 20-character
-# keys), and about 40 B when an event's records average over 768 B: each payload a bytes of its own (README).
+# keys), and about 40 B for each payload's bytes of its own (README).
 K_RECORD_BYTES = 350
 # Per shard with events arriving back to back (a consumer catching up), measured in docs/benchmarks.md
 # (about 1.2 MiB a stalled shard with 200 KiB events): the decoded event waiting for budget, its raw

@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pybase64
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import load_settings
 from efo.kinesis.columns import ReusableBlocks
-from efo.kinesis.decoder import decode_payloads
+from efo.kinesis.decoder import decode_event
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
 from efo.pipeline.records import RecordChunk, Row
@@ -63,8 +64,9 @@ class NoopSink:
 
 def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: int) -> list[RecordChunk]:
     """Chunks as the subscription hands them over: lists of sequence numbers, keys and arrival
-    times, and the data as the decoder leaves it (decode_payloads: one Arrow column for small
-    records, a list of bytes for larger ones), so the bridge's conversion is part of what is timed."""
+    times, and the data as the decoder leaves it (decode_event on the records' JSON: a list of bytes,
+    or for some events of small records an Arrow column), so the bridge's conversion is part of what
+    is timed."""
     chunks: list[RecordChunk] = []
     serials = [0] * shards
     for start in range(0, records, chunk_records):
@@ -75,7 +77,16 @@ def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: in
             for i in range(start, min(records, start + chunk_records))
         )
         chunk = RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows)
-        chunk.data = decode_payloads([pybase64.b64encode(data).decode() for data in chunk.data])
+        wire = [
+            {
+                "SequenceNumber": s,
+                "ApproximateArrivalTimestamp": 1.5,
+                "Data": pybase64.b64encode(data).decode(),
+                "PartitionKey": k,
+            }
+            for s, data, k in zip(chunk.sequence_numbers, chunk.data, chunk.partition_keys, strict=True)
+        ]
+        chunk.data = decode_event(orjson.dumps({"Records": wire})).data
         chunks.append(chunk)
     return chunks
 

@@ -1,12 +1,13 @@
 """The cyclic garbage collector, set for a process that decodes records all day (``efo run``).
 
-Decoding one SubscribeToShardEvent makes a dict per record (orjson), and the records' lists live on
-in the pending pool until their batch commits. With CPython's default thresholds (700, 10, 10) the
-young generation is collected every few events, each time in the middle of a decode with that
-event's dicts alive, which promotes them, so the older generations are collected often too, the
-oldest over every module, botocore model and Spark object loaded at start. Measured with
-``bench/ingest.py`` at 64 shards x 1 KiB (gc.callbacks around every collection): 67-80 us of
-collection per event of 100 records, about 11 % of the process's CPU; with :func:`tune` 2-3 us.
+Decoding one SubscribeToShardEvent made a dict per record (orjson; events of records over 1,350 B
+still do), and the records' lists live on in the pending pool until their batch commits. With
+CPython's default thresholds (700, 10, 10) the young generation is collected every few events,
+each time in the middle of a decode with that event's dicts alive, which promotes them, so the
+older generations are collected often too, the oldest over every module, botocore model and Spark
+object loaded at start. Measured with ``bench/ingest.py`` at 64 shards x 1 KiB (gc.callbacks
+around every collection, before msgspec): 67-80 us of collection per event of 100 records, about
+11 % of the process's CPU; with :func:`tune` 2-3 us.
 
 :func:`tune` collects once, freezes what start-up left (``gc.freeze``: collections no longer walk
 it; a frozen object that later becomes cyclic garbage is never freed, and what start-up makes lives

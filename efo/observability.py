@@ -203,6 +203,7 @@ class Metrics:
     bytes_committed: Counter
     records_duplicate: Counter
     records_invalid_json: Counter
+    events_decoded_twice: Counter
     corrupt_aggregates: Counter
     subscriptions_started: Counter
     subscriptions_ended: Counter
@@ -285,6 +286,12 @@ class Metrics:
             records_invalid_json=Counter(
                 "efo_records_invalid_json_total",
                 "Rows whose data did not parse as JSON (kept, error set).",
+                registry=registry,
+            ),
+            events_decoded_twice=Counter(
+                "efo_events_decoded_twice_total",
+                "Events of small records that msgspec refused and orjson decoded: a field or value it does not "
+                "know, child shards or corrupt input; each costs a second parse.",
                 registry=registry,
             ),
             corrupt_aggregates=Counter(

@@ -31,6 +31,7 @@ import binascii
 import functools
 import math
 import os
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,6 +50,7 @@ from botocore.exceptions import EventStreamError
 
 from efo.kinesis.columns import column_bytes, decode_base64
 from efo.kinesis.framing import Framer, Message
+from efo.observability import METRICS
 from efo.pipeline.records import Payloads, empty_payloads
 
 OPERATION_NAME = "SubscribeToShard"
@@ -205,24 +207,27 @@ def decode_message(headers: dict[str, Any], payload: bytes | memoryview) -> Shar
 #: costs 0.43 of orjson and pybase64 at 100 B records, 0.58 at 512 B, 0.93 at 1 KiB, 1.05 at 1.5 KiB
 #: and 1.6 at 10 KiB (its base64 decoder is scalar, pybase64's vectorised).
 TYPED_MAX_DATA_CHARS = 1800
-#: How much of an event is copied to find its first record's data (the keys before it are short).
+#: How much of an event is searched for its first record's data (the keys before it are short).
 _HEAD_BYTES = 4096
-_DATA_KEY = b'"Data":"'
+_DATA_VALUE = re.compile(rb'"Data"[ \t\n\r]*:[ \t\n\r]*"')
 _Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
-class _Record(msgspec.Struct, gc=False):
+# Every field an event and its records have is declared, and any other refused: msgspec would skip an
+# unknown value without checking it as orjson does (its UTF-8, its numbers, its depth).
+class _Record(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     SequenceNumber: str
     ApproximateArrivalTimestamp: _Int64 | float
     Data: bytes  # base64 in the JSON, decoded strictly (a non-canonical value fails, as validate=True)
     PartitionKey: str
+    EncryptionType: str | None = None  # not read
 
 
-class _Event(msgspec.Struct, gc=False):
+class _Event(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     Records: list[_Record] | None = None
     ContinuationSequenceNumber: str | None = None
     MillisBehindLatest: _Int64 | None = None
-    ChildShards: msgspec.Raw = msgspec.Raw(b"null")  # rare (a shard's last event): parsed by orjson
+    ChildShards: None = None  # a shard's last event has them: orjson parses that one
 
 
 _decode_typed = msgspec.json.Decoder(_Event).decode
@@ -231,35 +236,39 @@ _decode_typed = msgspec.json.Decoder(_Event).decode
 def decode_event(payload: bytes | memoryview) -> ShardEvent:
     """Decode the JSON payload of a SubscribeToShardEvent message.
 
-    Small records go through msgspec, which parses the JSON and decodes each record's base64 data
-    in one pass into typed fields: no dict or base64 string per record. The fields are typed as
-    orjson would give them where they are valid (a str, an int within 64 bits or a float, canonical
-    base64), and anything else (bad JSON, a missing field, a value of another type, base64 that
-    ``validate=True`` would refuse) fails there; the event is then decoded again by orjson and
-    pybase64, as every event of large records is, with botocore's lenient base64 as the fallback.
-    So both paths give the same values and raise the same errors (tests/unit/test_decoder.py
-    checks it on arbitrary events)."""
-    if _first_data_chars(payload) <= TYPED_MAX_DATA_CHARS:
+    An event whose first record is small goes through msgspec, which parses the JSON and decodes
+    each record's base64 data in one pass into typed fields: no dict or base64 string per record.
+    Its fields are typed as orjson gives them where they are valid (a str, an int within 64 bits or
+    a float, canonical base64), and every field an event has is declared. Anything else (bad JSON,
+    an unknown or missing field, a value of another type, base64 that ``validate=True`` would refuse,
+    an event with child shards) fails there, and the event is decoded again by orjson and pybase64,
+    as every event of large records is (``efo_events_decoded_twice_total`` counts them), with
+    botocore's lenient base64 as the last resort. So both paths give the same values and raise the
+    same errors (tests/unit/test_decoder.py checks it on arbitrary and corrupted events)."""
+    if _first_record_is_small(payload):
         try:
-            return _from_typed(_decode_typed(payload))
-        except ValueError:  # msgspec's DecodeError and ValidationError, a UnicodeDecodeError, orjson's errors
-            pass
+            body = _decode_typed(payload)
+        except ValueError:  # msgspec's DecodeError and ValidationError, a UnicodeDecodeError
+            METRICS.events_decoded_twice.inc()
+        else:
+            return _from_typed(body)
     return _from_json(orjson.loads(payload))
 
 
-def _first_data_chars(payload: bytes | memoryview) -> int:
-    """The length of the first record's base64 data if it ends within the event's first bytes, else a larger number."""
+def _first_record_is_small(payload: bytes | memoryview) -> bool:
+    """Whether the first record's base64 data, within the event's first bytes, is at most TYPED_MAX_DATA_CHARS long."""
     head = bytes(payload[:_HEAD_BYTES])
-    start = head.find(_DATA_KEY)
-    end = head.find(b'"', start + len(_DATA_KEY)) if start >= 0 else -1
-    return end - start - len(_DATA_KEY) if end >= 0 else _HEAD_BYTES
+    value = _DATA_VALUE.search(head)
+    if value is None:
+        return False
+    end = head.find(b'"', value.end())
+    return end >= 0 and end - value.end() <= TYPED_MAX_DATA_CHARS
 
 
 def _from_typed(body: _Event) -> ShardEvent:
     event = ShardEvent(
         continuation_sequence_number=body.ContinuationSequenceNumber,
         millis_behind_latest=body.MillisBehindLatest,
-        child_shards=orjson.loads(bytes(body.ChildShards)) or [],
     )
     records = body.Records
     if records:

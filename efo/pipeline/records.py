@@ -77,9 +77,9 @@ MAX_SUB_SEQUENCE = 2**63 - 1
 #: An event's record payloads, in order, as the decoder hands them on: a list of bytes (decoded one
 #: by one, by msgspec or pybase64; KPL sub-records; botocore's parse), or one ``pyarrow`` binary array
 #: when they were base64-decoded in bulk (efo.kinesis.columns.decode_base64: small records in an
-#: event that orjson parses). The bridge
-#: copies a batch's payloads, of either kind, into one column at once (efo.kinesis.columns.join_payloads):
-#: an Arrow array per event measured dearer than that for large records.
+#: event that orjson parses). The bridge copies a batch's payloads, of either kind, into one column at
+#: once (efo.kinesis.columns.join_payloads): an Arrow array per event measured dearer than that for
+#: large records.
 #: :func:`efo.kinesis.columns.column_bytes` counts the bytes of either. (pyarrow ships no type stubs:
 #: mypy sees the array as Any, so tests run every path on both shapes.)
 Payloads: TypeAlias = "pa.BinaryArray | list[bytes]"

@@ -39,9 +39,9 @@ def test_an_arrow_sink_gets_every_record_once_in_order_and_no_spark_starts(
 def test_small_and_large_records_reach_the_sink_whole_in_one_batch(
     local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
 ) -> None:
-    """An event of small records is decoded together into one Arrow column, an event of records
-    over 768 B one by one into bytes (efo.kinesis.decoder.decode_payloads); the bridge makes one
-    data column of a batch holding both. Every payload arrives whole, once, in order per key.
+    """An event of small records is decoded by msgspec, an event of records over 1,350 B by orjson
+    and pybase64 (efo.kinesis.decoder.decode_event); the bridge makes one data column of a batch
+    holding both. Every payload arrives whole, once, in order per key.
 
     The small records all go to one shard and the large ones to the other (ExplicitHashKey), so
     no event mixes the two; a 20 s batch window holds an event of each."""

@@ -23,6 +23,9 @@ from efo.devstack.eventstream import encode_message
 from efo.devstack.faults import FaultClient
 from efo.devstack.proxy import ProxyConfig, start_proxy
 from efo.devstack.stack import StackEndpoints
+from efo.kinesis.columns import as_list
+from efo.kinesis.decoder import iter_events
+from efo.observability import METRICS
 
 from .service import trap_endpoint
 
@@ -195,6 +198,26 @@ def test_subscribe_gets_initial_response_and_records(kinesis_client: Any, aio_ki
                     break
 
     run(scenario())
+
+
+def test_efo_decodes_the_events_of_small_records_with_msgspec(
+    kinesis_client: Any, aio_kinesis_client: AioFactory
+) -> None:
+    """Every field the emulator sends is one efo's typed decoder knows: no event is parsed twice."""
+    stream = make_stream(kinesis_client)
+    sent = put(kinesis_client, stream, "a", 3)
+    decoded_twice = METRICS.events_decoded_twice._value.get()
+
+    async def scenario() -> None:
+        async with aio_kinesis_client() as client:
+            event_stream = await subscribe(client, stream)
+            async with asyncio.timeout(5):
+                async for event in iter_events(event_stream):
+                    assert list(zip(as_list(event.data), event.partition_keys, strict=True)) == sent
+                    break
+
+    run(scenario())
+    assert METRICS.events_decoded_twice._value.get() == decoded_twice
 
 
 def test_split_ends_parent_subscription_with_child_shards(kinesis_client: Any, aio_kinesis_client: AioFactory) -> None:

@@ -256,17 +256,22 @@ odd_records = st.fixed_dictionaries(
         "ApproximateArrivalTimestamp": timestamps | edge_integers | json_values,
         "Data": st.binary(max_size=40).map(lambda data: base64.b64encode(data).decode()) | base64_texts | json_values,
         "PartitionKey": st.text(max_size=8) | json_values,
-        "EncryptionType": json_values,
+        "EncryptionType": st.sampled_from(["NONE", "KMS"]) | json_values,
+        "SomethingNew": json_values,
     },
+)
+wire_records = records.map(lambda r: {**r, "Data": base64.b64encode(r["Data"]).decode()})
+wire_events = events.map(
+    lambda e: {**e, "Records": [{**r, "Data": base64.b64encode(r["Data"]).decode()} for r in e["Records"]]}
 )
 odd_events = st.fixed_dictionaries(
     {},
     optional={
-        "Records": st.lists(records.map(lambda r: {**r, "Data": base64.b64encode(r["Data"]).decode()}) | odd_records)
-        | json_values,
+        "Records": st.lists(wire_records | odd_records) | json_values,
         "MillisBehindLatest": st.integers(0, 2**53) | edge_integers | json_values,
         "ContinuationSequenceNumber": digits | json_values,
         "ChildShards": child_shards | json_values,
+        "SomethingNew": json_values,
     },
 )
 
@@ -285,16 +290,21 @@ def _decode_with_orjson(payload: bytes) -> ShardEvent:
     return decoder._from_json(orjson.loads(payload))
 
 
+def _typed_decodes(payload: bytes) -> bool:
+    """Whether decode_event takes msgspec's path for ``payload`` and msgspec accepts it."""
+    try:
+        decoder._decode_typed(payload)
+    except ValueError:
+        return False
+    return decoder._first_record_is_small(payload)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    event=st.one_of(
-        events.map(
-            lambda e: {**e, "Records": [{**r, "Data": base64.b64encode(r["Data"]).decode()} for r in e["Records"]]}
-        ),
-        odd_events,
-    ),
+    event=wire_events | odd_events,
+    compact=st.booleans(),
     cut=st.none() | st.integers(0, 10**4),
-    splice=st.sampled_from([b"", b"\\ud800", b"\xff", b"\x01", b" x"]),
+    splice=st.sampled_from([b"", b"\\ud800", b"\xff", b"\xed\xa0\x80", b"\x01", b" x", b"1e400", b"[" * 1100]),
 )
 @example(
     event={
@@ -302,27 +312,36 @@ def _decode_with_orjson(payload: bytes) -> ShardEvent:
             {"SequenceNumber": "1", "ApproximateArrivalTimestamp": 2**64 - 1, "Data": "QQ==", "PartitionKey": "k"}
         ]
     },
+    compact=True,
     cut=None,
     splice=b"",
 )
-@example(event={"MillisBehindLatest": 2**63, "Records": []}, cut=None, splice=b"")
-@example(event={"ChildShards": [{"ShardId": 2**64}]}, cut=None, splice=b"")
 @example(
     event={
         "Records": [{"SequenceNumber": "1", "ApproximateArrivalTimestamp": 1, "Data": "QQ==\n", "PartitionKey": "k"}]
     },
+    compact=False,
     cut=None,
     splice=b"",
 )
 def test_small_records_decode_as_orjson_and_pybase64_would(
-    event: dict[str, Any], cut: int | None, splice: bytes
+    event: dict[str, Any], compact: bool, cut: int | None, splice: bytes
 ) -> None:
-    payload = json.dumps(event).encode()
+    payload = json.dumps(event, separators=(",", ":") if compact else None).encode()
     if cut is not None:  # a truncated or corrupted event: both raise, the same error
         cut %= len(payload) + 1
         payload = payload[:cut] + splice + payload[cut:]
     assert _outcome(decode_event, payload) == _outcome(_decode_with_orjson, payload)
     assert _outcome(decode_event, memoryview(payload)) == _outcome(_decode_with_orjson, payload)
+
+
+@settings(max_examples=200, deadline=None)
+@given(event=wire_events, compact=st.booleans())
+def test_events_as_kinesis_sends_them_are_decoded_by_msgspec(event: dict[str, Any], compact: bool) -> None:
+    payload = json.dumps(event, separators=(",", ":") if compact else None).encode()
+    # every field of every record valid: only child shards (a shard's last event) send it to orjson
+    assert _typed_decodes(payload) == (bool(event["Records"]) and "ChildShards" not in event)
+    assert _outcome(decode_event, payload) == _outcome(_decode_with_orjson, payload)
 
 
 def _event_of(key: bytes = b'"k"', arrival: bytes = b"1.5", data: bytes = b'"QQ=="', rest: bytes = b"") -> bytes:
@@ -356,26 +375,48 @@ def _event_of(key: bytes = b'"k"', arrival: bytes = b"1.5", data: bytes = b'"QQ=
         b"\xef\xbb\xbf" + _event_of(),
         b" \n" + _event_of() + b"\n ",
         b"[]",
+        _event_of(rest=b',"EncryptionType":"KM\xffS"'),  # not UTF-8 in a field efo does not read
+        _event_of(rest=b',"\xffMillisBehindLatest":0'),
+        _event_of(rest=b',"SomethingNew":1e400'),  # no double holds it
+        _event_of(rest=b',"SomethingNew":' + b"[" * 1000 + b"]" * 1000),  # within orjson's depth limit
+        _event_of(rest=b',"SomethingNew":' + b"[" * 1100 + b"]" * 1100),  # beyond it
+        _event_of(rest=b',"ChildShards":' + b"[" * 200 + b"]" * 200),
+        _event_of(rest=b',"ChildShards":null'),
+        b'{ "Records" : [ { "SequenceNumber" : "1", "ApproximateArrivalTimestamp" : 1.5, "Data" : "QQ==",'
+        b' "PartitionKey" : "k", "EncryptionType" : "KMS" } ] }',
     ],
 )
 def test_corner_cases_decode_as_orjson_and_pybase64_would(payload: bytes) -> None:
     assert _outcome(decode_event, payload) == _outcome(_decode_with_orjson, payload)
 
 
+def _record(data_chars: int) -> dict[str, Any]:
+    data = base64.b64encode(b"x" * (data_chars // 4 * 3)).decode()
+    assert len(data) == data_chars
+    return {"SequenceNumber": "1", "ApproximateArrivalTimestamp": 1.5, "Data": data, "PartitionKey": "k"}
+
+
 def test_events_of_small_records_are_parsed_by_msgspec_and_large_ones_by_orjson(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def record(size: int) -> dict[str, Any]:
-        data = base64.b64encode(b"x" * size).decode()
-        return {"SequenceNumber": "1", "ApproximateArrivalTimestamp": 1.5, "Data": data, "PartitionKey": "k"}
-
     parsed: list[int] = []
     monkeypatch.setattr(decoder, "_from_json", lambda body: parsed.append(len(body["Records"])) or ShardEvent())
-    small = decode_event(orjson.dumps({"Records": [record(1024), record(100)]}))
-    assert as_list(small.data) == [b"x" * 1024, b"x" * 100] and parsed == []
-    decode_event(orjson.dumps({"Records": [record(2048), record(100)]}))  # the first record decides
-    decode_event(orjson.dumps({"x": "-" * 5000, "Records": [record(1)]}))  # no record in the first 4 KiB
+    limit = decoder.TYPED_MAX_DATA_CHARS
+    small = decode_event(orjson.dumps({"Records": [_record(limit), _record(4)]}))
+    assert as_list(small.data) == [b"x" * (limit // 4 * 3), b"xxx"] and parsed == []
+    decode_event(orjson.dumps({"Records": [_record(limit + 4), _record(4)]}))  # the first record decides
+    decode_event(orjson.dumps({"x": "-" * 5000, "Records": [_record(4)]}))  # no record in the first 4 KiB
     assert parsed == [2, 1]
+
+
+def test_an_event_msgspec_refuses_is_counted() -> None:
+    counter = decoder.METRICS.events_decoded_twice
+    before = counter._value.get()
+    decode_event(orjson.dumps({"Records": [_record(8)]}))
+    assert counter._value.get() == before
+    decode_event(orjson.dumps({"Records": [_record(8)], "SomethingNew": 1}))
+    decode_event(orjson.dumps({"Records": [_record(8)], "ChildShards": []}))
+    assert counter._value.get() == before + 2
 
 
 @given(st.one_of(st.floats(min_value=0, max_value=1e11, allow_nan=False), st.integers(0, 10**11)))
