@@ -64,9 +64,8 @@ class NoopSink:
 
 def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: int) -> list[RecordChunk]:
     """Chunks as the subscription hands them over: lists of sequence numbers, keys and arrival
-    times, and the data as the decoder leaves it (decode_event on the records' JSON: a list of bytes,
-    or for some events of small records an Arrow column), so the bridge's conversion is part of what
-    is timed."""
+    times, and the data as the decoder leaves it (decode_event on the records' JSON: a list of
+    bytes), so the bridge's conversion is part of what is timed."""
     chunks: list[RecordChunk] = []
     serials = [0] * shards
     for start in range(0, records, chunk_records):

@@ -48,15 +48,10 @@ from aiobotocore.eventstream import AioEventStream
 from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import EventStreamError
 
-from efo.kinesis.columns import column_bytes, decode_base64
 from efo.kinesis.framing import Framer, Message
 from efo.observability import METRICS
-from efo.pipeline.records import Payloads, empty_payloads
 
 OPERATION_NAME = "SubscribeToShard"
-#: Records whose base64 text is at most this long on average (768 bytes of data) are decoded in bulk
-#: when orjson parses their event (see decode_event and decode_payloads).
-BULK_MAX_MEAN_CHARS = 1024
 EVENT_TYPE = "SubscribeToShardEvent"
 #: Whose framing reads the event stream: "efo" (efo.kinesis.framing) or "botocore" (aiobotocore's
 #: generator, as before efo had its own). tests/unit/test_framing.py compares the two on the same bytes
@@ -71,8 +66,7 @@ class ShardEvent:
 
     sequence_numbers: list[str] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    # A list of bytes, or an Arrow binary array (decoded in bulk; efo.pipeline.records.Payloads).
-    data: Payloads = field(default_factory=empty_payloads)
+    data: list[bytes] = field(default_factory=list)
     partition_keys: list[str] = field(default_factory=list)
     data_bytes: int = 0
     continuation_sequence_number: str | None = None  # None: the shard has ended
@@ -292,29 +286,14 @@ def _from_json(body: Any) -> ShardEvent:
         event.sequence_numbers = [record["SequenceNumber"] for record in records]
         event.partition_keys = [record["PartitionKey"] for record in records]
         event.arrival_ms = epoch_ms_of([record["ApproximateArrivalTimestamp"] for record in records])
-        event.data = decode_payloads([record["Data"] for record in records])
-        event.data_bytes = column_bytes(event.data)
+        data = event.data = decode_payloads([record["Data"] for record in records])
+        event.data_bytes = sum(map(len, data))
     return event
 
 
-def decode_payloads(encoded: list[str]) -> Payloads:
-    """The records' data, holding exactly the values decoded record by record would: strictly, or,
-    when a value is not canonical base64, as botocore does (stdlib semantics, junk characters dropped).
-    For the events orjson parses (see :func:`decode_event`: those whose first record is large, or
-    that msgspec refuses).
-
-    Records averaging at most 768 bytes are decoded in bulk into one Arrow binary column
-    (efo.kinesis.columns), without a Python object per record. Larger ones are decoded one by one
-    into a list of bytes, which the bridge joins into its batch's column (sparkbridge.arrow): per
-    record a ``bytes`` costs little next to its data, and copying them into an Arrow column per
-    event as well measured dearer in the whole service than once per batch (the service thread
-    0.125 against 0.169 CPU-s per 10,000 records of 1 KiB without it and the chunks' per-event
-    arrays; docs/benchmarks.md section 9). Arrow's compaction of one large buffer (the bulk path's
-    ``take``) is also slower than decoding one by one from about 1 KiB (10 KiB records: 10x)."""
-    if sum(map(len, encoded)) <= BULK_MAX_MEAN_CHARS * len(encoded):
-        column = decode_base64(encoded)
-        if column is not None:
-            return column
+def decode_payloads(encoded: list[str]) -> list[bytes]:
+    """The records' data as decoding each on its own gives it: strictly, or, when a value is not
+    canonical base64, as botocore does (stdlib semantics, junk characters dropped)."""
     try:
         return [pybase64.b64decode(value, validate=True) for value in encoded]
     except binascii.Error:
@@ -383,7 +362,7 @@ def from_parsed(payload: dict[str, Any]) -> ShardEvent:
         event.partition_keys.append(record["PartitionKey"])
         event.arrival_ms.append(arrival_ms(record["ApproximateArrivalTimestamp"]))
         values.append(record["Data"])
-    event.data = values  # as the wire decoder hands large records on (decode_payloads)
+    event.data = values
     event.data_bytes = sum(map(len, values))
     return event
 

@@ -46,8 +46,7 @@ from itertools import repeat
 from typing import Literal
 
 from efo.errors import EfoError
-from efo.kinesis.columns import as_list, column_bytes, is_column, starts_with_any
-from efo.pipeline.records import MAX_SUB_SEQUENCE, Payloads
+from efo.pipeline.records import MAX_SUB_SEQUENCE
 
 MAGIC = b"\xf3\x89\x9a\xc2"
 DIGEST_SIZE = 16
@@ -301,7 +300,7 @@ class Expanded:
     partition_keys: list[str]
     explicit_hash_keys: list[str | None]
     arrival_ms: list[int]
-    data: Payloads  # the input's own on the fast path (an Arrow array or a list); else a list of bytes
+    data: list[bytes]  # the input's own on the fast path, else a new list
     errors: list[str | None]
     data_bytes: int = 0
     dead_letters: list[DeadLetter] = field(default_factory=list)
@@ -316,7 +315,7 @@ def expand(
     sequence_numbers: list[str],
     partition_keys: list[str],
     arrival_ms: list[int],
-    data: Payloads,
+    data: list[bytes],
     delivered: tuple[int, int] | None,
     *,
     policy: CorruptPolicy = "passthrough",
@@ -335,11 +334,8 @@ def expand(
     ``error="corrupt_aggregate"``; ``"dead_letter"``: no row, a :class:`DeadLetter` instead;
     ``"fail"``: :class:`CorruptAggregate` is raised (nothing is returned).
 
-    ``data`` is a list of bytes or an Arrow binary array (:data:`efo.pipeline.records.Payloads`).
-    An event without any aggregate costs one prefix scan of ``data`` (in C for an Arrow column)
-    and returns the input columns themselves (sliced if the watermark drops a prefix); an event
-    with one is expanded through a list (an Arrow column is converted first), and its ``data`` is
-    handed on as that list.
+    An event without any aggregate costs one prefix check per record and returns the input columns
+    themselves (sliced if the watermark drops a prefix); an event with one is expanded row by row.
     """
     n = len(sequence_numbers)
     start = 0
@@ -354,11 +350,7 @@ def expand(
                 if start < n and int(sequence_numbers[start]) == w_seq:
                     straddle_sub = w_sub
 
-    if is_column(data) and starts_with_any(data, MAGIC):
-        # An Arrow column (the decoder's) is checked for aggregates in C; only an event that holds
-        # one becomes a Python object per record, for the per-record path below.
-        data = as_list(data)
-    if is_column(data) or not any(map(bytes.startswith, data, repeat(MAGIC))):
+    if not any(map(bytes.startswith, data, repeat(MAGIC))):
         if start:
             sequence_numbers, partition_keys = sequence_numbers[start:], partition_keys[start:]
             arrival_ms, data = arrival_ms[start:], data[start:]
@@ -371,7 +363,7 @@ def expand(
             arrival_ms,
             data,
             [None] * kept,
-            data_bytes=column_bytes(data),
+            data_bytes=sum(map(len, data)),
             duplicates=start,
         )
 

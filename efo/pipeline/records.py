@@ -7,15 +7,12 @@ strings on the wire and in the output, and compared as integers everywhere (they
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, TypeAlias
+from typing import Any, Final, Literal, NamedTuple
 
 import pyarrow as pa
-
-from efo.kinesis.columns import column_bytes
 
 PositionKind = Literal[
     "LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER", "SHARD_END"
@@ -73,25 +70,6 @@ class Position:
 
 
 MAX_SUB_SEQUENCE = 2**63 - 1
-
-#: An event's record payloads, in order, as the decoder hands them on: a list of bytes (decoded one
-#: by one, by msgspec or pybase64; KPL sub-records; botocore's parse), or one ``pyarrow`` binary array
-#: when they were base64-decoded in bulk (efo.kinesis.columns.decode_base64: small records in an
-#: event that orjson parses). The bridge copies a batch's payloads, of either kind, into one column at
-#: once (efo.kinesis.columns.join_payloads): an Arrow array per event measured dearer than that for
-#: large records.
-#: :func:`efo.kinesis.columns.column_bytes` counts the bytes of either. (pyarrow ships no type stubs:
-#: mypy sees the array as Any, so tests run every path on both shapes.)
-Payloads: TypeAlias = "pa.BinaryArray | list[bytes]"
-
-
-@functools.cache
-def empty_payloads() -> Payloads:
-    """An empty payload column (a chunk's or an event's default), one for all: Arrow arrays are
-    immutable. Building it per event cost more than framing the event: ``pa.array([])`` asks
-    pandas and the environment each time (16 us here; 7.7 % of efo's GIL time in bench/ingest.py)."""
-    return pa.array([], pa.binary())
-
 
 #: The checkpoint of a finished shard: its children may start.
 SHARD_END: Final = Position("SHARD_END")
@@ -155,7 +133,7 @@ class RecordChunk:
     partition_keys: list[str] = field(default_factory=list)
     explicit_hash_keys: list[str | None] = field(default_factory=list)
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
-    data: Payloads = field(default_factory=empty_payloads)  # an Arrow binary array or a list of bytes
+    data: list[bytes] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
     data_bytes: int = 0
     dead_letters: list[Any] = field(default_factory=list)  # efo.kinesis.kpl.DeadLetter: committed with the chunk
@@ -171,7 +149,7 @@ class RecordChunk:
         part = RecordChunk(self.stream, self.shard_id, self.serial, self.epoch, grant=self.grant)
         for name in ROW_COLUMNS:
             setattr(part, name, getattr(self, name)[start:stop])
-        part.data_bytes = column_bytes(part.data)
+        part.data_bytes = sum(map(len, part.data))
         return part
 
     @classmethod

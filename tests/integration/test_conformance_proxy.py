@@ -23,7 +23,6 @@ from efo.devstack.eventstream import encode_message
 from efo.devstack.faults import FaultClient
 from efo.devstack.proxy import ProxyConfig, start_proxy
 from efo.devstack.stack import StackEndpoints
-from efo.kinesis.columns import as_list
 from efo.kinesis.decoder import iter_events
 from efo.observability import METRICS
 
@@ -213,7 +212,7 @@ def test_efo_decodes_the_events_of_small_records_with_msgspec(
             event_stream = await subscribe(client, stream)
             async with asyncio.timeout(5):
                 async for event in iter_events(event_stream):
-                    assert list(zip(as_list(event.data), event.partition_keys, strict=True)) == sent
+                    assert list(zip(event.data, event.partition_keys, strict=True)) == sent
                     break
 
     run(scenario())

@@ -402,12 +402,8 @@ def test_a_cut_shard_s_lag_is_not_reported_any_more() -> None:
     assert lag("cut-a") is None
 
 
-def test_a_cut_chunk_carrying_the_decoder_s_column_is_cut_whole_and_its_budget_comes_back() -> None:
-    """The decoder hands small records' data over as one Arrow column (not a list of bytes): the
-    cut slices it, counts its bytes, and cuts errors and dead letters at the same record."""
-    import base64
-
-    from efo.kinesis.decoder import decode_payloads
+def test_a_cut_chunk_is_cut_at_one_record_in_every_column_and_its_budget_comes_back() -> None:
+    """The cut slices the data, counts its bytes, and cuts errors and dead letters at the same record."""
     from efo.kinesis.kpl import DeadLetter
 
     bound, handoff, pool = _bound()
@@ -418,7 +414,7 @@ def test_a_cut_chunk_carrying_the_decoder_s_column_is_cut_whole_and_its_budget_c
     chunk.partition_keys = ["k0", "k1", "k2"]
     chunk.explicit_hash_keys = [None, None, None]
     chunk.arrival_ms = [UNTIL_MS - 2, UNTIL_MS - 1, UNTIL_MS]
-    chunk.data = decode_payloads([base64.b64encode(p).decode() for p in payloads])
+    chunk.data = payloads
     chunk.errors = [None, "bad", None]
     chunk.data_bytes = 10
     chunk.dead_letters = [DeadLetter(seq, "k", UNTIL_MS - 1, b"x", "corrupt") for seq in ("11", "12")]
@@ -429,14 +425,14 @@ def test_a_cut_chunk_carrying_the_decoder_s_column_is_cut_whole_and_its_budget_c
     bound.put(chunk)
     assert bound.state is BoundState.CUT
     (taken,) = handoff.take_batch(10_000, 1 << 30, 0.0, 0.0)
-    assert taken.sequence_numbers == ["10", "11"] and taken.data.to_pylist() == [b"a", b"bcd"]
+    assert taken.sequence_numbers == ["10", "11"] and taken.data == [b"a", b"bcd"]
     assert taken.errors == [None, "bad"] and taken.data_bytes == 4 and bound.bytes == 4
     assert [letter.sequence_number for letter in taken.dead_letters] == ["11"]
     # an event past the cut: dropped whole, its budget back
     later = RecordChunk("s", bound.shard_id, serial=bound.next_serial(), epoch=1)
     later.sequence_numbers, later.arrival_ms = ["13"], [UNTIL_MS + 1]
     later.sub_sequence_numbers, later.partition_keys, later.explicit_hash_keys = [None], ["k"], [None]
-    later.data, later.errors = decode_payloads(["eHk="]), [None]
+    later.data, later.errors = [b"xy"], [None]
     later.data_bytes = 2
     later.grant = pool.try_acquire(1, 2)
     bound.enqueued(later.serial, after("13"))

@@ -1,9 +1,8 @@
 """End to end, the column path against the old list path: the same rows from the wire to the batch table.
 
-The column path is what runs in production: the event's base64 payloads decoded (decode_payloads: in
-bulk into one Arrow column for small records, one by one into a list for large ones; both are drawn),
-KPL expand under the delivery watermark, a bounded run's cut (bound._truncate) and the bridge's
-table (to_table). The old path is rebuilt here record by record
+The column path is what runs in production: the event's JSON decoded into columns (decode_event: by
+msgspec, or by orjson and pybase64; both are drawn), KPL expand under the delivery watermark, a
+bounded run's cut (bound._truncate) and the bridge's table (to_table). The old path is rebuilt here record by record
 with Python lists: each payload decoded on its own, each aggregate de-aggregated on its own, the
 watermark and the cut applied per row, the table built from one list per column.
 """
@@ -13,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 from unittest.mock import patch
 
+import orjson
 import pyarrow as pa
 import pybase64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from efo.kinesis import decoder
-from efo.kinesis.decoder import decode_payloads
+from efo.kinesis.decoder import decode_event
 from efo.kinesis.kpl import CORRUPT_AGGREGATE, SubRecord, expand
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
 from efo.worker.bound import _truncate
@@ -70,13 +70,26 @@ def _old_path(
 
 
 def _column_path(
-    event: Event, delivered: tuple[int, int] | None, policy: str, cut: int, one_by_one: bool
+    event: Event, delivered: tuple[int, int] | None, policy: str, cut: int, by_orjson: bool
 ) -> tuple[pa.Table, list[str], RecordChunk]:
-    # The drawn payloads are all small: with one_by_one, the bulk path's threshold is set below them.
-    with patch.object(decoder, "BULK_MAX_MEAN_CHARS", -1 if one_by_one else decoder.BULK_MAX_MEAN_CHARS):
-        column = decode_payloads([pybase64.b64encode(data).decode() for data in event.data])
-    assert isinstance(column, list) == (one_by_one and bool(event.data))
-    out = expand(event.sequence_numbers, event.partition_keys, event.arrival_ms, column, delivered, policy=policy)
+    wire = [
+        {
+            "SequenceNumber": seq,
+            "ApproximateArrivalTimestamp": arrival / 1000,
+            "Data": pybase64.b64encode(data).decode(),
+            "PartitionKey": pk,
+        }
+        for seq, pk, arrival, data in zip(
+            event.sequence_numbers, event.partition_keys, event.arrival_ms, event.data, strict=True
+        )
+    ]
+    # The drawn payloads are all small: with by_orjson, msgspec's limit is set below them.
+    with patch.object(decoder, "TYPED_MAX_DATA_CHARS", -1 if by_orjson else decoder.TYPED_MAX_DATA_CHARS):
+        decoded = decode_event(orjson.dumps({"Records": wire}))
+    assert decoded.arrival_ms == event.arrival_ms
+    out = expand(
+        decoded.sequence_numbers, decoded.partition_keys, decoded.arrival_ms, decoded.data, delivered, policy=policy
+    )
     chunk = RecordChunk(
         "s",
         "shard-0",
@@ -108,11 +121,11 @@ def test_the_column_path_gives_the_rows_the_list_path_gave(
     delivered: tuple[int, int] | None,
     policy: str,
     cut: int,
-    one_by_one: bool,
+    by_orjson: bool,
 ) -> None:
     event, contents = drawn
     want, want_dead = _old_path(event, contents, delivered, policy, cut)
-    table, dead, chunk = _column_path(event, delivered, policy, cut, one_by_one)
+    table, dead, chunk = _column_path(event, delivered, policy, cut, by_orjson)
     assert table.equals(want), (table.to_pylist(), want.to_pylist())
     assert dead == want_dead
     assert chunk.data_bytes == sum(map(len, want.column("data").to_pylist()))

@@ -6,14 +6,12 @@ import hashlib
 import tracemalloc
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 from aws_kinesis_agg.messages_pb2 import AggregatedRecord
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from efo.kinesis.columns import as_list, column_bytes
 from efo.kinesis.kpl import (
     CORRUPT_AGGREGATE,
     MAGIC,
@@ -415,7 +413,7 @@ class Event:
         self.partition_keys: list[str] = []
         self.arrival_ms: list[int] = []
         self.data: list[bytes] = []
-        self.column: Any = None  # what expand was last given: the decoder's shape, an Arrow column
+        self.column: Any = None  # what expand was last given (a copy of data)
 
     def add(self, sequence: int, data: bytes, partition_key: str = "outer") -> Event:
         self.sequence_numbers.append(str(sequence))
@@ -425,7 +423,7 @@ class Event:
         return self
 
     def expand(self, delivered: tuple[int, int] | None = None, **options: Any) -> Any:
-        self.column = pa.array(self.data, pa.binary())
+        self.column = list(self.data)
         return expand(self.sequence_numbers, self.partition_keys, self.arrival_ms, self.column, delivered, **options)
 
 
@@ -436,11 +434,11 @@ def rows(out: Any) -> list[tuple[Any, ...]]:
         out.partition_keys,
         out.explicit_hash_keys,
         out.arrival_ms,
-        as_list(out.data),
+        out.data,
         out.errors,
     )
     assert len({len(column) for column in columns}) == 1
-    assert out.data_bytes == column_bytes(out.data)
+    assert out.data_bytes == sum(map(len, out.data))
     return list(zip(*columns, strict=True))
 
 
