@@ -27,6 +27,7 @@ milliseconds equal to ``int(dt.timestamp() * 1000)`` of the datetime botocore wo
 
 from __future__ import annotations
 
+import base64
 import binascii
 import functools
 import math
@@ -292,12 +293,14 @@ def _from_json(body: Any) -> ShardEvent:
 
 
 def decode_payloads(encoded: list[str]) -> list[bytes]:
-    """The records' data as decoding each on its own gives it: strictly, or, when a value is not
-    canonical base64, as botocore does (stdlib semantics, junk characters dropped)."""
+    """The records' data as botocore decodes it: strictly (pybase64, vectorised), or, when a value
+    is not canonical base64, with the standard library's ``base64.b64decode``, as botocore's
+    parsers do (junk characters dropped, nothing read past the padding; pybase64's lenient mode
+    reads on, and is not used)."""
     try:
         return [pybase64.b64decode(value, validate=True) for value in encoded]
     except binascii.Error:
-        return [pybase64.b64decode(value) for value in encoded]
+        return [base64.b64decode(value) for value in encoded]
 
 
 def _epoch_ms(seconds: float | int) -> int:
