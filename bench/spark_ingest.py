@@ -30,9 +30,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
-import pybase64
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import command_line, write_json
@@ -40,7 +37,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import load_settings
 from efo.kinesis.columns import ReusableBlocks
-from efo.kinesis.decoder import decode_event
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
 from efo.pipeline.records import RecordChunk, Row
@@ -63,9 +59,8 @@ class NoopSink:
 
 
 def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: int) -> list[RecordChunk]:
-    """Chunks as the subscription hands them over: lists of sequence numbers, keys and arrival
-    times, and the data as the decoder leaves it (decode_event on the records' JSON: a list of
-    bytes), so the bridge's conversion is part of what is timed."""
+    """Chunks as the subscription hands them over: lists of sequence numbers, keys, arrival times
+    and payloads (bytes), so the bridge's conversion is part of what is timed."""
     chunks: list[RecordChunk] = []
     serials = [0] * shards
     for start in range(0, records, chunk_records):
@@ -75,18 +70,7 @@ def build_chunks(records: int, chunk_records: int, record_bytes: int, shards: in
             Row(str(SEQUENCE_BASE + i), os.urandom(record_bytes), f"pk-{i % 64}", 1_700_000_000_000 + i)
             for i in range(start, min(records, start + chunk_records))
         )
-        chunk = RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows)
-        wire = [
-            {
-                "SequenceNumber": s,
-                "ApproximateArrivalTimestamp": 1.5,
-                "Data": pybase64.b64encode(data).decode(),
-                "PartitionKey": k,
-            }
-            for s, data, k in zip(chunk.sequence_numbers, chunk.data, chunk.partition_keys, strict=True)
-        ]
-        chunk.data = decode_event(orjson.dumps({"Records": wire})).data
-        chunks.append(chunk)
+        chunks.append(RecordChunk.of_rows("bench", f"shardId-{shard:012d}", serials[shard], rows))
     return chunks
 
 

@@ -5,9 +5,9 @@ pybase64 one record at a time), and the bridge makes the batch's ``data`` column
 copy (:func:`join_payloads`) into one of the driver's :class:`ReusableBlocks`.
 
 Decoding an event's payloads in bulk into an Arrow column of its own (one base64 call over the
-joined strings, the padding dropped by an Arrow ``take``) was tried and removed. msgspec decodes
-events of records up to 1,350 B, payloads included, in less time than orjson alone took with it;
-in the events orjson still parses, the bulk decoding cost more than pybase64 one record at a time
+joined strings, the padding dropped by an Arrow ``take``) was tried and removed. msgspec now
+decodes events of records up to 1,350 B, payloads and all, in one pass; in the events orjson
+still parses, the bulk decoding cost more than pybase64 one record at a time
 (46-61 against 33-45 us per 100 records of 100-512 B; 38 against 46 at 768 B, where no record
 has padding); and the bridge's copy of lists cost no more in the whole service (bench/service_cpu.py
 at 100 B records: bridge 0.007 against 0.009 CPU-s per 10,000 records, docs/benchmarks.md).

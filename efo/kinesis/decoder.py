@@ -270,8 +270,7 @@ def _from_typed(body: _Event) -> ShardEvent:
         event.sequence_numbers = [record.SequenceNumber for record in records]
         event.partition_keys = [record.PartitionKey for record in records]
         event.arrival_ms = epoch_ms_of([record.ApproximateArrivalTimestamp for record in records])
-        data = [record.Data for record in records]
-        event.data = data
+        data = event.data = [record.Data for record in records]
         event.data_bytes = sum(map(len, data))
     return event
 

@@ -300,7 +300,7 @@ class Expanded:
     partition_keys: list[str]
     explicit_hash_keys: list[str | None]
     arrival_ms: list[int]
-    data: list[bytes]  # the input's own on the fast path, else a new list
+    data: list[bytes]  # the input list itself (or a slice of it) when the event holds no aggregate
     errors: list[str | None]
     data_bytes: int = 0
     dead_letters: list[DeadLetter] = field(default_factory=list)

@@ -154,7 +154,7 @@ class RecordChunk:
 
     @classmethod
     def of_rows(cls, stream: str, shard_id: str, serial: int, rows: Iterable[Row], *, epoch: int = 0) -> RecordChunk:
-        """A chunk of whole rows (tests, dead letters), its data as a list of bytes."""
+        """A chunk of whole rows (tests, dead letters)."""
         rows = list(rows)
         return cls(
             stream,

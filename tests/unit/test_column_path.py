@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from efo.kinesis import decoder
 from efo.kinesis.decoder import decode_event
-from efo.kinesis.kpl import CORRUPT_AGGREGATE, SubRecord, expand
+from efo.kinesis.kpl import CORRUPT_AGGREGATE, SubRecord, expand, is_aggregate
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk
 from efo.worker.bound import _truncate
 from sparkbridge.arrow import SCHEMA, to_table
-from tests.unit.test_kpl import CORRUPT, Event, events
+from tests.unit.test_kpl import Event, events
 
 
 def _old_path(
@@ -41,11 +41,12 @@ def _old_path(
         if subs is None:
             if delivered is not None and (int(seq), MAX_SUB_SEQUENCE) <= delivered:
                 continue
-            if data == CORRUPT and policy == "dead_letter":
+            corrupt = is_aggregate(data)  # framed as an aggregate, and no sub-records drawn: corrupt
+            if corrupt and policy == "dead_letter":
                 if below_cut:
                     dead.append(seq)
             elif below_cut:
-                rows.append((seq, None, pk, None, arrival, data, CORRUPT_AGGREGATE if data == CORRUPT else None))
+                rows.append((seq, None, pk, None, arrival, data, CORRUPT_AGGREGATE if corrupt else None))
             continue
         for sub, record in enumerate(subs):
             if (delivered is None or (int(seq), sub) > delivered) and below_cut:
@@ -84,8 +85,13 @@ def _column_path(
         )
     ]
     # The drawn payloads are all small: with by_orjson, msgspec's limit is set below them.
-    with patch.object(decoder, "TYPED_MAX_DATA_CHARS", -1 if by_orjson else decoder.TYPED_MAX_DATA_CHARS):
+    limit = -1 if by_orjson else decoder.TYPED_MAX_DATA_CHARS
+    with (
+        patch.object(decoder, "TYPED_MAX_DATA_CHARS", limit),
+        patch.object(decoder, "_from_json", wraps=decoder._from_json) as parsed_by_orjson,
+    ):
         decoded = decode_event(orjson.dumps({"Records": wire}))
+    assert parsed_by_orjson.called == (by_orjson or not wire)  # an event without records has no "Data"
     assert decoded.arrival_ms == event.arrival_ms
     out = expand(
         decoded.sequence_numbers, decoded.partition_keys, decoded.arrival_ms, decoded.data, delivered, policy=policy

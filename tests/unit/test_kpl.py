@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from efo.kinesis.kpl import (
     CORRUPT_AGGREGATE,
+    DIGEST_SIZE,
     MAGIC,
     CorruptAggregate,
     DeadLetter,
@@ -413,7 +414,7 @@ class Event:
         self.partition_keys: list[str] = []
         self.arrival_ms: list[int] = []
         self.data: list[bytes] = []
-        self.column: Any = None  # what expand was last given (a copy of data)
+        self.given: Any = None  # the data list expand was last given
 
     def add(self, sequence: int, data: bytes, partition_key: str = "outer") -> Event:
         self.sequence_numbers.append(str(sequence))
@@ -423,8 +424,8 @@ class Event:
         return self
 
     def expand(self, delivered: tuple[int, int] | None = None, **options: Any) -> Any:
-        self.column = list(self.data)
-        return expand(self.sequence_numbers, self.partition_keys, self.arrival_ms, self.column, delivered, **options)
+        self.given = list(self.data)
+        return expand(self.sequence_numbers, self.partition_keys, self.arrival_ms, self.given, delivered, **options)
 
 
 def rows(out: Any) -> list[tuple[Any, ...]]:
@@ -454,11 +455,11 @@ def test_plain_events_come_back_as_the_same_lists() -> None:
     assert out.sequence_numbers is event.sequence_numbers
     assert out.partition_keys is event.partition_keys
     assert out.arrival_ms is event.arrival_ms
-    assert out.data is event.column
+    assert out.data is event.given
     assert out.sub_sequence_numbers == out.explicit_hash_keys == out.errors == [None] * 3
     assert (out.duplicates, out.corrupt, out.dead_letters, out.data_bytes) == (0, 0, [], 11)
     out = event.expand((BIG, MAX_SUB_SEQUENCE))
-    assert out.data is event.column
+    assert out.data is event.given
 
 
 def test_a_magic_prefix_too_short_for_an_aggregate_is_a_plain_record() -> None:
@@ -572,12 +573,18 @@ def events(draw: st.DrawFn) -> tuple[Event, list[list[SubRecord] | None]]:
     sequence = draw(st.integers(0, 5))
     for _ in range(draw(st.integers(0, 8))):
         sequence += draw(st.integers(1, 3))
-        kind = draw(st.sampled_from(["plain", "aggregate", "corrupt"]))
+        kind = draw(st.sampled_from(["plain", "short-magic", "aggregate", "corrupt", "bad-md5"]))
         if kind == "plain":
             event.add(sequence, draw(st.binary(max_size=8)))
             contents.append(None)
+        elif kind == "short-magic":  # the magic prefix without room for the MD5: a plain record
+            event.add(sequence, MAGIC + draw(st.binary(max_size=DIGEST_SIZE - 1)))
+            contents.append(None)
         elif kind == "corrupt":
             event.add(sequence, CORRUPT)
+            contents.append(None)
+        elif kind == "bad-md5":
+            event.add(sequence, AGG[:-1] + bytes([AGG[-1] ^ 0xFF]))
             contents.append(None)
         else:
             records = [(f"k{i % 3}", bytes([i]), str(i) if i % 2 else None) for i in range(draw(st.integers(1, 6)))]
@@ -589,7 +596,7 @@ def events(draw: st.DrawFn) -> tuple[Event, list[list[SubRecord] | None]]:
 @given(
     events(),
     st.none() | st.tuples(st.integers(0, 30), st.integers(0, 7) | st.just(MAX_SUB_SEQUENCE)),
-    st.sampled_from(["passthrough", "dead_letter"]),
+    st.sampled_from(["passthrough", "dead_letter", "fail"]),
 )
 def test_expand_matches_a_naive_model(
     drawn: tuple[Event, list[list[SubRecord] | None]], delivered: tuple[int, int] | None, policy: str
@@ -597,21 +604,30 @@ def test_expand_matches_a_naive_model(
     event, contents = drawn
     want: list[tuple[Any, ...]] = []
     dead = []
+    corrupt = duplicates = 0
     for i, subs in enumerate(contents):
         seq, pk, arrival, data = event.sequence_numbers[i], event.partition_keys[i], event.arrival_ms[i], event.data[i]
+        if delivered is not None and (int(seq), MAX_SUB_SEQUENCE) <= delivered:
+            duplicates += 1
+            continue
         if subs is None:
-            key = (int(seq), MAX_SUB_SEQUENCE)
-            if delivered is not None and key <= delivered:
+            if not is_aggregate(data):
+                want.append((seq, None, pk, None, arrival, data, None))
                 continue
-            if data == CORRUPT and policy == "dead_letter":
+            corrupt += 1
+            if policy == "dead_letter":
                 dead.append(seq)
             else:
-                error = CORRUPT_AGGREGATE if data == CORRUPT else None
-                want.append((seq, None, pk, None, arrival, data, error))
+                want.append((seq, None, pk, None, arrival, data, CORRUPT_AGGREGATE))
         else:
             for sub, record in enumerate(subs):
                 if delivered is None or (int(seq), sub) > delivered:
                     want.append((seq, sub, record.partition_key, record.explicit_hash_key, arrival, record.data, None))
+    if policy == "fail" and corrupt:
+        with pytest.raises(CorruptAggregate):
+            event.expand(delivered, policy=policy)
+        return
     out = event.expand(delivered, policy=policy)
     assert rows(out) == want
     assert [letter.sequence_number for letter in out.dead_letters] == dead
+    assert (out.corrupt, out.duplicates) == (corrupt, duplicates)
