@@ -7,7 +7,7 @@ bridge makes it) + the same sink write, on tables built by ``to_table`` from the
 outside the timed region.
 
 Chunks (1 KiB random records as the subscription hands them over: lists of sequence numbers, keys
-and arrival times, the data as the decoder leaves it) and their pool grants are built before any
+and arrival times, the payloads as bytes, as the decoder leaves them) and their pool grants are built before any
 timing. The two variants run interleaved (alternating which
 goes first), after one untimed warm-up each; medians of the repeats.
 
