@@ -17,7 +17,8 @@ bytes. Every check botocore makes is kept, in the same order and with the same e
 
 * the prelude CRC (:class:`~botocore.eventstream.ChecksumMismatch`), as soon as 12 bytes are there;
 * the header and payload length limits (``InvalidHeadersLength``, ``InvalidPayloadLength``);
-* the message CRC, computed from the prelude CRC as botocore does (``crc32(bytes[8:-4], prelude_crc)``);
+* the message CRC, computed from the prelude CRC as botocore does (``crc32(bytes[8:-4], prelude_crc)``),
+  with zlib-ng's CRC-32, which gives zlib's values several times faster;
 * the headers, parsed as botocore parses them (every header type, ``DuplicateHeader``): a header
   block this parser does not take in stride (an unknown type, a truncated value, a duplicate, bad
   UTF-8) is handed to botocore's own ``EventStreamHeaderParser``, which returns or raises exactly
@@ -36,7 +37,6 @@ of a stream has the same three headers): callers must not modify them.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +47,7 @@ from botocore.eventstream import (
     InvalidHeadersLength,
     InvalidPayloadLength,
 )
+from zlib_ng import zlib_ng
 
 PRELUDE_LENGTH = 12
 MESSAGE_CRC_LENGTH = 4
@@ -58,7 +59,9 @@ _prelude = struct.Struct("!III").unpack_from
 _u32 = struct.Struct("!I").unpack_from
 _u16 = struct.Struct("!H").unpack_from
 _INTS = {kind: struct.Struct(f) for kind, f in ((2, "!b"), (3, "!h"), (4, "!i"), (5, "!q"), (8, "!q"))}
-_crc32 = zlib.crc32
+# zlib-ng's CRC-32 (the same checksum as zlib's, with SIMD: about 13x zlib's speed on this machine):
+# the message CRC over every byte of an event was 11 % of efo's time at 64 shards x 1 KiB.
+_crc32 = zlib_ng.crc32
 
 #: One message: its headers (shared, do not modify) and its payload (a view of the received bytes).
 Message = tuple[dict[str, Any], memoryview]
