@@ -9,12 +9,15 @@ import asyncio
 import json
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from efo.leases import balance
+from efo.leases.table import LeaseTable, TableState
 from efo.observability import METRICS
 from efo.pipeline.records import Position, after
 from efo.worker.cycle import ASK_AFTER_CYCLES, SETTLE_CYCLES
@@ -25,6 +28,9 @@ from .test_coordinator import World, run, running, until, world
 pytestmark = pytest.mark.integration
 
 PATIENT = {"heartbeat_interval_s": 0.25, "failover_s": 6.0, "sync_interval_s": 0.2}
+#: A lease handed over counts as given lately for failover_s, and a worker the test plays is live
+#: that long after its one heartbeat: both for the whole of a test, however slow the machine.
+GIVING = {**PATIENT, "failover_s": 30.0}
 
 
 def holdings(*workers: World) -> dict[str, int]:
@@ -50,6 +56,43 @@ def calls_of(table: Any, method: str) -> list[tuple[float, str]]:
 
     setattr(table, method, counting)
     return calls
+
+
+def answers_of(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], list[str]]]:
+    """Record what :func:`balance.answer_requests` decides (honour, decline) whenever there are requests."""
+    original, answers = balance.answer_requests, []
+
+    def recording(requested: Sequence[str], **kwargs: Any) -> tuple[list[str], list[str]]:
+        answer = original(requested, **kwargs)
+        if requested:
+            answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(balance, "answer_requests", recording)
+    return answers
+
+
+async def read_until(w: World, condition: Callable[[TableState], bool], what: str) -> TableState:
+    """Read the lease table until ``condition`` holds of what was read; that read."""
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while not condition(state := await w.table.read()):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+    return state
+
+
+async def shed_one_to(a: World, other: LeaseTable) -> str:
+    """``a`` (w1) holds both shards of two; ``other`` (w2, its cycle played by the test) comes alive,
+    ``a`` sheds a lease to it once its claims settled, and ``other`` claims it. Returns the shard
+    ``a`` keeps: ``a`` now holds its share, and it handed a lease over lately."""
+    await until(lambda: holdings(a) == {"w1": 2}, what="w1 alone holds both")
+    await other.heartbeat()
+    await until(lambda: len(a.coordinator.owned) == 1, what="w1 handing one over to w2")  # released
+    (kept,) = a.coordinator.owned
+    shed = next(lease for lease in (await other.read()).leases.values() if lease.shard_id != kept)
+    assert shed.owner is None, shed
+    await other.claim(shed)
+    return kept
 
 
 def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothing_moves(local_stack: Any) -> None:
@@ -221,6 +264,124 @@ def test_an_owner_that_gave_nothing_lately_honours_a_request_even_at_its_share(l
                 back = (await a.table.read()).leases["shard-000"]
                 assert (back.owner, back.counter, back.wanted_by) == ("w1", lease.counter + 2, None)
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 reads it again")
+                await stop_a()
+
+    run(scenario())
+
+
+def test_a_worker_that_released_a_stranded_lease_declines_a_request_at_its_share(local_stack: Any) -> None:
+    """w1 restarts under the same id and finds both leases of two still its own in the table, as its
+    last run left them; w2 (played by the test) is alive, so w1 takes one back and releases the
+    other, which counts as handing a lease over, as a shed does. w2 claims it; its request for the
+    other one, written from a read before the release, comes next: w1, at its share and having
+    given lately, declines it (the request is cleared and w1 keeps the lease)."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=GIVING) as a:
+            last_run = await a.other_worker("w1")
+            for lease in (await last_run.read()).leases.values():
+                await last_run.claim(lease)  # w1's last run did not release them
+            w2 = await a.other_worker("w2")
+            await w2.heartbeat()  # alive from w1's first cycle on
+            declined = calls_of(a.table, "decline")
+            async with running(a) as stop_a:
+                state = await read_until(
+                    a,
+                    lambda state: {lease.owner for lease in state.leases.values()} == {"w1", None},
+                    what="w1 taking one lease back and releasing the other",
+                )
+                (kept,) = (lease.shard_id for lease in state.leases.values() if lease.owner == "w1")
+                (released,) = (lease for lease in state.leases.values() if lease.owner is None)
+                await until(lambda: holdings(a) == {"w1": 1}, what="w1 reading the lease it took back")
+                await w2.claim(released)
+                await w2.want((await w2.read()).leases[kept])
+                await until(lambda: bool(declined) or holdings(a) != {"w1": 1}, what="w1 answering w2's request")
+                assert [shard for _, shard in declined] == [kept], "w1 handed a lease over below its share"
+                row = (await a.table.read()).leases[kept]
+                assert (row.owner, row.wanted_by) == ("w1", None)
+                assert holdings(a) == {"w1": 1}
+                await stop_a()
+
+    run(scenario())
+
+
+def test_a_stopping_worker_declines_no_request_so_its_release_leaves_the_lease_to_the_asker(
+    local_stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1 shed one of its two leases to w2 (played by the test) and holds its share; w2's request
+    for the other, written from an older read, is in the read of the cycle w1 is in as its stop
+    begins. w1 would decline it (at its share, having given lately), but a stopping worker declines
+    nothing: the request stays through the release, so the asker takes the lease first."""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=GIVING) as a:
+            w2 = await a.other_worker("w2")
+            async with running(a) as stop_a:
+                kept = await shed_one_to(a, w2)
+                answers, declined = answers_of(monkeypatch), calls_of(a.table, "decline")
+                cycle, read, answered = a.coordinator.cycle.cycle, asyncio.Event(), asyncio.Event()
+
+                async def as_the_stop_begins(state: Any, graph: Any) -> None:
+                    if state.leases[kept].wanted_by == "w2" and not read.is_set():
+                        read.set()
+                        await a.coordinator.stopping.wait()  # the stop begins between the read and the answers
+                        await cycle(state, graph)
+                        answered.set()
+                    else:
+                        await cycle(state, graph)
+
+                a.coordinator.cycle.cycle = as_the_stop_begins  # type: ignore[method-assign]
+                await w2.want((await w2.read()).leases[kept])
+                await until(read.is_set, what="w1's cycle reading the request")
+                await stop_a()
+                assert not declined, "a stopping worker declined a request"
+                assert answered.is_set(), "w1's cycle did not answer the request once the stop began"
+                assert answers == [([], [kept])], "w1 would not have declined the request"
+            row = (await w2.read()).leases[kept]
+            assert (row.owner, row.wanted_by) == (None, "w2"), "the release did not keep the request"
+            assert (await w2.claim(row)).owner == "w2"
+
+    run(scenario())
+
+
+def test_a_worker_whose_leases_are_in_doubt_declines_no_request(
+    local_stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but w1's leases go into doubt (no heartbeat landed for the lease validity) between
+    its cycle's read and its answers: it may not write to them, declines nothing, and the request
+    stands. (The coordinator also drops every lease as it goes into doubt, so its cycle would find
+    nothing to answer; the cycle does not count on that: here only the cycle is told.)"""
+
+    async def scenario() -> None:
+        kinesis = MemoryKinesis(2)
+        async with world(local_stack, kinesis, lease=GIVING) as a:
+            w2 = await a.other_worker("w2")
+            async with running(a) as stop_a:
+                kept = await shed_one_to(a, w2)
+                answers, declined = answers_of(monkeypatch), calls_of(a.table, "decline")
+                cycle, answered, doubt = a.coordinator.cycle.cycle, asyncio.Event(), False
+                sure = a.coordinator.cycle._in_doubt
+                a.coordinator.cycle._in_doubt = lambda: doubt or sure()
+
+                async def in_doubt_as_it_answers(state: Any, graph: Any) -> None:
+                    nonlocal doubt
+                    if state.leases[kept].wanted_by == "w2" and not answered.is_set():
+                        doubt = True  # for this cycle's answers, and no cycle runs after it
+                        await cycle(state, graph)
+                        answered.set()
+                    else:
+                        await cycle(state, graph)
+
+                a.coordinator.cycle.cycle = in_doubt_as_it_answers  # type: ignore[method-assign]
+                wanted = (await w2.read()).leases[kept]
+                await w2.want(wanted)
+                await until(answered.is_set, what="w1's cycle answering the request")
+                assert not declined, "a worker in doubt declined a request"
+                assert answers == [([], [kept])], "w1 would not have declined the request"
+                row = (await w2.read()).leases[kept]
+                assert (row.owner, row.counter, row.wanted_by) == ("w1", wanted.counter, "w2")
                 await stop_a()
 
     run(scenario())
