@@ -320,6 +320,7 @@ def expand(
     *,
     policy: CorruptPolicy = "passthrough",
     max_sub_records: int = DEFAULT_MAX_SUB_RECORDS,
+    data_bytes: int | None = None,
 ) -> Expanded:
     """Expand one SubscribeToShard event's records into output rows.
 
@@ -336,6 +337,7 @@ def expand(
 
     An event without any aggregate costs one prefix check per record and returns the input columns
     themselves (sliced if the watermark drops a prefix); an event with one is expanded row by row.
+    ``data_bytes``, when given, is the total length of ``data`` (the decoder has it), not summed again.
     """
     n = len(sequence_numbers)
     start = 0
@@ -355,6 +357,8 @@ def expand(
             sequence_numbers, partition_keys = sequence_numbers[start:], partition_keys[start:]
             arrival_ms, data = arrival_ms[start:], data[start:]
         kept = n - start
+        if start or data_bytes is None:
+            data_bytes = sum(map(len, data))
         return Expanded(
             sequence_numbers,
             [None] * kept,
@@ -363,7 +367,7 @@ def expand(
             arrival_ms,
             data,
             [None] * kept,
-            data_bytes=sum(map(len, data)),
+            data_bytes=data_bytes,
             duplicates=start,
         )
 

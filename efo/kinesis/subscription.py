@@ -305,6 +305,7 @@ class ShardSubscription:
                 event.data,
                 self._delivered,
                 policy=self._on_corrupt,
+                data_bytes=event.data_bytes,
             )
         except CorruptAggregate as exc:
             raise CorruptAggregate(f"{exc.reason} in shard {self.shard_id} of stream {self.stream!r}") from None
