@@ -330,14 +330,11 @@ def epoch_ms_of(arrivals: list[Any]) -> list[int]:
     Python costs about a microsecond a record. All at once, numpy does the same arithmetic on the
     same doubles (``modf``, a half-to-even rounding, one true division, truncation), which gives
     the same results while the epoch microseconds are below 2**53 (until the year 2255); anything
-    else (older or newer, negative, not a number) is converted value by value. Records whose first
-    and last arrival times differ go to numpy at once: counting the distinct values first (a hash of
-    each) would cost a third of the conversion."""
-    if not arrivals or arrivals[0] == arrivals[-1]:
-        distinct = set(arrivals)
-        if len(distinct) <= FEW_DISTINCT_ARRIVALS:
-            millis = {seconds: _epoch_ms(seconds) for seconds in distinct}
-            return [millis[seconds] for seconds in arrivals]
+    else (older or newer, negative, not a number) is converted value by value."""
+    distinct = set(arrivals)
+    if len(distinct) <= FEW_DISTINCT_ARRIVALS:
+        millis = {seconds: _epoch_ms(seconds) for seconds in distinct}
+        return [millis[seconds] for seconds in arrivals]
     values = np.array(arrivals)
     if values.dtype.kind not in "if" or not (values.min() >= 0 and values.max() < _EXACT_BELOW_S):
         return [_epoch_ms(seconds) for seconds in arrivals]

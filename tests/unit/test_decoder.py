@@ -460,6 +460,39 @@ def test_epoch_ms_of_any_list_is_epoch_ms_of_each_value(arrivals: list[Any]) -> 
     assert epoch_ms_of(arrivals) == [_epoch_ms(seconds) for seconds in arrivals]
 
 
+#: What a malformed event's timestamps could hold besides numbers (orjson parses any JSON value).
+odd_arrival_values = st.one_of(
+    arrival_values,
+    st.none(),
+    st.text(max_size=3),
+    st.just(float("nan")),
+    st.just(float("inf")),
+    st.lists(st.integers(0, 2**40), min_size=1, max_size=2),
+    st.dictionaries(st.text(max_size=1), st.integers(), max_size=1),
+)
+
+
+def _value_or_error(convert: Any) -> Any:
+    try:
+        return convert()
+    except Exception as exc:  # whether it raised, and what
+        return type(exc)
+
+
+@settings(max_examples=300)
+@given(st.lists(odd_arrival_values, max_size=40))
+@example([[1_700_000_000]] * 10 + [[1_700_000_001]] * 10)  # list values: an event decoded to lists of lists
+def test_epoch_ms_of_any_values_gives_what_each_value_does_or_raises(arrivals: list[Any]) -> None:
+    """The same ints as converting value by value, or an error where that raises one (which error
+    may differ: a set of the values meets an unhashable one before a value fails to convert)."""
+    expected = _value_or_error(lambda: [_epoch_ms(seconds) for seconds in arrivals])
+    got = _value_or_error(lambda: epoch_ms_of(arrivals))
+    if isinstance(expected, list):
+        assert got == expected
+    else:
+        assert isinstance(got, type) and issubclass(got, Exception), got
+
+
 def test_an_event_of_many_arrival_times_converts_each_like_botocore() -> None:
     seconds = [1_764_200_000 + i * 0.0013 + 0.0000005 for i in range(4 * FEW_DISTINCT_ARRIVALS)]
     records = [
