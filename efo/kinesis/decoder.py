@@ -69,7 +69,7 @@ class ShardEvent:
     arrival_ms: list[int] = field(default_factory=list)  # epoch milliseconds, UTC
     data: list[bytes] = field(default_factory=list)
     partition_keys: list[str] = field(default_factory=list)
-    data_bytes: int = 0
+    data_bytes: int = 0  # the total length of data: every decoder sets it, and expand takes it as is
     continuation_sequence_number: str | None = None  # None: the shard has ended
     millis_behind_latest: int | None = None
     child_shards: list[dict[str, Any]] = field(default_factory=list)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 from aws_kinesis_agg.messages_pb2 import AggregatedRecord
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from efo.kinesis.kpl import (
@@ -561,11 +561,13 @@ def test_corrupt_record_at_the_watermark_with_a_sub_sequence_counts_as_plain() -
     assert (out.sequence_numbers, out.errors, out.duplicates) == (["2"], [CORRUPT_AGGREGATE], 0)
 
 
-def test_a_given_data_length_is_used_only_when_no_row_is_dropped() -> None:
-    """The subscription passes the decoder's total length of the event's data: it is the chunk's
-    when every record is kept, and summed again over what the watermark leaves otherwise."""
+def test_a_given_data_length_is_taken_as_is_when_no_row_is_dropped_and_summed_again_otherwise() -> None:
+    """The subscription passes the decoder's total length of the event's data: it is taken as the
+    output's when every record is kept (not summed again; a made-up total shows it), and the
+    lengths of what the watermark leaves are summed otherwise."""
     event = Event().add(BIG + 1, b"one").add(BIG + 2, b"two").add(BIG + 3, b"three")
-    assert event.expand(None, data_bytes=11).data_bytes == 11
+    assert event.expand(None, data_bytes=999).data_bytes == 999
+    assert event.expand(None, data_bytes=None).data_bytes == 11
     assert event.expand((BIG + 1, MAX_SUB_SEQUENCE), data_bytes=11).data_bytes == 8
 
 
@@ -606,6 +608,9 @@ def events(draw: st.DrawFn) -> tuple[Event, list[list[SubRecord] | None]]:
     st.none() | st.tuples(st.integers(0, 30), st.integers(0, 7) | st.just(MAX_SUB_SEQUENCE)),
     st.sampled_from(["passthrough", "dead_letter", "fail"]),
     st.booleans(),
+)
+@example(  # plain records only, the watermark past the first: the given total no longer holds
+    (Event().add(1, b"one").add(2, b"two"), [None, None]), (1, MAX_SUB_SEQUENCE), "passthrough", True
 )
 def test_expand_matches_a_naive_model(
     drawn: tuple[Event, list[list[SubRecord] | None]], delivered: tuple[int, int] | None, policy: str, total: bool
