@@ -59,8 +59,8 @@ _prelude = struct.Struct("!III").unpack_from
 _u32 = struct.Struct("!I").unpack_from
 _u16 = struct.Struct("!H").unpack_from
 _INTS = {kind: struct.Struct(f) for kind, f in ((2, "!b"), (3, "!h"), (4, "!i"), (5, "!q"), (8, "!q"))}
-# zlib-ng's CRC-32 (the same checksum as zlib's, with SIMD: about 13x zlib's speed on this machine):
-# the message CRC over every byte of an event was 11 % of efo's time at 64 shards x 1 KiB.
+# zlib-ng's CRC-32: the same checksum as zlib's, several times faster (SIMD). With zlib's, the message
+# CRC over every byte of an event was an eighth of efo's event loop at 64 shards x 1 KiB (docs/benchmarks.md).
 _crc32 = zlib_ng.crc32
 
 #: One message: its headers (shared, do not modify) and its payload (a view of the received bytes).

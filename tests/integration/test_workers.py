@@ -272,9 +272,9 @@ def test_an_owner_that_gave_nothing_lately_honours_a_request_even_at_its_share(l
 def test_a_worker_that_released_a_stranded_lease_declines_a_request_at_its_share(local_stack: Any) -> None:
     """w1 restarts under the same id and finds both leases of two still its own in the table, as its
     last run left them; w2 (played by the test) is alive, so w1 takes one back and releases the
-    other, which counts as handing a lease over, as a shed does. w2 claims it; its request for the
-    other one, written from a read before the release, comes next: w1, at its share and having
-    given lately, declines it (the request is cleared and w1 keeps the lease)."""
+    other, which counts as handing a lease over, as a shed does. w2 claims it, then asks for the
+    other one: w1, at its share and having given lately, declines the request (it is cleared and
+    w1 keeps the lease)."""
 
     async def scenario() -> None:
         kinesis = MemoryKinesis(2)
