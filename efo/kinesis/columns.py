@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Any
 
 import numpy as np
@@ -27,9 +27,19 @@ import pyarrow as pa
 _MAX_INT32 = 2**31 - 1
 
 
-#: Payloads copied into a block per call, so that other threads get the GIL in between: 256 KiB of
-#: 1 KiB records (under a millisecond).
-_PIECES_PER_WRITE = 256
+#: Bytes copied into a block per call (``writelines`` holds the GIL throughout), so that other
+#: threads get it in between: a millisecond or less here. A call copies the payloads that start
+#: within its mebibyte, so at most 1 MiB more (Kinesis' largest record).
+BYTES_PER_WRITE = 1 << 20
+
+
+def write_groups(offsets: np.ndarray, step: int) -> list[tuple[int, int]]:
+    """``(first, end)`` indices of consecutive payloads, in order and covering them all, each group
+    the payloads whose start lies within one ``step`` of bytes; ``offsets`` are the payloads' starts
+    and, last, the total (an Arrow binary column's offsets)."""
+    count = len(offsets) - 1
+    firsts = np.searchsorted(offsets[:count], np.arange(0, int(offsets[-1]), step))  # of each step
+    return list(pairwise(sorted({0, count, *firsts.tolist()})))
 
 
 class ReusableBlocks:
@@ -54,8 +64,10 @@ class ReusableBlocks:
         self._capacities = [0] * count  # bytes allocated for each block's data
         self._lock = threading.Lock()
 
-    def join(self, pieces: list[Any], total: int) -> Any:
-        """The ``pieces`` (``total`` bytes) one after another: a read-only view of a free block, or fresh bytes."""
+    def join(self, pieces: list[Any], offsets: np.ndarray) -> Any:
+        """The ``pieces`` one after another (``offsets``: their starts, then the total): a
+        read-only view of a free block, or fresh bytes."""
+        total = int(offsets[-1])
         if not total:
             return b""
         with self._lock:
@@ -71,8 +83,8 @@ class ReusableBlocks:
                     block.write(b"\0")  # one allocation of exactly total bytes (zero-filled)
                     self._capacities[index] = total
                 block.seek(0)
-                for start in range(0, len(pieces), _PIECES_PER_WRITE):
-                    block.writelines(pieces[start : start + _PIECES_PER_WRITE])
+                for first, end in write_groups(offsets, BYTES_PER_WRITE):
+                    block.writelines(pieces[first:end])
                 block.truncate()
                 return block.getbuffer().toreadonly()
         return b"".join(pieces)
@@ -98,12 +110,12 @@ def join_payloads(parts: Sequence[list[bytes]], blocks: ReusableBlocks | None = 
     total = int(sizes.sum())
     if total > _MAX_INT32:  # a batch is at most batch.max_bytes (1 GiB) and one event
         raise ValueError(f"{total} bytes of payloads exceed a binary column's 2 GiB")
-    joined = blocks.join(pieces, total) if blocks is not None else b"".join(pieces)
-    if len(joined) != total:  # a buffer whose len() is not its bytes (a memoryview of ints)
-        raise TypeError("payloads are bytes (or byte buffers): a value's len() is not its size in bytes")
     offsets = np.zeros(len(sizes) + 1, np.int32)
     np.cumsum(sizes, out=offsets[1:])
+    joined = blocks.join(pieces, offsets) if blocks is not None else b"".join(pieces)
+    if len(joined) != total:  # a buffer whose len() is not its bytes (a memoryview of ints)
+        raise TypeError("payloads are bytes (or byte buffers): a value's len() is not its size in bytes")
     return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(joined)])
 
 
-__all__ = ["ReusableBlocks", "join_payloads"]
+__all__ = ["BYTES_PER_WRITE", "ReusableBlocks", "join_payloads", "write_groups"]

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import io
 import os
+from itertools import pairwise
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efo.kinesis.columns import ReusableBlocks, join_payloads
+from efo.kinesis import columns
+from efo.kinesis.columns import ReusableBlocks, join_payloads, write_groups
 from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.arrow import SCHEMA, to_table
 
@@ -80,6 +83,33 @@ def test_joined_payloads_are_the_column_pa_array_builds_of_every_value_in_order(
 ) -> None:
     """Into a fresh block or a reused one."""
     joined = join_payloads(parts, blocks)
+    joined.validate(full=True)
+    assert joined.equals(pa.array([value for part in parts for value in part], pa.binary()))
+
+
+@given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 500))
+def test_a_block_is_written_a_step_of_bytes_at_a_time(sizes: list[int], step: int) -> None:
+    """The payloads are copied in groups, in order, all of them once, each group those that start
+    within one step of bytes (so a call copies at most a step and one payload)."""
+    offsets = np.zeros(len(sizes) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    groups = write_groups(offsets, step)
+    assert [i for first, end in groups for i in range(first, end)] == list(range(len(sizes)))
+    assert all(first < end for first, end in groups)
+    for first, end in groups:
+        assert len({int(offsets[i]) // step for i in range(first, end)}) == 1
+    for (_, end), (first, _) in pairwise(groups):
+        assert offsets[end - 1] // step != offsets[first] // step  # a group is all that start in its step
+    assert len(groups) <= int(offsets[-1]) // step + 1
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.binary(max_size=64), max_size=12), max_size=6), st.integers(1, 100))
+def test_payloads_written_a_few_bytes_at_a_time_join_into_the_same_column(parts: list[list[bytes]], step: int) -> None:
+    """Into a block, however small the step: the column pa.array builds."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columns, "BYTES_PER_WRITE", step)
+        joined = join_payloads(parts, ReusableBlocks(1))
     joined.validate(full=True)
     assert joined.equals(pa.array([value for part in parts for value in part], pa.binary()))
 
