@@ -29,14 +29,15 @@ _MAX_INT32 = 2**31 - 1
 
 #: Bytes copied into a block per call (``writelines`` holds the GIL throughout), so that other
 #: threads get it in between: a millisecond or less here. A call copies the payloads that start
-#: within its mebibyte, so at most 1 MiB more (Kinesis' largest record).
+#: within its mebibyte: at most a mebibyte and one payload.
 BYTES_PER_WRITE = 1 << 20
 
 
 def write_groups(offsets: np.ndarray, step: int) -> list[tuple[int, int]]:
     """``(first, end)`` indices of consecutive payloads, in order and covering them all, each group
-    the payloads whose start lies within one ``step`` of bytes; ``offsets`` are the payloads' starts
-    and, last, the total (an Arrow binary column's offsets)."""
+    the payloads whose start lies within one ``step`` of bytes (empty ones at the very end, which
+    start at the total, with the last group); ``offsets`` are the payloads' starts and, last, the
+    total (an Arrow binary column's offsets)."""
     count = len(offsets) - 1
     firsts = np.searchsorted(offsets[:count], np.arange(0, int(offsets[-1]), step))  # of each step
     return list(pairwise(sorted({0, count, *firsts.tolist()})))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from efo.kinesis import columns
@@ -88,19 +88,28 @@ def test_joined_payloads_are_the_column_pa_array_builds_of_every_value_in_order(
 
 
 @given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 500))
+@example([1, 0], 1)  # an empty payload at the end starts at the total, a step of its own: with the last group
+@example([8, 300, 0], 308)
+@example([0, 0], 4)
 def test_a_block_is_written_a_step_of_bytes_at_a_time(sizes: list[int], step: int) -> None:
     """The payloads are copied in groups, in order, all of them once, each group those that start
-    within one step of bytes (so a call copies at most a step and one payload)."""
+    within one step of bytes (so a call copies at most a step and one payload); empty payloads at
+    the very end, which start at the total, go with the last group."""
     offsets = np.zeros(len(sizes) + 1, np.int32)
     np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+
+    def step_of(i: int) -> int:
+        return min(int(offsets[i]), max(total - 1, 0)) // step
+
     groups = write_groups(offsets, step)
     assert [i for first, end in groups for i in range(first, end)] == list(range(len(sizes)))
     assert all(first < end for first, end in groups)
     for first, end in groups:
-        assert len({int(offsets[i]) // step for i in range(first, end)}) == 1
+        assert len({step_of(i) for i in range(first, end)}) == 1
     for (_, end), (first, _) in pairwise(groups):
-        assert offsets[end - 1] // step != offsets[first] // step  # a group is all that start in its step
-    assert len(groups) <= int(offsets[-1]) // step + 1
+        assert step_of(end - 1) != step_of(first)  # a group is all that start in its step
+    assert len(groups) <= total // step + 1
 
 
 @settings(deadline=None)
@@ -221,11 +230,12 @@ def test_no_payloads_join_into_an_empty_column() -> None:
     assert join_payloads([[], []]).equals(pa.array([], pa.binary()))
 
 
-def test_joined_payloads_refuse_a_buffer_whose_length_is_not_its_bytes() -> None:
+@pytest.mark.parametrize("blocks", [None, ReusableBlocks], ids=["fresh", "into-a-block"])
+def test_joined_payloads_refuse_a_buffer_whose_length_is_not_its_bytes(blocks: type[ReusableBlocks] | None) -> None:
     from array import array
 
     with pytest.raises(TypeError, match="payloads are bytes"):
-        join_payloads([[memoryview(array("i", [1, 2]))]])
+        join_payloads([[memoryview(array("i", [1, 2]))]], blocks() if blocks else None)
 
 
 def test_a_runner_prepares_each_batch_into_a_free_block_and_reuses_it_once_the_batch_is_gone() -> None:
