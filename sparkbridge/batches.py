@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -230,8 +230,12 @@ class BatchRunner:
             prepare_s=time.monotonic() - started,
         )
 
-    def commit(self, batch: PreparedBatch) -> BatchResult:
-        """The Spark half: DataFrames, decoding, the dead-letter sink, then the sink, with retries."""
+    def commit(self, batch: PreparedBatch, frame_ready: Callable[[], None] = lambda: None) -> BatchResult:
+        """The Spark half: DataFrames, decoding, the dead-letter sink, then the sink, with retries.
+        ``frame_ready`` is called once the sink's DataFrame is made, before the sink is called
+        (at once for a sink that takes Arrow or a batch without rows): from then on, a DataFrame
+        sink mostly waits on the JVM, and the next batch's conversion (:class:`Prefetcher`) no
+        longer holds up ``createDataFrame``'s Python work by holding the GIL."""
         started = time.monotonic()
         if batch.dead_table is not None:
             if self.dead_letter_sink is None:
@@ -247,10 +251,13 @@ class BatchRunner:
             )
         info = describe_batch(batch.batch_id, batch.kept) if batch.kept else BatchInfo(batch.batch_id, 0, 0)
         invalid_json: int | None = None
+        if batch.table is None or takes_arrow(self.sink):
+            frame_ready()
         if batch.table is not None and takes_arrow(self.sink):
             info = self._write(self.sink, batch.table, batch.batch_id, batch.kept, "sink")
         elif batch.table is not None:
             df, observation = self.decoder.decode(self._frame(self.sink, batch.table))
+            frame_ready()
             info = self._write(self.sink, df, batch.batch_id, batch.kept, "sink")
             metrics = observed(observation)
             if metrics is not None:
@@ -327,18 +334,34 @@ def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
 
 
 class Prefetcher(Generic[T]):
-    """Calls ``produce`` on one worker thread, always one call ahead of the consumer, so the next
-    batch is taken and converted while Spark (which waits with the GIL released) commits this one."""
+    """Calls ``produce`` on one worker thread, one call ahead of the consumer, so the next batch
+    is taken and converted while Spark commits this one. The call after a result starts when the
+    consumer asks for it (:meth:`start_next`: the driver does once the batch's DataFrame is made,
+    BatchRunner.commit's ``frame_ready``), or at the latest when it asks for that result.
+
+    Why not at once: both the conversion and ``createDataFrame`` (casts, the Arrow stream written
+    for the JVM, py4j's calls) run Python, and a thread that wants the GIL back waits up to
+    ``sys.getswitchinterval()`` each time. Converting 100,000 records of 1 KiB (about 40 ms, most
+    of it holding the GIL) beside ``createDataFrame`` and a no-op sink made the batch +21 % slower;
+    started once the DataFrame was made, +10 % (bench/spark_ingest.py, docs/benchmarks.md section 2).
+    """
 
     def __init__(self, produce: Callable[[], T]) -> None:
         self._produce = produce
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="efo-arrow")
-        self._upcoming = self._executor.submit(produce)
+        self._upcoming: Future[T] | None = self._executor.submit(produce)
 
     def next(self) -> T:
-        result = self._upcoming.result()
-        self._upcoming = self._executor.submit(self._produce)
-        return result
+        """The next result, waiting for it (and starting its call if :meth:`start_next` did not)."""
+        self.start_next()
+        assert self._upcoming is not None
+        upcoming, self._upcoming = self._upcoming, None
+        return upcoming.result()
+
+    def start_next(self) -> None:
+        """Start the call for the result after the last one taken, unless it has started."""
+        if self._upcoming is None:
+            self._upcoming = self._executor.submit(self._produce)
 
     def close(self) -> None:
         """Wait for the call under way (its result is dropped) and stop the worker."""

@@ -132,7 +132,7 @@ class Driver:
                 prepared = None
                 prepared = prefetch.next()
                 if prepared is not None:
-                    self.commit(prepared)
+                    self.commit(prepared, frame_ready=prefetch.start_next)
         finally:
             # Intake stops; a batch taken but not committed is read again by the next owner. The
             # service flushes what was committed, releases the leases and ends.
@@ -211,10 +211,10 @@ class Driver:
         self._batches += 1
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
 
-    def commit(self, prepared: PreparedBatch) -> None:
+    def commit(self, prepared: PreparedBatch, frame_ready: Callable[[], None] = lambda: None) -> None:
         self._in_sink = prepared.batch_id
         self.service.batch_started()
-        result = self.runner.commit(prepared)
+        result = self.runner.commit(prepared, frame_ready)
         self._in_sink = None
         committed_at_ms = time.time() * 1000
         self.service.commit(Commit.of(chunk) for chunk in result.chunks)

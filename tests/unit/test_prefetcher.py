@@ -1,0 +1,188 @@
+"""When the next batch is prepared: one call ahead of the driver, started once this batch's
+DataFrame is made (sparkbridge.batches.Prefetcher, BatchRunner.commit's ``frame_ready``), so its
+conversion does not hold the GIL while ``createDataFrame`` runs Python. No Spark here: a runner
+whose DataFrame is the Arrow table itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from efo.config import load_settings
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.records import RecordChunk, Row
+from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
+from sparkbridge.driver import Driver
+
+
+def chunk(serial: int, rows: int = 2) -> RecordChunk:
+    return RecordChunk.of_rows(
+        "s", "shard-0", serial, [Row(str(serial * 100 + i), b"x", "k", 0) for i in range(rows)], epoch=1
+    )
+
+
+class Counting:
+    """A ``produce`` that numbers its calls and signals each start."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = threading.Semaphore(0)
+        self.go = threading.Event()
+        self.go.set()
+
+    def __call__(self) -> int:
+        self.calls += 1
+        self.started.release()
+        assert self.go.wait(5)
+        return self.calls
+
+
+def test_the_first_call_starts_at_once_and_the_next_only_when_asked_for() -> None:
+    produce = Counting()
+    prefetch = Prefetcher(produce)
+    try:
+        assert produce.started.acquire(timeout=5)  # before anything was taken
+        assert prefetch.next() == 1
+        assert not produce.started.acquire(timeout=0.2), "the next call started before start_next()"
+        prefetch.start_next()
+        prefetch.start_next()  # already under way: not a second call
+        assert produce.started.acquire(timeout=5)
+        assert prefetch.next() == 2
+        assert prefetch.next() == 3  # not started by start_next(): next() starts it and waits
+        assert produce.calls == 3
+    finally:
+        prefetch.close()
+
+
+def test_close_waits_for_the_call_under_way() -> None:
+    produce = Counting()
+    prefetch = Prefetcher(produce)
+    assert prefetch.next() == 1
+    produce.go.clear()
+    prefetch.start_next()
+    assert produce.started.acquire(timeout=5)
+    closer = threading.Thread(target=prefetch.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive(), "close() returned while the call was under way"
+    produce.go.set()
+    closer.join(5)
+    assert not closer.is_alive() and produce.calls == 2
+
+
+class ArrowSink:
+    takes_arrow = True
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def write(self, table: Any, batch: Any) -> None:
+        self.events.append(f"write {batch.batch_id}")
+
+
+def test_a_sink_taking_arrow_or_a_batch_without_rows_lets_the_next_batch_start_at_once() -> None:
+    events: list[str] = []
+    runner = BatchRunner(None, ArrowSink(events), max_attempts=1, retry_backoff_s=0)
+    runner.commit(runner.prepare("b-1", [chunk(1)]), frame_ready=lambda: events.append("frame ready"))
+    again = runner.prepare("b-2", [chunk(1)])  # the same rows again: all dropped by the watermark
+    assert again.table is None
+    runner.commit(again, frame_ready=lambda: events.append("frame ready"))
+    assert events == ["frame ready", "write b-1", "frame ready"]
+
+
+class FrameRunner(BatchRunner):
+    """A DataFrame sink's runner whose 'DataFrame' is the table (no Spark), noting whether the
+    next batch was under way while the frame was made."""
+
+    def __init__(self, sink: Any, events: list[str]) -> None:
+        super().__init__(None, sink, max_attempts=2, retry_backoff_s=0, sleep=lambda s: None)
+        self.events = events
+        self.prepares = 0
+        self.frames = 0
+
+    def prepare(self, batch_id: str, chunks: list[RecordChunk]) -> PreparedBatch:
+        self.prepares += 1
+        return super().prepare(batch_id, chunks)
+
+    def _frame(self, sink: Any, table: pa.Table) -> Any:
+        self.frames += 1
+        time.sleep(0.1)  # as createDataFrame's Python work: time for the next batch to start, were it let
+        self.events.append("frame" if self.prepares == self.frames else "frame beside the next batch's prepare")
+        return table
+
+
+class FailingOnce:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def write(self, df: Any, batch: Any) -> None:
+        self.events.append(f"write attempt {batch.attempt}")
+        if batch.attempt == 1:
+            raise OSError("sink down")
+
+
+def test_a_dataframe_sink_lets_the_next_batch_start_once_its_frame_is_made_and_once_across_retries() -> None:
+    events: list[str] = []
+    runner = FrameRunner(FailingOnce(events), events)
+    runner.commit(runner.prepare("b-1", [chunk(1)]), frame_ready=lambda: events.append("frame ready"))
+    assert events == ["frame", "frame ready", "write attempt 1", "write attempt 2"]
+
+
+class DriverService:
+    """What Driver.run uses of the service: a handoff, its events, commits counted."""
+
+    def __init__(self, batches: int) -> None:
+        self.handoff = Handoff()
+        self.finished = threading.Event()
+        self.stopping = threading.Event()
+        self.error = None
+        self.stopped_before_end = False
+        self.commits = 0
+        self._batches = batches
+
+    def start(self) -> None:
+        pass
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    def batch_started(self) -> None:
+        pass
+
+    def commit(self, commits: Any) -> None:
+        list(commits)
+        self.commits += 1
+        if self.commits == self._batches:
+            self.stopping.set()
+
+    def driver_finished(self) -> None:
+        self.finished.set()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        return True
+
+
+def test_the_driver_prepares_the_next_batch_only_once_the_sink_s_dataframe_is_made() -> None:
+    events: list[str] = []
+    service = DriverService(batches=3)
+    for serial in (1, 2, 3):
+        service.handoff.put(chunk(serial))
+    settings = load_settings(stream="s", app="a", sink="console", batch={"max_records": 2, "max_wait_s": 0.05})
+
+    class Sink:
+        def write(self, df: Any, batch: Any) -> None:
+            # The next batch (if there is one: 3 were written) is prepared while this one is in the sink.
+            deadline = time.monotonic() + 5
+            while runner.frames < 3 and runner.prepares == runner.frames and time.monotonic() < deadline:
+                time.sleep(0.01)
+            events.append("write beside the next batch's prepare" if runner.prepares > runner.frames else "write")
+
+    runner = FrameRunner(Sink(), events)
+    driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
+    assert driver.run() == 0
+    assert service.commits == 3
+    beside = "write beside the next batch's prepare"
+    assert events == ["frame", beside, "frame", beside, "frame", "write"]
