@@ -1,15 +1,16 @@
 """Rows/s of the whole Spark bridge against Spark alone ingesting the identical Arrow tables.
 
-Bridge (timed): ``Handoff.take_batch`` -> ``BatchRunner.run`` (watermark, ``to_table``,
-``createDataFrame``, sink write) -> the chunks' pool grants released on the asyncio loop thread
-(what ``Service.commit`` ends in). Spark alone (timed): ``createDataFrame(table)`` (made as the
-bridge makes it) + the same sink write, on tables built by ``to_table`` from the same chunks
-outside the timed region.
+Bridge (timed): ``BatchRunner.commit`` (``createDataFrame``, sink write) -> the chunks' pool
+grants released on the asyncio loop thread (what ``Service.commit`` ends in), while the next batch
+goes through ``Handoff.take_batch`` -> ``BatchRunner.prepare`` (watermark, ``to_table``) on the
+prefetch thread: a driver that is behind, in its steady state (:func:`time_bridge`). Spark alone
+(timed): ``createDataFrame(table)`` (made as the bridge makes it) + the same sink write, on tables
+built by ``to_table`` from the same chunks outside the timed region.
 
 Chunks (1 KiB random records as the subscription hands them over: lists of sequence numbers, keys
 and arrival times, the payloads as bytes, as the decoder leaves them) and their pool grants are built before any
-timing. The two variants run interleaved (alternating which
-goes first), after one untimed warm-up each; medians of the repeats.
+timing. The two variants run interleaved (alternating which goes first), after one untimed
+warm-up each; the overhead is the median of the repeats' ratios (:func:`_overhead`).
 
     .venv/bin/python bench/spark_ingest.py [--sizes 10000,100000] [--repeats 5] [--sinks parquet,noop]
 """
@@ -108,9 +109,12 @@ class LoopThread:
 
 
 def time_bridge(runner: BatchRunner, batches: list[list[RecordChunk]], loop: LoopThread, batch_id: str) -> float:
-    """Seconds per batch over consecutive batches, as the driver runs them: the next batch is
-    taken and prepared (watermark, Arrow) on the prefetch thread while Spark commits this one.
-    The runner lives across runs, as the driver's does (its payload blocks already grown)."""
+    """Seconds per batch of a driver that is behind (the only time the bridge's cost limits what
+    it carries): every timed batch is committed while the next one is taken and prepared
+    (watermark, Arrow) on the prefetch thread. So the first batch is prepared before the clock
+    starts, as the batch before it would have left it, and the last one is prepared beside the
+    last timed commit but not committed: ``batches`` holds one batch more than it times. The
+    runner lives across runs, as the driver's does (its payload blocks already grown)."""
     chunks = [c for batch in batches for c in batch]
     loop.grant(chunks)
     handoff = Handoff()
@@ -118,24 +122,27 @@ def time_bridge(runner: BatchRunner, batches: list[list[RecordChunk]], loop: Loo
         handoff.put(c)
     runner.watermark = DeliveryWatermark()  # the same chunks again
     rows = sum(len(c) for c in batches[0])
-    numbers = iter(range(len(batches) + 1))
+    numbers = iter(range(len(batches)))
 
     def take_and_prepare() -> PreparedBatch | None:
         taken = handoff.take_batch(rows, 10**15, 0.0, idle_wait_s=0.0)
         return runner.prepare(f"{batch_id}-{next(numbers)}", taken) if taken else None
 
-    started = time.perf_counter()
     prefetch = Prefetcher(take_and_prepare)
-    for _ in batches:
+    prepared = prefetch.next()
+    started = time.perf_counter()
+    for _ in batches[1:]:
+        assert prepared is not None
+        result = runner.commit(prepared, frame_ready=prefetch.start_next)
+        loop.release(result.chunks)
         prepared = None  # as the driver lets go of it: its payload block is free for the batch after next
         prepared = prefetch.next()
-        assert prepared is not None
-        result = runner.commit(prepared)
-        loop.release(result.chunks)
     elapsed = time.perf_counter() - started
+    assert prepared is not None
+    loop.release(prepared.chunks)  # prepared beside the last commit; not timed any further
     prefetch.close()
     assert loop.pool.records == 0
-    return elapsed / len(batches)
+    return elapsed / (len(batches) - 1)
 
 
 def time_spark(spark: SparkSession, sink: Sink, tables: list[Any], info: BatchInfo) -> float:
@@ -175,7 +182,8 @@ def main() -> int:
     spark = build_session(settings, app_name="efo-bench")
     spark.sparkContext.setLogLevel("ERROR")
     spark_version = spark.version
-    chunks = build_chunks(max(sizes) * args.batches, args.chunk_records, args.record_bytes, args.shards)
+    # The bridge's runs take one batch more than they time (time_bridge).
+    chunks = build_chunks(max(sizes) * (args.batches + 1), args.chunk_records, args.record_bytes, args.shards)
     loop = LoopThread()
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="efo-bench-"))
 
@@ -183,9 +191,9 @@ def main() -> int:
     python_side: dict[int, tuple[float, float]] = {}
     try:
         for size in sizes:
-            batches = _consecutive(chunks, size, args.batches)
+            batches = _consecutive(chunks, size, args.batches + 1)
             batch = batches[0]
-            tables = [to_table(b) for b in batches]
+            tables = [to_table(b) for b in batches[: args.batches]]
             info = BatchInfo("bench", size, sum(c.data_bytes for c in batch))
             python_side[size] = (
                 _median_s(partial(to_table, batch, ReusableBlocks(2)), args.repeats),
@@ -225,7 +233,8 @@ def main() -> int:
 
     print(f"command: `{command_line()}`\n")
     print(
-        f"{args.repeats} repeats of {args.batches} consecutive batches, medians of seconds per batch; "
+        f"{args.repeats} repeats of {args.batches} consecutive batches, medians of seconds per batch; overhead: "
+        "the median of each repeat's bridge run against its Spark-alone run (run beside it, in alternating order); "
         f"{args.record_bytes} B records, {args.chunk_records} records/chunk, "
         f"{args.shards} shards, master {args.master}, driver memory {args.driver_memory}\n"
     )
@@ -254,7 +263,10 @@ def main() -> int:
 
 
 def _overhead(times: dict[str, list[float]]) -> float:
-    return statistics.median(times["bridge"]) / statistics.median(times["spark"]) - 1
+    """The median over the repeats of each bridge run against the Spark-alone run beside it: the
+    machine's speed drifts between repeats (Spark alone's own time by a third in one run), which
+    a ratio of the two medians carries into the figure and a ratio per repeat cancels."""
+    return statistics.median(b / s for b, s in zip(times["bridge"], times["spark"], strict=True)) - 1
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:
