@@ -32,14 +32,15 @@ def to_table(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None
     batch (the chunks' lists chained), not once per event; the payloads copied into one of
     ``blocks`` when one is free (efo.kinesis.columns.join_payloads)."""
 
-    def column(name: str) -> pa.Array:
-        values = list(chain.from_iterable(getattr(chunk, name) for chunk in chunks))
-        # Mostly all null (no KPL aggregate, nothing corrupt): counted in C, built without a value per row.
-        if name in OPTIONAL_COLUMNS and values.count(None) == len(values):
-            return pa.nulls(len(values), ARROW_COLUMNS[name])
-        return pa.array(values, ARROW_COLUMNS[name])
-
     lengths = np.fromiter(map(len, chunks), np.int64, len(chunks))
+    rows = int(lengths.sum())
+
+    def column(name: str) -> pa.Array:
+        # Mostly all null (no KPL aggregate, nothing corrupt): counted in C, chunk by chunk, and
+        # built without a value per row.
+        if name in OPTIONAL_COLUMNS and sum(getattr(chunk, name).count(None) for chunk in chunks) == rows:
+            return pa.nulls(rows, ARROW_COLUMNS[name])
+        return pa.array(list(chain.from_iterable(getattr(chunk, name) for chunk in chunks)), ARROW_COLUMNS[name])
 
     def repeated(name: str) -> pa.Array:
         # One value per chunk (a stream, a shard), each row taking its chunk's in one C pass over
@@ -57,8 +58,11 @@ def to_table(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None
             column("sub_sequence_numbers"),
             column("partition_keys"),
             column("explicit_hash_keys"),
-            # Epoch ms as int64, viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
-            column("arrival_ms").view(SCHEMA.field("approximate_arrival_timestamp").type),
+            # Epoch ms as int64 (numpy reads Python ints faster than pa.array: 1.6 against 2.8 ms per
+            # 100,000), viewed (zero-copy) as timestamp[ms, UTC]: same values, no per-value conversion.
+            pa.array(np.fromiter(chain.from_iterable(chunk.arrival_ms for chunk in chunks), np.int64, rows)).view(
+                SCHEMA.field("approximate_arrival_timestamp").type
+            ),
             join_payloads([chunk.data for chunk in chunks], blocks),
             column("errors"),
         ],

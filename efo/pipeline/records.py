@@ -107,13 +107,13 @@ ROW_COLUMNS = (
     "data",
     "errors",
 )
-#: The Arrow type of each list column of a chunk, for the bridge's table (sparkbridge.arrow).
+#: The Arrow type of each list column of a chunk the bridge's table converts with ``pa.array``
+#: (sparkbridge.arrow; the arrival times and payloads go their own ways).
 ARROW_COLUMNS = {
     "sequence_numbers": pa.string(),
     "sub_sequence_numbers": pa.int64(),
     "partition_keys": pa.string(),
     "explicit_hash_keys": pa.string(),
-    "arrival_ms": pa.int64(),
     "errors": pa.string(),
 }
 #: Columns that are mostly all null (no KPL aggregate, nothing corrupt).
