@@ -63,7 +63,10 @@ BENCHMARKS = [
         "2. Spark bridge overhead",
         "spark_ingest.py",
         ["--sizes", "10000,100000", "--sinks", "parquet,noop", "--repeats", "9"],
-        ["--sizes", "1000", "--sinks", "parquet,noop", "--repeats", "1", "--batches", "1", "--master", "local[1]"],
+        [
+            *("--sizes", "1000", "--sinks", "parquet,noop", "--repeats", "1"),
+            *("--batches", "1", "--run-rows", "1000", "--master", "local[1]"),
+        ],
         "The whole bridge (handoff, watermark, Arrow, createDataFrame, sink, acknowledgement) against Spark alone "
         "(createDataFrame + the same sink) on the identical Arrow tables, built before timing; the bridge as a "
         "driver that is behind runs it, each batch committed while the next is taken and converted. Goal: "

@@ -157,7 +157,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000", help="batch sizes in rows, comma-separated")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, size and sink")
-    parser.add_argument("--batches", type=int, default=3, help="consecutive batches per timed run")
+    parser.add_argument("--batches", type=int, default=3, help="consecutive batches per timed run, at least")
+    parser.add_argument(
+        "--run-rows",
+        type=int,
+        default=300_000,
+        help="rows per timed run, at least (more batches of a small size: a run of 3 batches of 10,000 rows "
+        "lasts 0.15 s, and a single slow Spark job moved the figure by 20 points)",
+    )
     parser.add_argument("--sinks", default="parquet,noop", help="parquet and/or noop")
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--chunk-records", type=int, default=500, help="records per chunk (one SubscribeToShard event)")
@@ -182,8 +189,11 @@ def main() -> int:
     spark = build_session(settings, app_name="efo-bench")
     spark.sparkContext.setLogLevel("ERROR")
     spark_version = spark.version
+    per_run = {size: max(args.batches, -(-args.run_rows // size)) for size in sizes}  # batches per timed run
     # The bridge's runs take one batch more than they time (time_bridge).
-    chunks = build_chunks(max(sizes) * (args.batches + 1), args.chunk_records, args.record_bytes, args.shards)
+    chunks = build_chunks(
+        max(size * (per_run[size] + 1) for size in sizes), args.chunk_records, args.record_bytes, args.shards
+    )
     loop = LoopThread()
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="efo-bench-"))
 
@@ -191,9 +201,9 @@ def main() -> int:
     python_side: dict[int, tuple[float, float]] = {}
     try:
         for size in sizes:
-            batches = _consecutive(chunks, size, args.batches + 1)
+            batches = _consecutive(chunks, size, per_run[size] + 1)
             batch = batches[0]
-            tables = [to_table(b) for b in batches[: args.batches]]
+            tables = [to_table(b) for b in batches[: per_run[size]]]
             info = BatchInfo("bench", size, sum(c.data_bytes for c in batch))
             python_side[size] = (
                 _median_s(partial(to_table, batch, ReusableBlocks(2)), args.repeats),
@@ -233,7 +243,9 @@ def main() -> int:
 
     print(f"command: `{command_line()}`\n")
     print(
-        f"{args.repeats} repeats of {args.batches} consecutive batches, medians of seconds per batch; overhead: "
+        f"{args.repeats} repeats of "
+        + ", ".join(f"{count} consecutive batches of {size:,} rows" for size, count in per_run.items())
+        + "; medians of seconds per batch; overhead: "
         "the median of each repeat's bridge run against its Spark-alone run (run beside it, in alternating order); "
         f"{args.record_bytes} B records, {args.chunk_records} records/chunk, "
         f"{args.shards} shards, master {args.master}, driver memory {args.driver_memory}\n"
