@@ -146,11 +146,57 @@ def _port_open(port: int) -> bool:
         return False
 
 
+#: TCP's LISTEN state in /proc/net/tcp{,6}.
+_TCP_LISTEN = "0A"
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """The inodes of the sockets listening on TCP ``port`` (any address, IPv4 or IPv6) in this
+    network namespace; None where /proc does not tell (not Linux)."""
+    inodes: set[str] = set()
+    tables = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for line in lines:
+            # sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...
+            fields = line.split()
+            if fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes if tables else None
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on TCP ``port``: a connection that
+    succeeds could be another server's, picked the same free port (where /proc does not tell,
+    that is all there is to go by)."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return _port_open(port)
+    if not inodes:
+        return False
+    sockets = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path) in sockets:
+                        return True
+                except OSError:  # closed meanwhile
+                    continue
+    except OSError:  # the process is gone
+        return False
+    return False
+
+
 def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """Wait until something listens on loopback ``port``: False if ``process`` ended first or
-    ``timeout_s`` passed."""
+    """Wait until ``process`` listens on TCP ``port``: False if it ended first or ``timeout_s``
+    passed."""
     deadline = time.monotonic() + timeout_s
-    while not _port_open(port):
+    while not listens(process.pid, port):
         if process.poll() is not None or time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -197,7 +243,8 @@ class _Child:
     def record(self) -> ProcessRecord:
         return ProcessRecord(self.name, self.popen.pid, self.start_time, str(self.log_path))
 
-    def wait_ready(self, probe: Callable[[], bool], timeout_s: float) -> None:
+    def wait_ready(self, port: int, timeout_s: float, probe: Callable[[], bool] = lambda: True) -> None:
+        """Until this process listens on ``port`` and ``probe()`` holds."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             code = self.popen.poll()
@@ -207,7 +254,7 @@ class _Child:
                     f"{self.name} exited with code {code} during startup; log {self.log_path}:\n"
                     f"{_log_tail(self.log_path)}"
                 )
-            if probe():
+            if listens(self.popen.pid, port) and probe():
                 return
             time.sleep(0.05)
         raise StackError(
@@ -302,7 +349,7 @@ class LocalStack:
                 None,
                 log_dir,
             )
-            kinesis.wait_ready(lambda: _port_open(kinesis_port), self.ready_timeout_s)
+            kinesis.wait_ready(kinesis_port, self.ready_timeout_s)
             upstream = f"http://{LOOPBACK}:{kinesis_port}"
             proxy = self._spawn(
                 "efo-proxy",
@@ -320,8 +367,10 @@ class LocalStack:
                 {"PYTHONPATH": _python_path()},
                 log_dir,
             )
-            proxy.wait_ready(lambda: _http_ok(f"http://{LOOPBACK}:{proxy_port}/_efo/faults"), self.ready_timeout_s)
-            dynamodb.wait_ready(lambda: _port_open(dynamodb_port), self.ready_timeout_s)
+            proxy.wait_ready(
+                proxy_port, self.ready_timeout_s, lambda: _http_ok(f"http://{LOOPBACK}:{proxy_port}/_efo/faults")
+            )
+            dynamodb.wait_ready(dynamodb_port, self.ready_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -33,3 +33,47 @@ def test_a_port_taken_between_its_pick_and_its_server_s_start_is_picked_again(
             assert endpoints.dynamodb_port != port
             assert stack._port_open(endpoints.dynamodb_port)
         assert b"in use" in (tmp_path / "moto-dynamodb.log").read_bytes(), "the first DynamoDB did not start"
+
+
+def test_a_port_another_server_listens_on_is_not_taken_for_its_own_server_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something else listening there answers a connection as the server would: readiness is
+    the stack's own process holding the listening socket, not a port that answers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()  # another server: connections to the port succeed
+        port = taken.getsockname()[1]
+        picks = 0
+        free_port = stack.free_port
+
+        def pick() -> int:
+            nonlocal picks
+            picks += 1
+            return port if picks in (1, 3) else free_port()  # kinesis-local's and DynamoDB's: taken
+
+        monkeypatch.setattr(stack, "free_port", pick)
+        with LocalStack(log_dir=tmp_path) as endpoints:
+            assert port not in (endpoints.kinesis_port, endpoints.dynamodb_port)
+            assert stack.listens(endpoints.dynamodb_pid, endpoints.dynamodb_port)
+            assert stack.listens(endpoints.kinesis_pid, endpoints.kinesis_port)
+
+
+def test_listens_tells_the_process_holding_the_listening_socket(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind((LOOPBACK, 0))
+        port = server.getsockname()[1]
+        assert not stack.listens(os.getpid(), port)  # bound, not listening
+        server.listen()
+        assert stack.listens(os.getpid(), port)
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert not stack.listens(other.pid, port)
+        finally:
+            other.kill()
+            other.wait()
+    assert not stack.listens(os.getpid(), port)
