@@ -361,6 +361,19 @@ def test_rows_cuts_every_column_and_keeps_the_chunk_s_claim_and_grant() -> None:
     assert len(chunk) == 5, "the chunk itself is left whole"
 
 
+@pytest.mark.parametrize("column", ["arrival_ms", "sequence_numbers", "partition_keys", "sub_sequence_numbers", "data"])
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_to_table_refuses_a_chunk_whose_column_is_not_one_value_per_row(column: str, change: str) -> None:
+    chunk = _chunk("s-0", 1, ["1", "2", "3"])
+    values = getattr(chunk, column)
+    if change == "longer":
+        values.append(values[0])
+    else:
+        values.pop()
+    with pytest.raises((ValueError, pa.ArrowInvalid)):
+        to_table([_chunk("s-1", 1, ["7"]), chunk])
+
+
 def test_to_table_of_no_chunks_is_an_empty_table_with_the_schema() -> None:
     table = to_table([])
     assert table.num_rows == 0
