@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import sys
@@ -122,25 +123,27 @@ def time_bridge(runner: BatchRunner, batches: list[list[RecordChunk]], loop: Loo
         handoff.put(c)
     runner.watermark = DeliveryWatermark()  # the same chunks again
     rows = sum(len(c) for c in batches[0])
-    numbers = iter(range(len(batches)))
+    numbers = itertools.count()
 
-    def take_and_prepare() -> PreparedBatch | None:
+    def take_and_prepare(turn: Callable[[], bool]) -> PreparedBatch | None:
         taken = handoff.take_batch(rows, 10**15, 0.0, idle_wait_s=0.0)
-        return runner.prepare(f"{batch_id}-{next(numbers)}", taken) if taken else None
+        return runner.prepare(f"{batch_id}-{next(numbers)}", taken) if taken and turn() else None
 
     prefetch = Prefetcher(take_and_prepare)
-    prepared = prefetch.next()
-    started = time.perf_counter()
-    for _ in batches[1:]:
-        assert prepared is not None
-        result = runner.commit(prepared, frame_ready=prefetch.start_next)
-        loop.release(result.chunks)
-        prepared = None  # as the driver lets go of it: its payload block is free for the batch after next
+    try:
         prepared = prefetch.next()
-    elapsed = time.perf_counter() - started
-    assert prepared is not None
-    loop.release(prepared.chunks)  # prepared beside the last commit; not timed any further
-    prefetch.close()
+        started = time.perf_counter()
+        for _ in batches[1:]:
+            assert prepared is not None
+            result = runner.commit(prepared, frame_ready=prefetch.start_next)
+            loop.release(result.chunks)
+            prepared = None  # as the driver lets go of it: its payload block is free for the batch after next
+            prepared = prefetch.next()
+        elapsed = time.perf_counter() - started
+        assert prepared is not None
+        loop.release(prepared.chunks)  # prepared beside the last commit; not timed any further
+    finally:
+        prefetch.close()
     assert loop.pool.records == 0
     return elapsed / (len(batches) - 1)
 
@@ -157,7 +160,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000", help="batch sizes in rows, comma-separated")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, size and sink")
-    parser.add_argument("--batches", type=int, default=3, help="consecutive batches per timed run, at least")
+    parser.add_argument("--batches", type=positive, default=3, help="consecutive batches per timed run, at least")
     parser.add_argument(
         "--run-rows",
         type=int,
@@ -272,6 +275,13 @@ def main() -> int:
         },
     )
     return 0
+
+
+def positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: at least 1")
+    return number
 
 
 def _overhead(times: dict[str, list[float]]) -> float:

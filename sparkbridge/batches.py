@@ -5,6 +5,7 @@ Pure of threads and AWS, so it is tested with a real SparkSession and no service
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -233,9 +234,9 @@ class BatchRunner:
     def commit(self, batch: PreparedBatch, frame_ready: Callable[[], None] = lambda: None) -> BatchResult:
         """The Spark half: DataFrames, decoding, the dead-letter sink, then the sink, with retries.
         ``frame_ready`` is called once the sink's DataFrame is made, before the sink is called
-        (at once for a sink that takes Arrow or a batch without rows): from then on, a DataFrame
-        sink mostly waits on the JVM, and the next batch's conversion (:class:`Prefetcher`) no
-        longer holds up ``createDataFrame``'s Python work by holding the GIL."""
+        (for a sink that takes Arrow or a batch without rows, once the dead letters are written):
+        from then on, a DataFrame sink mostly waits on the JVM, and the next batch's conversion
+        (:class:`Prefetcher`) no longer holds up ``createDataFrame``'s Python work by holding the GIL."""
         started = time.monotonic()
         if batch.dead_table is not None:
             if self.dead_letter_sink is None:
@@ -251,11 +252,12 @@ class BatchRunner:
             )
         info = describe_batch(batch.batch_id, batch.kept) if batch.kept else BatchInfo(batch.batch_id, 0, 0)
         invalid_json: int | None = None
-        if batch.table is None or takes_arrow(self.sink):
+        if batch.table is None:
             frame_ready()
-        if batch.table is not None and takes_arrow(self.sink):
+        elif takes_arrow(self.sink):
+            frame_ready()
             info = self._write(self.sink, batch.table, batch.batch_id, batch.kept, "sink")
-        elif batch.table is not None:
+        else:
             df, observation = self.decoder.decode(self._frame(self.sink, batch.table))
             frame_ready()
             info = self._write(self.sink, df, batch.batch_id, batch.kept, "sink")
@@ -334,35 +336,52 @@ def dead_letter_chunks(chunks: Sequence[RecordChunk]) -> list[RecordChunk]:
 
 
 class Prefetcher(Generic[T]):
-    """Calls ``produce`` on one worker thread, one call ahead of the consumer, so the next batch
-    is taken and converted while Spark commits this one. The call after a result starts when the
-    consumer asks for it (:meth:`start_next`: the driver does once the batch's DataFrame is made,
-    BatchRunner.commit's ``frame_ready``), or at the latest when it asks for that result.
+    """Calls ``produce(turn)`` on one worker thread, one call ahead of the consumer: the call for
+    the next result starts as soon as this one is taken, so the driver takes the next batch at
+    once (it closes ``max_wait_s`` after its first record, whatever Spark is doing), and
+    ``produce`` calls ``turn()`` before its costly part, the conversion: ``turn()`` returns True
+    once the consumer calls :meth:`start_next` (the driver does once this batch's DataFrame is
+    made: BatchRunner.commit's ``frame_ready``) or asks for that result, and False once the
+    prefetcher is closing (the call should then return without converting).
 
-    Why not at once: both the conversion and ``createDataFrame`` (casts, the Arrow stream written
-    for the JVM, py4j's calls) run Python, and a thread that wants the GIL back waits up to
+    Why wait for the frame: both the conversion and ``createDataFrame`` (casts, the Arrow stream
+    written for the JVM, py4j's calls) run Python, and a thread that wants the GIL back waits up to
     ``sys.getswitchinterval()`` each time. Converting 100,000 records of 1 KiB (about 40 ms, most
     of it holding the GIL) beside ``createDataFrame`` and a no-op sink made the batch +21 % slower;
     started once the DataFrame was made, +10 % (bench/spark_ingest.py, docs/benchmarks.md section 2).
     """
 
-    def __init__(self, produce: Callable[[], T]) -> None:
+    def __init__(self, produce: Callable[[Callable[[], bool]], T]) -> None:
         self._produce = produce
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="efo-arrow")
-        self._upcoming: Future[T] | None = self._executor.submit(produce)
+        self._closing = False
+        self._turn = threading.Event()
+        self._turn.set()  # the first call: nothing is being committed
+        self._upcoming = self._submit(self._turn)
 
     def next(self) -> T:
-        """The next result, waiting for it (and starting its call if :meth:`start_next` did not)."""
+        """The next result, waiting for it (its call's turn given if :meth:`start_next` did not);
+        the call for the one after it starts at once."""
         self.start_next()
-        assert self._upcoming is not None
-        upcoming, self._upcoming = self._upcoming, None
-        return upcoming.result()
+        result = self._upcoming.result()
+        self._turn = threading.Event()
+        self._upcoming = self._submit(self._turn)
+        return result
 
     def start_next(self) -> None:
-        """Start the call for the result after the last one taken, unless it has started."""
-        if self._upcoming is None:
-            self._upcoming = self._executor.submit(self._produce)
+        """Give the call for the next result its turn to convert."""
+        self._turn.set()
 
     def close(self) -> None:
-        """Wait for the call under way (its result is dropped) and stop the worker."""
+        """Wait for the call under way (its turn, if it still waits for one, is refused; its result
+        is dropped) and stop the worker."""
+        self._closing = True
+        self._turn.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, turn: threading.Event) -> Future[T]:
+        def wait_turn() -> bool:
+            turn.wait()  # set by start_next, next or close: the consumer's thread, which the watchdog bounds
+            return not self._closing
+
+        return self._executor.submit(self._produce, wait_turn)

@@ -119,7 +119,8 @@ class Driver:
 
     def run(self) -> int:
         """Take and commit batches until a stop is asked for or the service fails. The next batch
-        is taken and converted to Arrow on a worker thread while Spark commits the current one."""
+        is taken on a worker thread while Spark commits the current one, and converted to Arrow
+        there once the current one's DataFrame is made (Prefetcher)."""
         self.service.start()
         watchdog = threading.Thread(target=self._watch, name="efo-watchdog", daemon=True)
         watchdog.start()
@@ -198,7 +199,8 @@ class Driver:
         sys.stderr.flush()
         self._exit_process(error.exit_code or EXIT_RUNTIME)
 
-    def _take_and_prepare(self) -> PreparedBatch | None:
+    def _take_and_prepare(self, turn: Callable[[], bool]) -> PreparedBatch | None:
+        """The next batch taken at once, converted once ``turn()`` allows (Prefetcher)."""
         if not self._warmed_up:  # on the thread that builds every table, before it takes the first batch
             warm_up()
             self._warmed_up = True
@@ -206,7 +208,7 @@ class Driver:
         if self._stopping.is_set():
             return None
         chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
-        if not chunks:
+        if not chunks or not turn():  # closing: a batch taken is read again by the next owner
             return None
         self._batches += 1
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)

@@ -1,12 +1,13 @@
-"""When the next batch is prepared: one call ahead of the driver, started once this batch's
-DataFrame is made (sparkbridge.batches.Prefetcher, BatchRunner.commit's ``frame_ready``), so its
-conversion does not hold the GIL while ``createDataFrame`` runs Python. No Spark here: a runner
-whose DataFrame is the Arrow table itself."""
+"""When the next batch is prepared: taken at once, one call ahead of the driver, and converted
+once this batch's DataFrame is made (sparkbridge.batches.Prefetcher, BatchRunner.commit's
+``frame_ready``), so its conversion does not hold the GIL while ``createDataFrame`` runs Python.
+No Spark here: a runner whose DataFrame is the Arrow table itself."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -25,52 +26,66 @@ def chunk(serial: int, rows: int = 2) -> RecordChunk:
 
 
 class Counting:
-    """A ``produce`` that numbers its calls and signals each start."""
+    """A ``produce`` that numbers its calls, signals each start and each conversion (the part
+    after its turn), and refuses to convert when its turn is refused."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.conversions = 0
+        self.refused = 0
         self.started = threading.Semaphore(0)
+        self.converting = threading.Semaphore(0)
         self.go = threading.Event()
         self.go.set()
 
-    def __call__(self) -> int:
+    def __call__(self, turn: Callable[[], bool]) -> int:
         self.calls += 1
+        number = self.calls
         self.started.release()
+        if not turn():
+            self.refused += 1
+            return -number
+        self.converting.release()
         assert self.go.wait(5)
-        return self.calls
+        self.conversions += 1
+        return number
 
 
-def test_the_first_call_starts_at_once_and_the_next_only_when_asked_for() -> None:
+def test_the_next_call_starts_at_once_and_converts_on_its_turn() -> None:
     produce = Counting()
     prefetch = Prefetcher(produce)
     try:
-        assert produce.started.acquire(timeout=5)  # before anything was taken
-        assert prefetch.next() == 1
-        assert not produce.started.acquire(timeout=0.2), "the next call started before start_next()"
+        assert prefetch.next() == 1  # the first call converts at once
+        assert produce.started.acquire(timeout=5) and produce.converting.acquire(timeout=5)  # the first call's
+        assert produce.started.acquire(timeout=5), "the next call did not start at once"
+        assert not produce.converting.acquire(timeout=0.2), "the next call converted before its turn"
         prefetch.start_next()
-        prefetch.start_next()  # already under way: not a second call
-        assert produce.started.acquire(timeout=5)
+        prefetch.start_next()  # given already: nothing more
+        assert produce.converting.acquire(timeout=5)
         assert prefetch.next() == 2
-        assert prefetch.next() == 3  # not started by start_next(): next() starts it and waits
-        assert produce.calls == 3
+        assert prefetch.next() == 3  # its turn given by next() itself
+        assert produce.started.acquire(timeout=5) and produce.started.acquire(timeout=5)  # calls 3 and 4
     finally:
-        prefetch.close()
+        prefetch.close()  # call 4 waits for its turn: refused
+    assert (produce.calls, produce.conversions, produce.refused) == (4, 3, 1)
 
 
-def test_close_waits_for_the_call_under_way() -> None:
+def test_close_waits_for_the_conversion_under_way() -> None:
     produce = Counting()
     prefetch = Prefetcher(produce)
     assert prefetch.next() == 1
+    assert produce.converting.acquire(timeout=5)  # the first call's
     produce.go.clear()
     prefetch.start_next()
-    assert produce.started.acquire(timeout=5)
+    assert produce.converting.acquire(timeout=5)  # the second call's, held
     closer = threading.Thread(target=prefetch.close)
     closer.start()
     closer.join(0.2)
-    assert closer.is_alive(), "close() returned while the call was under way"
+    assert closer.is_alive(), "close() returned while a conversion was under way"
     produce.go.set()
     closer.join(5)
-    assert not closer.is_alive() and produce.calls == 2
+    assert not closer.is_alive()
+    assert (produce.calls, produce.conversions, produce.refused) == (2, 2, 0)
 
 
 class ArrowSink:
@@ -97,9 +112,10 @@ class FrameRunner(BatchRunner):
     """A DataFrame sink's runner whose 'DataFrame' is the table (no Spark), noting whether the
     next batch was under way while the frame was made."""
 
-    def __init__(self, sink: Any, events: list[str]) -> None:
+    def __init__(self, sink: Any, events: list[str], handoff: Handoff | None = None) -> None:
         super().__init__(None, sink, max_attempts=2, retry_backoff_s=0, sleep=lambda s: None)
         self.events = events
+        self.handoff = handoff
         self.prepares = 0
         self.frames = 0
 
@@ -111,6 +127,8 @@ class FrameRunner(BatchRunner):
         self.frames += 1
         time.sleep(0.1)  # as createDataFrame's Python work: time for the next batch to start, were it let
         self.events.append("frame" if self.prepares == self.frames else "frame beside the next batch's prepare")
+        if self.handoff is not None:
+            self.events.append(f"{len(self.handoff)} chunks left to take")
         return table
 
 
@@ -165,7 +183,7 @@ class DriverService:
         return True
 
 
-def test_the_driver_prepares_the_next_batch_only_once_the_sink_s_dataframe_is_made() -> None:
+def test_the_driver_takes_the_next_batch_at_once_and_converts_it_once_the_sink_s_dataframe_is_made() -> None:
     events: list[str] = []
     service = DriverService(batches=3)
     for serial in (1, 2, 3):
@@ -180,9 +198,18 @@ def test_the_driver_prepares_the_next_batch_only_once_the_sink_s_dataframe_is_ma
                 time.sleep(0.01)
             events.append("write beside the next batch's prepare" if runner.prepares > runner.frames else "write")
 
-    runner = FrameRunner(Sink(), events)
+    runner = FrameRunner(Sink(), events, service.handoff)
     driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
-    assert driver.run() == 0
+    try:
+        assert driver.run() == 0
+    finally:
+        driver.close()  # its watchdog
     assert service.commits == 3
     beside = "write beside the next batch's prepare"
-    assert events == ["frame", beside, "frame", beside, "frame", "write"]
+    # The next batch taken before this one's frame (only the third chunk left at the first),
+    # converted while it is in the sink, not while its frame is made.
+    assert events == [
+        *("frame", "1 chunks left to take", beside),
+        *("frame", "0 chunks left to take", beside),
+        *("frame", "0 chunks left to take", "write"),
+    ]
