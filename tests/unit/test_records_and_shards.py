@@ -362,16 +362,20 @@ def test_rows_cuts_every_column_and_keeps_the_chunk_s_claim_and_grant() -> None:
 
 
 @pytest.mark.parametrize("column", ["arrival_ms", "sequence_numbers", "partition_keys", "sub_sequence_numbers", "data"])
-@pytest.mark.parametrize("change", ["longer", "shorter"])
-def test_to_table_refuses_a_chunk_whose_column_is_not_one_value_per_row(column: str, change: str) -> None:
-    chunk = _chunk("s-0", 1, ["1", "2", "3"])
-    values = getattr(chunk, column)
-    if change == "longer":
-        values.append(values[0])
-    else:
+@pytest.mark.parametrize("change", ["longer", "shorter", "one longer, the next one shorter"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_to_table_refuses_a_chunk_whose_column_is_not_one_value_per_row(column: str, change: str, rows: int) -> None:
+    """A column of one row (all null in the optional ones) or three (a value at the second)."""
+    chunks = [_chunk("s-0", 1, ["7"]), _chunk("s-1", 1, [str(i) for i in range(rows)]), _chunk("s-2", 1, ["9"])]
+    values = getattr(chunks[1], column)
+    if change == "shorter":
         values.pop()
+    else:
+        values.append(values[0])
+    if change == "one longer, the next one shorter":  # the same total
+        getattr(chunks[2], column).pop()
     with pytest.raises((ValueError, pa.ArrowInvalid)):
-        to_table([_chunk("s-1", 1, ["7"]), chunk])
+        to_table(chunks)
 
 
 def test_to_table_of_no_chunks_is_an_empty_table_with_the_schema() -> None:
