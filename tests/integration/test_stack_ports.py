@@ -39,7 +39,9 @@ def test_a_port_another_server_listens_on_is_not_taken_for_its_own_server_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Something else listening there answers a connection as the server would: readiness is
-    the stack's own process holding the listening socket, not a port that answers."""
+    the stack's own process holding the listening socket, not a port that answers. kinesis-local
+    is waited for first (DynamoDB's server, started before it and waited for last, has mostly
+    exited by then: the wait itself is tested below)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind((LOOPBACK, 0))
         taken.listen()  # another server: connections to the port succeed
@@ -50,13 +52,32 @@ def test_a_port_another_server_listens_on_is_not_taken_for_its_own_server_s(
         def pick() -> int:
             nonlocal picks
             picks += 1
-            return port if picks in (1, 3) else free_port()  # kinesis-local's and DynamoDB's: taken
+            return port if picks == 1 else free_port()  # kinesis-local's: taken
 
         monkeypatch.setattr(stack, "free_port", pick)
         with LocalStack(log_dir=tmp_path) as endpoints:
-            assert port not in (endpoints.kinesis_port, endpoints.dynamodb_port)
-            assert stack.listens(endpoints.dynamodb_pid, endpoints.dynamodb_port)
+            assert endpoints.kinesis_port != port
             assert stack.listens(endpoints.kinesis_pid, endpoints.kinesis_port)
+        assert b"EADDRINUSE" in (tmp_path / "kinesis-local.log").read_bytes(), "the first kinesis-local did not start"
+
+
+def test_a_server_is_not_ready_while_another_process_listens_on_its_port(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    log = tmp_path / "child.log"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind((LOOPBACK, 0))
+        other.listen()
+        port = other.getsockname()[1]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert not stack.wait_listening(port, child, 0.5)
+            with pytest.raises(stack.StackError, match="not ready"):
+                stack._Child("child", child, log).wait_ready(port, 0.5)
+        finally:
+            child.kill()
+            child.wait()
 
 
 def test_listens_tells_the_process_holding_the_listening_socket(tmp_path: Path) -> None:
