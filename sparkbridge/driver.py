@@ -34,6 +34,7 @@ from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_RUNTIME, EfoError
 from efo.leases.lifecycle import Commit
 from efo.observability import METRICS
+from efo.pipeline.records import RecordChunk
 from efo.service import Service
 from sparkbridge.arrow import warm_up
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
@@ -205,9 +206,13 @@ class Driver:
             warm_up()
             self._warmed_up = True
         batch = self.settings.batch
-        if self._stopping.is_set():
-            return None
-        chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
+        chunks: list[RecordChunk] = []
+        # On a quiet stream, take again: a record that arrives while the sink writes is taken at
+        # once, and its batch closes max_wait_s after it, not after the commit. Each take waits
+        # for a first record idle_wait_s at most; a stop (the watchdog asks for one within
+        # WATCH_INTERVAL_S once the service stops) or a closed handoff ends the loop.
+        while not chunks and not (self._stopping.is_set() or self.handoff.closed):
+            chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
         if not chunks or not turn():  # closing: a batch taken is read again by the next owner
             return None
         self._batches += 1

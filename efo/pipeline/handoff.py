@@ -47,6 +47,11 @@ class Handoff:
         return len(self._chunks)
 
     @property
+    def closed(self) -> bool:
+        """Intake stopped (:meth:`close`): every take returns at once, empty."""
+        return self._closed
+
+    @property
     def filling(self) -> bool:
         """Whether the driver has a batch open: it took the batch's first chunk and waits for its
         bounds, ``max_wait_s`` or a cut."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from efo.config import load_settings
 from efo.pipeline.handoff import Handoff
@@ -66,7 +67,10 @@ def test_the_next_call_starts_at_once_and_converts_on_its_turn() -> None:
         assert prefetch.next() == 3  # its turn given by next() itself
         assert produce.started.acquire(timeout=5) and produce.started.acquire(timeout=5)  # calls 3 and 4
     finally:
-        prefetch.close()  # call 4 waits for its turn: refused
+        closer = threading.Thread(target=prefetch.close)  # call 4 waits for its turn: refused
+        closer.start()
+        closer.join(5)
+    assert not closer.is_alive(), "close() waits for a call whose turn it did not refuse"
     assert (produce.calls, produce.conversions, produce.refused) == (4, 3, 1)
 
 
@@ -213,3 +217,52 @@ def test_the_driver_takes_the_next_batch_at_once_and_converts_it_once_the_sink_s
         *("frame", "0 chunks left to take", beside),
         *("frame", "0 chunks left to take", "write"),
     ]
+
+
+def test_on_a_quiet_stream_a_record_arriving_while_the_sink_writes_is_taken_at_once() -> None:
+    """The take after a batch found nothing within idle_wait_s (0.5 s): it takes again, so the
+    record's batch closes max_wait_s after it arrived, not after the commit."""
+    service = DriverService(batches=2)
+    service.handoff.put(chunk(1))
+    settings = load_settings(stream="s", app="a", sink="console", batch={"max_records": 2, "max_wait_s": 0.05})
+    left: list[int] = []
+
+    class Sink:
+        takes_arrow = True
+        writes = 0
+
+        def write(self, table: Any, batch: Any) -> None:
+            self.writes += 1
+            if self.writes == 1:
+                time.sleep(0.8)  # the take beside this write found nothing within its idle wait
+                service.handoff.put(chunk(2))
+                time.sleep(0.5)
+                left.append(len(service.handoff))
+
+    runner = BatchRunner(None, Sink(), max_attempts=1, retry_backoff_s=0)
+    driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
+    try:
+        assert driver.run() == 0
+    finally:
+        driver.close()
+    assert service.commits == 2
+    assert left == [0], "the record waited in the handoff for the commit before it"
+
+
+@pytest.mark.parametrize("end", ["handoff closed", "stop asked for"])
+def test_the_take_ends_once_the_handoff_is_closed_or_a_stop_is_asked_for(end: str) -> None:
+    service = DriverService(batches=1)
+    settings = load_settings(stream="s", app="a", sink="console")
+    runner = BatchRunner(None, ArrowSink([]), max_attempts=1, retry_backoff_s=0)
+    driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
+    results: list[Any] = []
+    taker = threading.Thread(target=lambda: results.append(driver._take_and_prepare(lambda: True)))
+    taker.start()
+    time.sleep(0.7)  # past one idle wait: it takes again
+    assert taker.is_alive()
+    if end == "handoff closed":
+        service.handoff.close()
+    else:
+        driver._stopping.set()
+    taker.join(2)
+    assert not taker.is_alive() and results == [None]
