@@ -128,7 +128,7 @@ class Driver:
         prefetch = Prefetcher(self._take_and_prepare)
         try:
             prepared: PreparedBatch | None = None
-            while not (self._stopping.is_set() or self.service.finished.is_set() or self.service.stopping.is_set()):
+            while not (self._stopping.is_set() or self._service_ending()):
                 # Let go of the batch just committed before the one after next is prepared: its
                 # payload block is then free for it (sparkbridge.batches.BatchRunner.blocks).
                 prepared = None
@@ -174,7 +174,7 @@ class Driver:
     def _watch(self) -> None:
         """End the process when the main thread cannot: it is inside a sink that does not return."""
         while not self._done.wait(WATCH_INTERVAL_S):
-            if self.service.finished.is_set() or self.service.stopping.is_set():
+            if self._service_ending():
                 self.request_stop()  # the service is gone or going: the batch in the sink may still finish
             give_up_at = self.give_up_at()
             if give_up_at is None:
@@ -209,14 +209,17 @@ class Driver:
         chunks: list[RecordChunk] = []
         # On a quiet stream, take again: a record that arrives while the sink writes is taken at
         # once, and its batch closes max_wait_s after it, not after the commit. Each take waits
-        # for a first record idle_wait_s at most; a stop (the watchdog asks for one within
-        # WATCH_INTERVAL_S once the service stops) or a closed handoff ends the loop.
-        while not chunks and not (self._stopping.is_set() or self.handoff.closed):
+        # for a first record idle_wait_s at most; a stop, the service stopping or a closed
+        # handoff ends the loop.
+        while not chunks and not (self._stopping.is_set() or self.handoff.closed or self._service_ending()):
             chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
         if not chunks or not turn():  # closing: a batch taken is read again by the next owner
             return None
         self._batches += 1
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
+
+    def _service_ending(self) -> bool:
+        return self.service.finished.is_set() or self.service.stopping.is_set()
 
     def commit(self, prepared: PreparedBatch, frame_ready: Callable[[], None] = lambda: None) -> None:
         self._in_sink = prepared.batch_id

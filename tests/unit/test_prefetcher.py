@@ -70,6 +70,7 @@ def test_the_next_call_starts_at_once_and_converts_on_its_turn() -> None:
         closer = threading.Thread(target=prefetch.close)  # call 4 waits for its turn: refused
         closer.start()
         closer.join(5)
+        prefetch.start_next()  # had close() not given the turn, the worker would keep the process
     assert not closer.is_alive(), "close() waits for a call whose turn it did not refuse"
     assert (produce.calls, produce.conversions, produce.refused) == (4, 3, 1)
 
@@ -249,20 +250,27 @@ def test_on_a_quiet_stream_a_record_arriving_while_the_sink_writes_is_taken_at_o
     assert left == [0], "the record waited in the handoff for the commit before it"
 
 
-@pytest.mark.parametrize("end", ["handoff closed", "stop asked for"])
+@pytest.mark.parametrize("end", ["handoff closed", "service stopping", "stop asked for"])
 def test_the_take_ends_once_the_handoff_is_closed_or_a_stop_is_asked_for(end: str) -> None:
     service = DriverService(batches=1)
     settings = load_settings(stream="s", app="a", sink="console")
     runner = BatchRunner(None, ArrowSink([]), max_attempts=1, retry_backoff_s=0)
     driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
     results: list[Any] = []
-    taker = threading.Thread(target=lambda: results.append(driver._take_and_prepare(lambda: True)))
+    taker = threading.Thread(target=lambda: results.append(driver._take_and_prepare(lambda: True)), daemon=True)
     taker.start()
-    time.sleep(0.7)  # past one idle wait: it takes again
-    assert taker.is_alive()
-    if end == "handoff closed":
-        service.handoff.close()
-    else:
+    try:
+        time.sleep(0.7)  # past one idle wait: it takes again
+        assert taker.is_alive()
+        if end == "handoff closed":
+            service.handoff.close()
+        elif end == "service stopping":
+            service.stopping.set()
+        else:
+            driver._stopping.set()
+        taker.join(2)
+        assert not taker.is_alive() and results == [None]
+    finally:  # a loop that did not end would spin on through the tests after
         driver._stopping.set()
-    taker.join(2)
-    assert not taker.is_alive() and results == [None]
+        service.handoff.close()
+        taker.join(5)
