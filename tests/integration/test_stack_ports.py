@@ -14,21 +14,27 @@ from efo.devstack.stack import LOOPBACK, LocalStack
 pytestmark = pytest.mark.integration
 
 
+def hand_out_taken(monkeypatch: pytest.MonkeyPatch, port: int, *, at_pick: int) -> None:
+    """The stack's ``at_pick``-th free port (1: kinesis-local's, 2: the proxy's, 3: DynamoDB's,
+    then again on a restart) is ``port``; the others are free."""
+    picks = 0
+    free_port = stack.free_port
+
+    def pick() -> int:
+        nonlocal picks
+        picks += 1
+        return port if picks == at_pick else free_port()
+
+    monkeypatch.setattr(stack, "free_port", pick)
+
+
 def test_a_port_taken_between_its_pick_and_its_server_s_start_is_picked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind((LOOPBACK, 0))  # bound, not listening: nothing answers there, nobody else can bind it
         port = taken.getsockname()[1]
-        picks = 0
-        free_port = stack.free_port
-
-        def pick() -> int:
-            nonlocal picks
-            picks += 1
-            return port if picks == 3 else free_port()  # kinesis-local, the proxy, then DynamoDB's: taken
-
-        monkeypatch.setattr(stack, "free_port", pick)
+        hand_out_taken(monkeypatch, port, at_pick=3)  # kinesis-local, the proxy, then DynamoDB's: taken
         with LocalStack(log_dir=tmp_path) as endpoints:
             assert endpoints.dynamodb_port != port
             assert stack._port_open(endpoints.dynamodb_port)
@@ -46,15 +52,7 @@ def test_a_port_another_server_listens_on_is_not_taken_for_its_own_server_s(
         taken.bind((LOOPBACK, 0))
         taken.listen()  # another server: connections to the port succeed
         port = taken.getsockname()[1]
-        picks = 0
-        free_port = stack.free_port
-
-        def pick() -> int:
-            nonlocal picks
-            picks += 1
-            return port if picks == 1 else free_port()  # kinesis-local's: taken
-
-        monkeypatch.setattr(stack, "free_port", pick)
+        hand_out_taken(monkeypatch, port, at_pick=1)  # kinesis-local's: taken
         with LocalStack(log_dir=tmp_path) as endpoints:
             assert endpoints.kinesis_port != port
             assert stack.listens(endpoints.kinesis_pid, endpoints.kinesis_port)
