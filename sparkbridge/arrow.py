@@ -29,8 +29,8 @@ SCHEMA = pa.schema(
 
 def to_table(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None) -> pa.Table:
     """The chunks' rows, in order, as one table of :data:`SCHEMA`: each column converted once per
-    batch (the chunks' lists chained), not once per event; the payloads copied into one of
-    ``blocks`` when one is free (efo.kinesis.columns.join_payloads)."""
+    batch, not once per event; the payloads copied into one of ``blocks`` when one is free
+    (efo.kinesis.columns.join_payloads, the chunks' ``data_bytes`` sizing it)."""
 
     lengths = np.fromiter(map(len, chunks), np.int64, len(chunks))
     rows = int(lengths.sum())
@@ -45,7 +45,13 @@ def to_table(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None
         # built without a value per row.
         if name in OPTIONAL_COLUMNS and sum(getattr(chunk, name).count(None) for chunk in chunks) == rows:
             return pa.nulls(rows, ARROW_COLUMNS[name])
-        return pa.array(list(chain.from_iterable(getattr(chunk, name) for chunk in chunks)), ARROW_COLUMNS[name])
+        # The chunks' lists as one list array, flattened (its values, no copy): no list of every
+        # value is made first. 100,000 sequence numbers in chunks of 500, their objects out of the
+        # cache, 7.0 ms of CPU against 10.0 chained into one list; their keys 5.2 against 6.5.
+        nested = pa.array([getattr(chunk, name) for chunk in chunks], pa.list_(ARROW_COLUMNS[name]))
+        if isinstance(nested, pa.ChunkedArray):  # over 2 GiB of strings: pa.array splits them, as a flat list's
+            return pa.chunked_array([part.flatten() for part in nested.chunks], ARROW_COLUMNS[name])
+        return nested.flatten()
 
     def arrivals() -> pa.Array:
         # Epoch ms as int64 (numpy reads Python ints faster than pa.array: 1.6 against 2.8 ms per
@@ -70,7 +76,7 @@ def to_table(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None
             column("partition_keys"),
             column("explicit_hash_keys"),
             arrivals().view(SCHEMA.field("approximate_arrival_timestamp").type),
-            join_payloads([chunk.data for chunk in chunks], blocks),
+            join_payloads([chunk.data for chunk in chunks], blocks, [chunk.data_bytes for chunk in chunks]),
             column("errors"),
         ],
         schema=SCHEMA,

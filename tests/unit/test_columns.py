@@ -71,6 +71,26 @@ def test_the_table_is_the_one_the_per_row_lists_made(chunks: list[tuple[list[byt
     assert table.equals(reference_table(mixed))
 
 
+def test_a_column_pa_array_splits_is_the_same_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over 2 GiB of strings (keys, say) pa.array returns the list array in pieces, whose
+    ``flatten`` would be the wrong thing (a list of fields): each piece is flattened."""
+    from sparkbridge import arrow
+
+    real = pa.array
+
+    def in_pieces(values: Any, type: Any = None, **kwargs: Any) -> Any:
+        whole = real(values, type, **kwargs)
+        if not isinstance(type, pa.ListType) or len(whole) < 2:
+            return whole
+        return pa.chunked_array([whole.slice(0, 1), whole.slice(1)], type)
+
+    chunks = [_chunk(f"shard-{i}", 10 * i, [b"x" * i] * (i + 1), kpl=True) for i in range(4)]
+    monkeypatch.setattr(arrow.pa, "array", in_pieces)
+    table = to_table(chunks)
+    monkeypatch.undo()
+    assert table.equals(reference_table(chunks))
+
+
 SHARED_BLOCKS = ReusableBlocks(2)  # across examples, so later ones write over earlier ones' blocks
 
 
@@ -121,6 +141,55 @@ def test_payloads_written_a_few_bytes_at_a_time_join_into_the_same_column(parts:
         joined = join_payloads(parts, ReusableBlocks(1))
     joined.validate(full=True)
     assert joined.equals(pa.array([value for part in parts for value in part], pa.binary()))
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.lists(st.binary(max_size=64), max_size=12), max_size=6),
+    st.integers(1, 100),
+    st.lists(st.integers(0, 2_000), min_size=6, max_size=6),
+)
+def test_wrong_part_sizes_cost_no_wrong_column(parts: list[list[bytes]], step: int, claimed: list[int]) -> None:
+    """The parts' sizes only size the block and its writes (the chunks' ``data_bytes``): any
+    figures, too large or too small, give the column pa.array builds."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columns, "BYTES_PER_WRITE", step)
+        joined = join_payloads(parts, ReusableBlocks(1), claimed[: len(parts)])
+    joined.validate(full=True)
+    assert joined.equals(pa.array([value for part in parts for value in part], pa.binary()))
+
+
+class _CountingBlock(io.BytesIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def writelines(self, lines: Any) -> None:
+        lines = list(lines)
+        self.calls.append(sum(map(len, lines)))
+        super().writelines(lines)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.integers(0, 300), max_size=12), max_size=8), st.integers(1, 500))
+@example([[300, 300], [1]], 100)  # a large part, then a small one
+@example([[50], [60], [70], [80]], 100)  # small parts, several a call
+def test_a_call_copies_at_most_two_steps_of_small_parts_or_a_step_and_a_payload_of_a_large_one(
+    sizes: list[list[int]], step: int
+) -> None:
+    """So the GIL is let go every step or two of bytes, whatever the events' sizes; each payload
+    is written once, in order, and its length returned."""
+    parts = [[bytes([65 + i % 26]) * size for i, size in enumerate(part)] for part in sizes]
+    block = _CountingBlock()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columns, "BYTES_PER_WRITE", step)
+        lengths = columns._write_parts(block, parts, [sum(part) for part in sizes])
+    payloads = [payload for part in parts for payload in part]
+    assert lengths.tolist() == [len(payload) for payload in payloads]
+    assert block.getvalue() == b"".join(payloads)
+    largest = max((len(payload) for payload in payloads), default=0)
+    assert all(call <= max(2 * step, step + largest) for call in block.calls), block.calls
+    assert len(block.calls) <= 2 * (sum(map(len, payloads)) // step + 1) + len(parts)
 
 
 def _data_address(column: Any) -> int:
