@@ -29,8 +29,10 @@ _MAX_INT32 = 2**31 - 1
 
 #: Bytes copied into a block per call (``writelines`` holds the GIL throughout), so that other
 #: threads get it in between: a millisecond or two here. A call copies the chunks (events) that
-#: start within its mebibyte, at most two mebibytes when their sizes are right; an event larger
-#: than a mebibyte is copied the payloads that start within each mebibyte at a time.
+#: start within one mebibyte: at most two mebibytes when their ``data_bytes`` are right. An event
+#: over a mebibyte is copied in calls of the payloads that start within one mebibyte. (A fresh
+#: block is zero-filled in one call: about 0.6 ms per MiB, at the first batch and whenever a
+#: batch is larger than its block or at most half of it.)
 BYTES_PER_WRITE = 1 << 20
 
 
@@ -55,9 +57,9 @@ class ReusableBlocks:
     (``BufferError``): a column made on it holds such a view (``pa.py_buffer``) for as long as
     anything refers to its data (the table, a slice, a sink that kept it), so a block in use is
     never overwritten; the next free one is taken, or a fresh block when none is. The columns are
-    read-only views. A block is allocated at exactly the size of the batch it is made for, and
-    made anew for a batch larger than it or at most half of it: it holds no more than one batch
-    that was written into it. With two (the batch in the sink and the next, prepared while Spark
+    read-only views. A block is allocated at exactly the size of the batch it is made for (the
+    chunks' ``data_bytes``), and made anew for a batch larger than it or at most half of it: it
+    holds no more than one batch that was written into it. With two (the batch in the sink and the next, prepared while Spark
     commits), the driver stays within the README's two Arrow copies, and keeps them while idle.
     Thread-safe."""
 
@@ -66,29 +68,33 @@ class ReusableBlocks:
         self._capacities = [0] * count  # bytes allocated for each block's data
         self._lock = threading.Lock()
 
-    def join(self, parts: Sequence[list[Any]], part_bytes: Sequence[int]) -> tuple[Any, np.ndarray] | None:
+    def join(self, parts: Sequence[list[Any]], part_bytes: np.ndarray) -> tuple[Any, np.ndarray] | None:
         """The payloads of ``parts`` one after another, as a read-only view of a free block, and
-        each payload's length; None when every block is in use. ``part_bytes`` are the parts'
-        sizes in bytes as their chunks count them: they size the block and the writes, and a
-        figure that is wrong costs a grown block or a longer write, never a wrong column (the
-        lengths are read from the payloads)."""
+        each payload's length; None when every block is in use. ``part_bytes``: each part's size
+        in bytes as its chunk counts it (``data_bytes``), which sizes the block and the writes;
+        the lengths are read from the payloads, so a wrong figure could cost a larger block or a
+        longer write, never a wrong column."""
+        total = int(part_bytes.sum())
         with self._lock:
             for index, block in enumerate(self._blocks):
                 try:
                     block.write(b"")  # nothing, or BufferError while a column made on it is alive
                 except BufferError:
                     continue
-                total = sum(part_bytes)
                 capacity = self._capacities[index]
                 if total > capacity or total <= capacity // 2:  # (BytesIO itself would shrink it then)
                     block = self._blocks[index] = io.BytesIO()  # the old block is freed
+                    capacity = total
                     if total:
                         block.seek(total - 1)
                         block.write(b"\0")  # one allocation of exactly total bytes (zero-filled)
                 block.seek(0)
                 lengths = _write_parts(block, parts, part_bytes)
-                self._capacities[index] = max(total, block.tell())
+                written = block.tell()
                 block.truncate()
+                if written > capacity or written <= capacity // 2:  # grown by the writes, or shrunk by
+                    capacity = written  # truncate: only when the sizes given were not the payloads'
+                self._capacities[index] = capacity
                 return block.getbuffer().toreadonly(), lengths
         return None
 
@@ -97,20 +103,19 @@ class ReusableBlocks:
         return [block.__sizeof__() for block in self._blocks]
 
 
-def _write_parts(block: io.BytesIO, parts: Sequence[list[Any]], part_bytes: Sequence[int]) -> np.ndarray:
+def _write_parts(block: io.BytesIO, parts: Sequence[list[Any]], part_bytes: np.ndarray) -> np.ndarray:
     """Write the parts' payloads into ``block`` in order and return their lengths. The parts that
     start within one :data:`BYTES_PER_WRITE` are written in one call (at most two steps' bytes),
     and their lengths read right after, while their objects are still in the cache (read
     beforehand, over a batch's 100,000 objects written long before, they were not: 7.8 against
     5.6 ms). A part larger than a step is measured first and written a step at a time."""
-    sizes = np.fromiter(part_bytes, np.int64, len(parts))
     starts = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum(sizes, out=starts[1:])
-    large = np.flatnonzero(sizes > BYTES_PER_WRITE).tolist()
+    np.cumsum(part_bytes, out=starts[1:])
+    large = np.flatnonzero(part_bytes > BYTES_PER_WRITE).tolist()
     bounds = {index for group in write_groups(starts, BYTES_PER_WRITE) for index in group}
     lengths: list[np.ndarray] = []
     for first, end in pairwise(sorted(bounds.union(large, [index + 1 for index in large]))):
-        if end - first == 1 and sizes[first] > BYTES_PER_WRITE:
+        if end - first == 1 and part_bytes[first] > BYTES_PER_WRITE:
             part = parts[first]
             part_lengths = np.fromiter(map(len, part), np.int64, len(part))
             offsets = np.zeros(len(part) + 1, np.int64)
@@ -133,18 +138,21 @@ def join_payloads(
     which copy in C) and the offsets summed in numpy. A batch's payloads are never held twice over
     (a column per chunk, then a concatenation, would be), and ``pa.array``'s builder, which grows
     its buffer by doubling, copies more. ``part_bytes``: each part's size in bytes (the chunks'
-    ``data_bytes``), summed from the payloads when not given.
+    ``data_bytes``; the copy is exact-size when they are), summed from the payloads when not given.
 
     Without ``blocks`` the copy is a fresh block from the C library, freed with the column. pyarrow's
     mimalloc pool was tried instead (7abd072): it keeps a freed block for a second and reuses it
     only for a batch that fits, so the resident memory could outgrow the README's bound of two
     batches, and with batches seconds apart its pages come back page by page as well."""
-    claimed = [sum(map(len, part)) for part in parts] if part_bytes is None else part_bytes
-    claimed_total = sum(claimed)
-    if claimed_total > _MAX_INT32:  # a batch is at most batch.max_bytes (1 GiB) and one event
-        raise ValueError(f"{claimed_total} bytes of payloads exceed a binary column's 2 GiB")
+    if part_bytes is not None and len(part_bytes) != len(parts):
+        raise ValueError(f"{len(part_bytes)} sizes for {len(parts)} parts of payloads")
+    claimed = np.fromiter(
+        (sum(map(len, part)) for part in parts) if part_bytes is None else part_bytes, np.int64, len(parts)
+    )
+    if claimed.sum() > _MAX_INT32:  # a batch is at most batch.max_bytes (1 GiB) and one event
+        raise ValueError(f"{claimed.sum()} bytes of payloads exceed a binary column's 2 GiB")
     rows = sum(map(len, parts))
-    joined = blocks.join(parts, claimed) if blocks is not None and claimed_total else None
+    joined = blocks.join(parts, claimed) if blocks is not None and claimed.any() else None
     if joined is None:
         pieces = list(chain.from_iterable(parts))
         joined = b"".join(pieces), np.fromiter(map(len, pieces), np.int64, rows)

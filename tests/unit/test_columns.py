@@ -159,6 +159,11 @@ def test_wrong_part_sizes_cost_no_wrong_column(parts: list[list[bytes]], step: i
     assert joined.equals(pa.array([value for part in parts for value in part], pa.binary()))
 
 
+def test_one_size_is_given_per_part() -> None:
+    with pytest.raises(ValueError, match="2 sizes for 3 parts"):
+        join_payloads([[b"a"], [b"b"], [b"c"]], ReusableBlocks(1), [1, 1])
+
+
 class _CountingBlock(io.BytesIO):
     def __init__(self) -> None:
         super().__init__()
@@ -183,7 +188,7 @@ def test_a_call_copies_at_most_two_steps_of_small_parts_or_a_step_and_a_payload_
     block = _CountingBlock()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(columns, "BYTES_PER_WRITE", step)
-        lengths = columns._write_parts(block, parts, [sum(part) for part in sizes])
+        lengths = columns._write_parts(block, parts, np.array([sum(part) for part in sizes], np.int64))
     payloads = [payload for part in parts for payload in part]
     assert lengths.tolist() == [len(payload) for payload in payloads]
     assert block.getvalue() == b"".join(payloads)
@@ -217,6 +222,19 @@ def test_a_block_is_not_written_while_anything_made_on_it_is_alive_and_is_reused
     assert fourth.to_pylist() == [b"i" * 12, b"j" * 4] and fifth.to_pylist() == [b"k", b"l"]
     del kept, fifth
     assert _data_address(join_payloads([[b"m" * 5], [b"n" * 4]], blocks)) == second_block
+
+
+def test_a_block_keeps_its_allocation_through_a_smaller_batch_for_a_larger_one_after() -> None:
+    """Batches vary in size: one smaller than the block (more than half of it) leaves the block as
+    large as it was, so the next, as large as the first, is not given a fresh block."""
+    blocks = ReusableBlocks(1)
+    first = join_payloads([[b"x" * 1000] * 100], blocks)
+    address = _data_address(first)
+    del first
+    for records in (90, 100, 60, 100):
+        column = join_payloads([[b"x" * 1000] * records], blocks)
+        assert _data_address(column) == address, records
+        del column
 
 
 def test_a_block_keeps_its_pages_for_the_next_batch_and_is_made_anew_for_one_under_half_of_it() -> None:
