@@ -62,7 +62,10 @@ BENCHMARKS = [
         "bridge",
         "2. Spark bridge overhead",
         "spark_ingest.py",
-        ["--sizes", "10000,100000", "--sinks", "parquet,noop", "--repeats", "9"],
+        # 21 repeats: one repeat's figure wanders by about 10 points either way (the middle half of
+        # 21 at 100,000 rows with the no-op sink: +3 % to +41 %), and the median of 9 moved by 7
+        # points between runs of the same code (docs/benchmarks.md section 2).
+        ["--sizes", "10000,100000", "--sinks", "parquet,noop", "--repeats", "21"],
         [
             *("--sizes", "1000", "--sinks", "parquet,noop", "--repeats", "1"),
             *("--batches", "1", "--run-rows", "1000", "--master", "local[1]"),
@@ -277,7 +280,8 @@ def bridge_goals(figures: dict[str, Any]) -> list[Verdict]:
     return [
         Verdict(
             f"bridge overhead, {c['sink']} sink, {c['rows']:,}-row batches: <= 15 %",
-            f"{c['overhead']:+.0%}",
+            f"{c['overhead']:+.0%} (middle half of the repeats {c['overhead_quartiles'][0]:+.0%} to "
+            f"{c['overhead_quartiles'][1]:+.0%})",
             c["overhead"] <= 0.15,
         )
         for c in figures["cases"]
