@@ -62,9 +62,9 @@ BENCHMARKS = [
         "bridge",
         "2. Spark bridge overhead",
         "spark_ingest.py",
-        # 21 repeats: one repeat's figure wanders by about 10 points either way (the middle half of
-        # 21 at 100,000 rows with the no-op sink: +3 % to +41 %), and the median of 9 moved by 7
-        # points between runs of the same code (docs/benchmarks.md section 2).
+        # 21 repeats: one repeat's figure wanders by ten points and more (the middle half of 21 at
+        # 100,000 rows with the no-op sink: +3 % to +41 % around +12.7 %), and the median of 9
+        # moved by 7 points between blocks of one run (docs/benchmarks.md section 2).
         ["--sizes", "10000,100000", "--sinks", "parquet,noop", "--repeats", "21"],
         [
             *("--sizes", "1000", "--sinks", "parquet,noop", "--repeats", "1"),

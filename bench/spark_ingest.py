@@ -310,7 +310,8 @@ def _overhead_quartiles(times: dict[str, list[float]]) -> tuple[float, float]:
     ratios = [b / s - 1 for b, s in zip(times["bridge"], times["spark"], strict=True)]
     if len(ratios) < 2:
         return ratios[0], ratios[0]
-    quartiles = statistics.quantiles(ratios, n=4)
+    # Below 4 repeats the default (exclusive) method reaches past the figures themselves.
+    quartiles = statistics.quantiles(ratios, n=4, method="exclusive" if len(ratios) >= 4 else "inclusive")
     return quartiles[0], quartiles[2]
 
 
