@@ -59,9 +59,9 @@ class ReusableBlocks:
     never overwritten; the next free one is taken, or a fresh block when none is. The columns are
     read-only views. A block is allocated at exactly the size of the batch it is made for (the
     chunks' ``data_bytes``), and made anew for a batch larger than it or at most half of it: it
-    holds no more than one batch that was written into it. With two (the batch in the sink and the next, prepared while Spark
-    commits), the driver stays within the README's two Arrow copies, and keeps them while idle.
-    Thread-safe."""
+    holds no more than one batch that was written into it. With two (the batch in the sink and the
+    next, prepared while Spark commits), the driver stays within the README's two Arrow copies,
+    and keeps them while idle. Thread-safe."""
 
     def __init__(self, count: int = 2) -> None:
         self._blocks = [io.BytesIO() for _ in range(count)]
