@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+from efo.clock import Clock
 from efo.errors import EfoError
 
 T = TypeVar("T")
@@ -40,7 +41,13 @@ async def bounded(limit: int, call: Callable[[T], Awaitable[object]], items: Ite
 
 
 async def periodically(
-    step: Callable[[], Awaitable[None]], *, interval_s: float, wake: asyncio.Event, log: Any, failed: str
+    step: Callable[[], Awaitable[None]],
+    *,
+    interval_s: float,
+    wake: asyncio.Event,
+    log: Any,
+    failed: str,
+    clock: Clock,
 ) -> None:
     """``step()`` every ``interval_s`` and whenever ``wake`` is set, until cancelled; a retriable
     failure is logged as the event ``failed`` and tried again at the next turn, any other ends it."""
@@ -52,7 +59,7 @@ async def periodically(
                 raise
             log.warning(failed, error=str(exc), code=exc.code)
         try:
-            async with asyncio.timeout(interval_s):
+            async with clock.timeout(interval_s):
                 await wake.wait()
         except TimeoutError:
             pass

@@ -32,12 +32,12 @@ written and the leases released, and :attr:`Coordinator.completed` says the run 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.config import Settings
 from efo.errors import EfoError, SinkStalled
 from efo.kinesis.registration import StreamInfo
@@ -79,7 +79,7 @@ class Coordinator:
         handoff: Handoff,
         heartbeats: HeartbeatWriter | None = None,
         shares: StreamShares | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
         self.stream = stream
@@ -92,7 +92,7 @@ class Coordinator:
         self._ready = False
         self.stopping = asyncio.Event()  # nothing new is claimed or started
         METRICS.add_stream(stream.name)  # its series at 0 from the start
-        self.owned = OwnedLeases(table.worker_id, pool, self._on_change, stream=stream.name)
+        self.owned = OwnedLeases(table.worker_id, pool, self._on_change, stream=stream.name, clock=clock)
         self.liveness = Liveness(
             heartbeats or table,
             settings.lease,
@@ -207,7 +207,7 @@ class Coordinator:
                     intake.append(group.create_task(self.bounds.run(), name="run-end"))
                     await _first_of(stop, self.bounds.finished)
                 complete = self.bounds is not None and not stop.is_set()
-                stop_at = self._clock()
+                stop_at = self._clock.now()
                 self._log.info("run.stopping" if complete else "service.stopping", shards=len(self.owned))
                 await self._stop_intake(intake)
                 if complete:
@@ -254,7 +254,7 @@ class Coordinator:
         checkpoints cover every record read). False if a stop came first. The sink must make
         progress: nothing committed for ``batch.stall_timeout_s`` plus ``batch.max_wait_s`` fails."""
         limit_s = self.settings.batch.stall_timeout_s + self.settings.batch.max_wait_s
-        last, since = -1, self._clock()
+        last, since = -1, self._clock.now()
         while True:
             outstanding = sum(owned.ledger.outstanding for owned in self.owned.values())
             if outstanding == 0:
@@ -262,13 +262,13 @@ class Coordinator:
             if stop.is_set():
                 return False
             if outstanding != last:
-                last, since = outstanding, self._clock()
-            elif self._clock() - since > limit_s:
+                last, since = outstanding, self._clock.now()
+            elif self._clock.now() - since > limit_s:
                 raise SinkStalled(
                     f"the sink committed nothing of the last {outstanding} chunk(s) of a bounded run for "
                     f"{limit_s:g} s (batch.stall_timeout_s + batch.max_wait_s)"
                 )
-            await asyncio.sleep(HANDOVER_POLL_S)
+            await self._clock.sleep(HANDOVER_POLL_S)
 
     async def _let_the_sink_commit(self, error: Exception) -> None:
         """A fatal error: nothing is read any more, but the batch in the sink may still commit (within
@@ -277,13 +277,13 @@ class Coordinator:
         self.stopping.set()
         if isinstance(error, BaseExceptionGroup) and error.subgroup(SinkStalled) is not None:
             return
-        deadline = self._clock() + self.settings.shutdown_timeout_s
-        while self.checkpointer.batch_started_at is not None and self._clock() < deadline:
-            await asyncio.sleep(HANDOVER_POLL_S)
+        deadline = self._clock.now() + self.settings.shutdown_timeout_s
+        while self.checkpointer.batch_started_at is not None and self._clock.now() < deadline:
+            await self._clock.sleep(HANDOVER_POLL_S)
 
     async def _wait_for_driver(self, driver_done: asyncio.Event, deadline: float) -> None:
         try:
-            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+            async with self._clock.timeout(max(0.0, deadline - self._clock.now())):
                 await driver_done.wait()
         except TimeoutError:
             self._log.warning("service.driver_timeout", timeout_s=self.settings.shutdown_timeout_s)
@@ -314,7 +314,7 @@ class Coordinator:
 
         clean = True
         try:
-            async with asyncio.timeout(FINAL_WRITES_TIMEOUT_S):
+            async with self._clock.timeout(FINAL_WRITES_TIMEOUT_S):
                 released = sum(await asyncio.gather(*(release(owned) for owned in claims)))
                 released += await self.cycle.release_untracked()
         except (TimeoutError, EfoError) as exc:
@@ -326,7 +326,7 @@ class Coordinator:
             if owned.phase is not ShardPhase.RELEASED or owned.ledger.due is not None:
                 failed.append(owned.shard_id)
         try:
-            async with asyncio.timeout(FINAL_WRITES_TIMEOUT_S):
+            async with self._clock.timeout(FINAL_WRITES_TIMEOUT_S):
                 if self._heartbeat is not None:  # a beat in flight would write the row again
                     await _cancelled(self._heartbeat)
                 await self.table.remove_worker()
@@ -375,7 +375,7 @@ class Coordinator:
         read_at = self.cycle.read_at
         if read_at is None:
             return "the lease table has not been read yet"
-        age_s = self._clock() - read_at
+        age_s = self._clock.now() - read_at
         if age_s > bound_s:
             return f"the lease table was last read {age_s:.0f} s ago (more than {bound_s:g} s)"
         return None
@@ -390,7 +390,7 @@ class Coordinator:
         if not self._ready:
             waiting = sum(1 for owned in owned_now if owned.phase.reading and not owned.first_event)
             return f"waiting for the first lease cycle or the first event of {waiting} shard(s)"
-        now = time.monotonic()  # the clock of OwnedShard.phase_since
+        now = self._clock.now()  # the clock of OwnedShard.phase_since
         stuck = sorted(
             owned.shard_id
             for owned in owned_now

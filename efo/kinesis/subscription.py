@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.config import SubscriptionSettings
 from efo.errors import EfoError, LeaseLost, Retriable, translate
 from efo.kinesis.decoder import ShardEvent, iter_events
@@ -105,8 +105,7 @@ class ShardSubscription:
         on_first_event: Callable[[Position], Awaitable[None]] | None = None,
         series: ShardSeries | None = None,
         logger: Any = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
@@ -131,7 +130,6 @@ class ShardSubscription:
         self._corrupt_logged = False
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
         self._clock = clock
-        self._sleep = sleep
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng)
         self._last_call_at = -1e9
         self._last_success_at = -1e9
@@ -211,7 +209,7 @@ class ShardSubscription:
             code=error.code,
             delay_s=round(delay_s, 3),
         )
-        await self._sleep(delay_s)
+        await self._clock.sleep(delay_s)
 
     def _restart_expired(self, error: EfoError) -> bool:
         """A sequence number older than the stream's retention is refused at the call
@@ -247,21 +245,21 @@ class ShardSubscription:
             raise LeaseLost(f"shard {self.shard_id} was taken over by another subscriber and its lease is gone")
 
     async def _pace(self) -> None:
-        now = self._clock()
+        now = self._clock.now()
         wait_s = max(
             self._last_call_at + MIN_CALL_INTERVAL_S - now,
             self._last_success_at + MIN_RENEW_INTERVAL_S - now,
             0.0,
         )
         if wait_s > 0:
-            await self._sleep(wait_s)
-        self._last_call_at = self._clock()
+            await self._clock.sleep(wait_s)
+        self._last_call_at = self._clock.now()
 
     async def _call(self) -> Any:
         """SubscribeToShard, answered within ``read_timeout_s`` or retried: a call that waits for a
         connection from a full pool, or on a stalled endpoint, is an error, never a silent stall."""
         try:
-            async with asyncio.timeout(self._settings.read_timeout_s):
+            async with self._clock.timeout(self._settings.read_timeout_s):
                 return await self._client.subscribe_to_shard(
                     ConsumerARN=self._consumer_arn,
                     ShardId=self.shard_id,
@@ -276,7 +274,7 @@ class ShardSubscription:
 
     async def _subscribe_once(self) -> ShardEnded | None:
         response = await self._call()
-        self._last_success_at = self._clock()
+        self._last_success_at = self._clock.now()
         self._streaming = True
         METRICS.subscriptions_started.labels(stream=self.stream).inc()
         stream = response["EventStream"]
@@ -393,13 +391,13 @@ class ShardSubscription:
             METRICS.pool_wait.observe(0.0)
             return grant
         self._on_phase(ShardPhase.BACKPRESSURED)
-        waiting_since = self._clock()
+        waiting_since = self._clock.now()
         try:
             grant = await self._pool.acquire(records, nbytes, self._pool_owner, timeout_s=self._backpressure_timeout_s)
         except TimeoutError:
             raise Backpressure(records, nbytes) from None
         finally:
-            METRICS.pool_wait.observe(self._clock() - waiting_since)
+            METRICS.pool_wait.observe(self._clock.now() - waiting_since)
         self._on_phase(ShardPhase.READING)
         return grant
 

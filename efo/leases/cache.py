@@ -11,9 +11,7 @@ old: a claim starts from the row it writes, never from this.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.errors import EfoError
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.observability import METRICS
@@ -24,7 +22,7 @@ class LeaseCache:
         self,
         table: LeaseTable,
         full_read_interval_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         *,
         stream: str = "",
     ) -> None:
@@ -46,7 +44,7 @@ class LeaseCache:
         caller may change it."""
         control = await self._table.read_control()
         METRICS.lease_reads.labels(stream=self._stream, rows="control").inc()
-        now = self._clock()
+        now = self._clock.now()
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
         everything = not self._leases or now - self._read_all_at >= self._full_read_interval_s

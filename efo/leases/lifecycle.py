@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.table import Lease
 from efo.observability import METRICS, ShardSeries
@@ -112,12 +112,14 @@ class OwnedShard:
     task: asyncio.Task[Any] | None = None
     first_event: bool = False
     children: tuple[str, ...] = ()
-    claimed_at: float = field(default_factory=time.monotonic)
-    phase_since: float = field(default_factory=time.monotonic)  # when it entered its phase
+    clock: Clock = SYSTEM_CLOCK
+    claimed_at: float = field(init=False)
+    phase_since: float = field(init=False)  # when it entered its phase (read by the health server's thread)
     log: Any = field(init=False)
     series: ShardSeries = field(init=False)  # its metrics (lag, records, bytes)
 
     def __post_init__(self) -> None:
+        self.claimed_at = self.phase_since = self.clock.now()
         self.log = structlog.get_logger("efo.shard").bind(
             shard_id=self.shard_id, epoch=self.epoch, worker_id=self.worker_id
         )
@@ -132,10 +134,11 @@ class OwnedShard:
         *,
         start: Position | None = None,
         stream: str = "",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> OwnedShard:
         """A new claim of ``lease``, read from ``start`` (default: its checkpoint)."""
         assert lease.owner == worker_id, (lease.owner, worker_id)
-        return cls(lease, CheckpointLedger(start or lease.checkpoint), worker_id, on_change, stream)
+        return cls(lease, CheckpointLedger(start or lease.checkpoint), worker_id, on_change, stream, clock=clock)
 
     @property
     def shard_id(self) -> str:
@@ -152,12 +155,12 @@ class OwnedShard:
             return
         if phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"shard {self.shard_id} epoch {self.epoch}: {self.phase.name} -> {phase.name}")
-        self.phase_since = time.monotonic()  # first: the HTTP thread never sees the new phase with the old time
+        self.phase_since = self.clock.now()  # first: the HTTP thread never sees the new phase with the old time
         previous, self.phase = self.phase, phase
         self.log.debug("shard.phase", phase=phase.value, previous=previous.value)
         if phase is ShardPhase.READING and not self.first_event:
             self.first_event = True
-            self.log.info("shard.first_event", after_s=round(time.monotonic() - self.claimed_at, 3))
+            self.log.info("shard.first_event", after_s=round(self.clock.now() - self.claimed_at, 3))
         self.on_change(self)
 
     def committed(self, commit: Commit) -> bool:

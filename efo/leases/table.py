@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Collection, Iterable
@@ -45,6 +44,7 @@ from typing import Any
 import structlog
 
 from efo import __version__
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded
 from efo.errors import ConfigError, LayoutOutdated, LeaseLost, ResourceNotFound, error_code, translate
 from efo.pipeline.records import SHARD_END, Position
@@ -187,8 +187,8 @@ def _lease_of(item: dict[str, Any]) -> Lease:
     )
 
 
-def _now() -> dict[str, Any]:
-    return {"S": datetime.now(UTC).isoformat()}
+def _stamp(moment: datetime) -> dict[str, Any]:
+    return {"S": moment.isoformat()}
 
 
 def _datetime(text: str | None) -> datetime | None:
@@ -225,11 +225,11 @@ class _Update:
         self.sets.append("lease_counter = lease_counter + :one")
         self.values[":one"] = {"N": "1"}
 
-    def apply_reset(self, reset: PendingReset) -> None:
+    def apply_reset(self, reset: PendingReset, now: datetime) -> None:
         """The pending reset becomes the checkpoint, if it is still the one that was read."""
         self.set_position(reset.position)
         self.sets.append("updated_at = :now")
-        self.values[":now"] = _now()
+        self.values[":now"] = _stamp(now)
         self.removes += ["reset_id", *(RESET_PREFIX + name for name in POSITION_ATTRIBUTES)]
         self.values[":reset"] = {"S": reset.reset_id}
         self.conditions.append("reset_id = :reset")
@@ -244,9 +244,18 @@ class _Update:
 
 class LeaseTable:
     def __init__(
-        self, dynamodb: Any, *, table: str, app: str, stream_arn: str, worker_id: str, consumer_arn: str | None = None
+        self,
+        dynamodb: Any,
+        *,
+        table: str,
+        app: str,
+        stream_arn: str,
+        worker_id: str,
+        consumer_arn: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._ddb = dynamodb
+        self._clock = clock
         self.table = table
         self.app = app
         self.stream_arn = stream_arn
@@ -257,13 +266,16 @@ class LeaseTable:
         #: same streams deal their extra shards across them (efo.worker.streams); None with one stream.
         self.reads: str | None = None
         self._heartbeat = 0
-        self._started_at = datetime.now(UTC).isoformat()
+        self._started_at = clock.wall().isoformat()
         self.lease_partitions: int | None = None  # from the meta row, once read
         #: Lease partitions where this client changed a lease, or where a conditional write of it
         #: failed (the lease was not as read), since :meth:`take_changed`: what it read there may be old.
         self._changed_partitions: set[int] = set()
         self._bumps_deferred = 0
         self._bumps_due: set[int] = set()
+
+    def _now(self) -> dict[str, Any]:
+        return _stamp(self._clock.wall())
 
     def _key(self, sort_key: str) -> dict[str, Any]:
         return {"pk": {"S": self.partition}, "sk": {"S": sort_key}}
@@ -350,11 +362,11 @@ class LeaseTable:
                         hint="create it yourself or grant dynamodb:CreateTable",
                     ) from None
             status = "CREATING"
-        deadline = time.monotonic() + timeout_s
+        deadline = self._clock.now() + timeout_s
         while status != "ACTIVE":
-            if time.monotonic() > deadline:
+            if self._clock.now() > deadline:
                 raise ResourceNotFound(f"{self._resource()} did not become ACTIVE (status {status})")
-            await asyncio.sleep(0.5)
+            await self._clock.sleep(0.5)
             status = (await self._ddb.describe_table(TableName=self.table))["Table"]["TableStatus"]
 
     def _check_key_schema(self, description: dict[str, Any]) -> None:
@@ -434,6 +446,7 @@ class LeaseTable:
             stream_arn=self.stream_arn,
             worker_id=self.worker_id,
             consumer_arn=self.consumer_arn,
+            clock=self._clock,
         )
         other.reads = self.reads
         return other
@@ -508,7 +521,7 @@ class LeaseTable:
                 "initial_position": {"S": initial_position},
                 "started_at": {"N": repr(started_at.timestamp())},
                 "complete": {"BOOL": False},
-                "created_at": _now(),
+                "created_at": self._now(),
                 "bootstrapper": {"S": self.worker_id},
             },
         )
@@ -530,7 +543,7 @@ class LeaseTable:
         item: dict[str, Any] = {
             "parents": {"L": [{"S": p} for p in parents]},
             "lease_counter": {"N": "0"},
-            "updated_at": _now(),
+            "updated_at": self._now(),
             **_position_item(start),
         }
         created = await self._put_new(await self._lease_key(shard_id), item)
@@ -564,7 +577,7 @@ class LeaseTable:
         update.next_counter()
         update.removes.append("wanted_by")
         if lease.reset is not None:
-            update.apply_reset(lease.reset)
+            update.apply_reset(lease.reset, self._clock.wall())
         else:
             update.values[":end"] = {"S": SHARD_END.kind}
             update.conditions.append("position_kind <> :end")
@@ -579,7 +592,8 @@ class LeaseTable:
         update = _Update()
         update.fence(lease)
         update.next_counter()
-        update.apply_reset(lease.reset)
+        now = self._clock.wall()
+        update.apply_reset(lease.reset, now)
         await self._update(lease, update)
         await self._changed(await self._partition(lease.shard_id))
         return replace(
@@ -587,7 +601,7 @@ class LeaseTable:
             counter=lease.counter + 1,
             checkpoint=lease.reset.position,
             reset=None,
-            updated_at=datetime.now(UTC),  # as written: skip_older_than counts from the reset
+            updated_at=now,  # as written: skip_older_than counts from the reset
         )
 
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
@@ -597,7 +611,7 @@ class LeaseTable:
         update.fence(lease)
         update.set_position(position)
         update.sets.append("updated_at = :now")
-        update.values[":now"] = _now()
+        update.values[":now"] = self._now()
         if lag_ms is not None:
             update.sets.append("lag_ms = :lag")
             update.values[":lag"] = {"N": str(lag_ms)}
@@ -611,7 +625,7 @@ class LeaseTable:
         update.fence(lease)
         update.set_position(SHARD_END)
         update.sets.append("updated_at = :now")
-        update.values[":now"] = _now()
+        update.values[":now"] = self._now()
         update.removes.append("lease_owner")
         update.next_counter()
         await self._update(lease, update)
@@ -745,7 +759,7 @@ class LeaseTable:
                 Item={
                     **self._key(WORKER_PREFIX + self.worker_id),
                     "heartbeat": {"N": str(self._heartbeat)},
-                    "updated_at": _now(),
+                    "updated_at": self._now(),
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),

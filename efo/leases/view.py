@@ -8,14 +8,12 @@ reads; a free lease another worker asked for is kept for it while that request i
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.leases.table import TableState
 
 
 class TableView:
-    def __init__(self, me: str, failover_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, me: str, failover_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self.me = me
         self.failover_s = failover_s
         self._clock = clock
@@ -27,7 +25,7 @@ class TableView:
         self.dead: set[str] = set()
 
     def update(self, state: TableState) -> None:
-        now = self._clock()
+        now = self._clock.now()
         # An owner without a heartbeat row is watched like the others (its row may come, or not).
         owners = {lease.owner for lease in state.leases.values() if lease.owner}
         for worker in set(state.heartbeats) | owners:
@@ -48,12 +46,12 @@ class TableView:
         self._asked_seen = {key: self._asked_seen.get(key, now) for key in asked}  # type: ignore[misc]
 
     def moved_within(self, seconds: float) -> set[str]:
-        now = self._clock()
+        now = self._clock.now()
         return {shard_id for shard_id, at in self._moved_at.items() if now - at < seconds}
 
     def reserved_for_others(self) -> set[str]:
         """Shards another live worker asked for, its request younger than ``failover_s``."""
-        now = self._clock()
+        now = self._clock.now()
         return {
             shard_id
             for (shard_id, asker), since in self._asked_seen.items()

@@ -27,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from efo.clock import SYSTEM_CLOCK, Clock
+
 if TYPE_CHECKING:
     from efo.config import PoolSettings
 
@@ -48,7 +50,16 @@ class _Usage:
 
 
 class PendingPool:
-    def __init__(self, max_records: int, max_bytes: int, *, reserved_records: int = 0, reserved_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        max_records: int,
+        max_bytes: int,
+        *,
+        reserved_records: int = 0,
+        reserved_bytes: int = 0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._clock = clock
         self.max_records = max_records
         self.max_bytes = max_bytes
         self._reserve_records = reserved_records
@@ -63,13 +74,14 @@ class PendingPool:
         self._unused = (0, 0)  # the registered owners' unused reserves, summed (records, bytes)
 
     @classmethod
-    def of(cls, settings: PoolSettings) -> PendingPool:
+    def of(cls, settings: PoolSettings, *, clock: Clock = SYSTEM_CLOCK) -> PendingPool:
         """The pool ``pool.*`` describes."""
         return cls(
             settings.max_pending_records,
             settings.max_pending_bytes,
             reserved_records=settings.reserved_records_per_shard,
             reserved_bytes=settings.reserved_bytes_per_shard,
+            clock=clock,
         )
 
     # ---- owners and their reserves --------------------------------------------------------
@@ -211,7 +223,7 @@ class PendingPool:
     ) -> Grant:
         """Budget for ``records`` and ``nbytes``; TimeoutError (holding nothing) after ``timeout_s``.
 
-        The deadline is ``asyncio.timeout`` inside this coroutine, not a wrapper task: a cancel that
+        The deadline is the clock's timeout inside this coroutine, not a wrapper task: a cancel that
         arrives in the same loop pass as the admission still cancels (the budget is returned)."""
         grant = self.try_acquire(records, nbytes, owner)
         if grant is not None:
@@ -221,7 +233,7 @@ class PendingPool:
         entry = (grant, future)
         self._waiters.append(entry)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self._clock.timeout(timeout_s):
                 await future
         except BaseException:  # cancelled, or the deadline passed
             if grant.admitted:

@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock, wall_ms
 from efo.config import RunSettings, Until
 from efo.errors import LeaseLost, ShardTimeout
 from efo.kinesis.shards import ShardGraph
@@ -108,7 +108,7 @@ class ShardBound:
         handoff: Handoff,
         pool: PendingPool,
         on_change: Callable[[ShardBound], None] = lambda bound: None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         started_ms: int | None = None,
     ) -> None:
         self.owned = owned
@@ -120,8 +120,8 @@ class ShardBound:
         self._on_change = on_change
         self._clock = clock
         self.state = BoundState.READING
-        self.changed_at = clock()  # when it last changed state
-        self.activity_at = clock()  # its last event (or the claim, or a wait for budget)
+        self.changed_at = clock.now()  # when it last changed state
+        self.activity_at = clock.now()  # its last event (or the claim, or a wait for budget)
         self.records = 0  # handed on in this claim
         self.bytes = 0
         self.reached = asyncio.Event()  # CUT: reading stops
@@ -136,7 +136,7 @@ class ShardBound:
             return
         if state not in BOUND_TRANSITIONS[self.state]:
             raise IllegalBoundTransition(f"shard {self.shard_id}: {self.state.name} -> {state.name}")
-        self.state, self.changed_at = state, self._clock()
+        self.state, self.changed_at = state, self._clock.now()
         self.owned.log.info("run.shard_at_bound", state=state.value, records=self.records, bytes=self.bytes)
         if state is BoundState.CUT:
             self.owned.series.stop_lag()  # nothing more is read here: its last lag is no one's lag
@@ -163,7 +163,7 @@ class ShardBound:
         self._pending = (serial, resume)  # the ledger hears of it with the chunk (put), maybe cut
 
     def idle(self, resume: Position) -> None:
-        self.activity_at = self._clock()
+        self.activity_at = self._clock.now()
         if self.state is BoundState.CUT:
             return  # past the cut: the checkpoint stays at the cut
         self._ledger.idle(resume)
@@ -175,7 +175,7 @@ class ShardBound:
         assert self._pending is not None and self._pending[0] == chunk.serial, "enqueued() comes before put()"
         serial, resume = self._pending
         self._pending = None
-        self.activity_at = self._clock()
+        self.activity_at = self._clock.now()
         if self.state is BoundState.CUT:
             self._drop(chunk)
             return
@@ -288,7 +288,7 @@ class RunEnd:
         listing: Callable[[], tuple[ShardGraph | None, float]],
         parents_finished: Callable[[Any, TableState, ShardGraph], bool],
         on_change: Callable[[], None] = lambda: None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         stream: str = "",
     ) -> None:
         self._settings = settings
@@ -306,8 +306,8 @@ class RunEnd:
         self._bounds: dict[str, ShardBound] = {}  # by shard, the current claim's
         self._done_here: set[str] = set()  # shards that reached the run's end here
         self._unclaimed_since: dict[str, float] = {}  # readable leases no live worker holds: since when
-        self._last_change_at = clock()
-        self.started_ms = int(time.time() * 1000)  # the run's start, the caught-up rule's "before the run"
+        self._last_change_at = clock.now()
+        self.started_ms = wall_ms(clock)  # the run's start, the caught-up rule's "before the run"
         #: The run reached run.max_duration_s before its end: it stops, not done (exit 75).
         self.out_of_time = False
         self._records_before = 0  # of claims that are gone (released, lost, ended)
@@ -316,8 +316,8 @@ class RunEnd:
         #: Called with :meth:`snapshot` at every check (a terminal display).
         self.on_progress: Callable[[dict[str, Any]], None] = lambda fields: None
         self._log = log.bind(worker_id=worker_id, until=str(until))
-        self._started_at = clock()
-        self._progress_at = clock()
+        self._started_at = clock.now()
+        self._progress_at = clock.now()
 
     # ---- claims -------------------------------------------------------------------------------
 
@@ -340,7 +340,7 @@ class RunEnd:
             bound.enter(BoundState.ENDED)
 
     def _changed(self, bound: ShardBound) -> None:
-        self._last_change_at = self._clock()
+        self._last_change_at = self._clock.now()
         self._on_change()  # a listing newer than the change: is the shard still open, are there children
 
     # ---- the worker ---------------------------------------------------------------------------
@@ -372,7 +372,7 @@ class RunEnd:
                 if lease.owner is None or lease.owner not in live or lease.owner == self._me:
                     short.append(lease.shard_id)
                     unclaimed.add(lease.shard_id)
-        now = self._clock()
+        now = self._clock.now()
         self._unclaimed_since = {shard_id: self._unclaimed_since.get(shard_id, now) for shard_id in unclaimed}
         return short, len(self._done_here)
 
@@ -393,7 +393,7 @@ class RunEnd:
         """Check every CHECK_INTERVAL_S: a shard timed out (raise), progress due (log), done (set
         ``finished`` and return)."""
         while True:
-            elapsed_s = self._clock() - self._started_at
+            elapsed_s = self._clock.now() - self._started_at
             if elapsed_s >= self._settings.max_duration_s:
                 self.out_of_time = True
                 self.on_progress(self.progress())
@@ -407,17 +407,17 @@ class RunEnd:
                 return
             self._check_timeouts()
             self.on_progress(self.snapshot())
-            if self._clock() - self._progress_at >= self._settings.progress_interval_s:
+            if self._clock.now() - self._progress_at >= self._settings.progress_interval_s:
                 self.progress()
             if self.done():
                 self.on_progress(self.progress())
-                self._log.info("run.reached_end", duration_s=round(self._clock() - self._started_at, 3))
+                self._log.info("run.reached_end", duration_s=round(self._clock.now() - self._started_at, 3))
                 self.finished.set()
                 return
-            await asyncio.sleep(CHECK_INTERVAL_S)
+            await self._clock.sleep(CHECK_INTERVAL_S)
 
     def _check_timeouts(self) -> None:
-        now = self._clock()
+        now = self._clock.now()
         graph, listed_at = self._listing()
         timeout_s = self._settings.shard_timeout_s
         silent = []
@@ -463,7 +463,7 @@ class RunEnd:
 
     def progress(self) -> dict[str, Any]:
         """The ``run.progress`` event."""
-        self._progress_at = self._clock()
+        self._progress_at = self._clock.now()
         fields = self.snapshot()
         self._log.info("run.progress", **fields)
         return fields
@@ -483,7 +483,7 @@ class RunEnd:
             "records": self._records_before + sum(bound.records for bound in self._bounds.values()),
             "bytes": self._bytes_before + sum(bound.bytes for bound in self._bounds.values()),
             "max_lag_ms": max(lags) if lags else None,
-            "duration_s": round(self._clock() - self._started_at, 3),
+            "duration_s": round(self._clock.now() - self._started_at, 3),
         }
         METRICS.run_shards_remaining.labels(stream=self._stream).set(len(short))
         return fields

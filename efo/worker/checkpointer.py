@@ -11,11 +11,11 @@ stops the worker, so that its shards move to others.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded
 from efo.config import Settings
 from efo.errors import EfoError, LeaseLost, SinkStalled
@@ -43,7 +43,7 @@ class Checkpointer:
         settings: Settings,
         lease_valid: Callable[[], bool],
         on_shard_end: Callable[[OwnedShard], None] = lambda owned: None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._table = table
         self.owned = owned
@@ -62,12 +62,12 @@ class Checkpointer:
     # ---- the sink's side ----------------------------------------------------------------------
 
     def batch_started(self) -> None:
-        self.batch_started_at = self._clock()
+        self.batch_started_at = self._clock.now()
 
     def check_batch_progress(self) -> None:
         started = self.batch_started_at
         limit_s = self._settings.batch.stall_timeout_s
-        if started is not None and self._clock() - started > limit_s:
+        if started is not None and self._clock.now() - started > limit_s:
             raise SinkStalled(
                 f"a batch has been in the sink for more than {limit_s:g} s (batch.stall_timeout_s): "
                 "stopping this worker so that its shards move to others"
@@ -117,18 +117,18 @@ class Checkpointer:
     async def run(self) -> None:
         """Every ``checkpoint.interval_s`` every claim; urgent ones at once. Until cancelled."""
         interval_s = self._settings.checkpoint.interval_s
-        last_flush = self._clock()
+        last_flush = self._clock.now()
         while True:
             try:
-                async with asyncio.timeout(max(0.0, last_flush + interval_s - self._clock())):
+                async with self._clock.timeout(max(0.0, last_flush + interval_s - self._clock.now())):
                     await self._now.wait()
             except TimeoutError:
                 pass
             self._now.clear()
-            force = self._clock() - last_flush >= interval_s
+            force = self._clock.now() - last_flush >= interval_s
             await self.flush(force=force)
             if force:
-                last_flush = self._clock()
+                last_flush = self._clock.now()
 
     async def flush(self, *, force: bool) -> None:
         """The due checkpoints (all, or the urgent ones), a bounded number at once: one after the
@@ -146,7 +146,7 @@ class Checkpointer:
         if not self._lease_valid():
             return  # no heartbeat landed for too long: another worker may hold the lease by now
         records = owned.ledger.uncheckpointed_records
-        started = self._clock()
+        started = self._clock.now()
         try:
             if due == SHARD_END:
                 owned.lease = await self._table.finish(owned.lease)
@@ -163,7 +163,7 @@ class Checkpointer:
             owned.log.warning("checkpoint.failed", error=str(exc), code=exc.code)
             return
         finally:
-            METRICS.checkpoint_write_seconds.observe(self._clock() - started)
+            METRICS.checkpoint_write_seconds.observe(self._clock.now() - started)
         METRICS.checkpoint_writes.labels(stream=self.owned.stream, outcome="ok").inc()
         if owned.phase.terminal:  # lost while the write was under way (it still landed, fenced)
             return
@@ -191,4 +191,4 @@ class Checkpointer:
                 raise LeaseLost(f"lease of shard {owned.shard_id} lost before its start position was pinned")
             await self.write(owned)
             if owned.ledger.written != pin:
-                await asyncio.sleep(backoff.next_delay_s())
+                await self._clock.sleep(backoff.next_delay_s())

@@ -13,13 +13,13 @@ finished is finished, so its children do not wait for ever.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
@@ -66,7 +66,7 @@ class LeaseCycle:
         in_doubt: Callable[[], bool],
         after_cycle: Callable[[], None] = lambda: None,
         shares: StreamShares | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
         self._shares = shares or StreamShares()  # this worker's other streams, for its share of them all
@@ -105,6 +105,7 @@ class LeaseCycle:
             wake=self._now,
             log=self._log,
             failed="leases.cycle_failed",
+            clock=self._clock,
         )
 
     async def _turn(self) -> None:
@@ -117,7 +118,7 @@ class LeaseCycle:
     async def read(self) -> TableState:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
         self.state = await self._cache.read()
-        self.read_at = self._clock()
+        self.read_at = self._clock.now()
         return self.state
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
@@ -154,11 +155,11 @@ class LeaseCycle:
         held = sum(1 for lease in readable if lease.owner == self._me)
         self._shares.publish(arn, readable=len(readable), held=held)
         interval_s = self._settings.lease.sync_interval_s
-        now = self._clock()
+        now = self._clock.now()
         free = (lease.shard_id for lease in readable if lease.owner is None or lease.owner not in self.view.live)
         self._free_since = {shard_id: self._free_since.get(shard_id, now) for shard_id in free}
         stale = {sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s}
-        short_for_s = None if self._short_since is None else self._clock() - self._short_since
+        short_for_s = None if self._short_since is None else self._clock.now() - self._short_since
         busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
         moves = balance.plan(
             self._me,
@@ -187,7 +188,7 @@ class LeaseCycle:
         if not moves.short:
             self._short_since = None
         elif self._short_since is None:
-            self._short_since = self._clock()
+            self._short_since = self._clock.now()
         # Fenced on each lease as it is in the table; a bounded number at once.
         await bounded(CLAIM_CONCURRENCY, self._claim, [state.leases[lease.shard_id] for lease in moves.claim])
         # Ours in the table but beyond this worker's share: others see them held by a live worker and
@@ -257,7 +258,7 @@ class LeaseCycle:
         )
         for shard_id in honour:
             self._runner.hand_over(self._owned[shard_id], f"asked for by {requested[shard_id].wanted_by}")
-            self._gave_at = self._clock()
+            self._gave_at = self._clock.now()
         if self._stopping.is_set() or self._in_doubt():
             return  # stopping: the release keeps the request, so the asker takes the lease first
         for shard_id in decline:
@@ -270,7 +271,7 @@ class LeaseCycle:
 
     def _gave_lately(self) -> bool:
         """This worker handed a lease over for balance (shed, asked, stranded) within ``failover_s``."""
-        return self._gave_at is not None and self._clock() - self._gave_at < self._settings.lease.failover_s
+        return self._gave_at is not None and self._clock.now() - self._gave_at < self._settings.lease.failover_s
 
     async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState, graph: ShardGraph) -> None:
         """Restart the shard at the reset position, here and now: a new claim (a new epoch), so what
@@ -335,7 +336,7 @@ class LeaseCycle:
             await self._table.release(lease)
         except LeaseLost:
             return
-        self._gave_at = self._clock()  # down to its share, as a shed is
+        self._gave_at = self._clock.now()  # down to its share, as a shed is
         METRICS.lease_changes.labels(stream=self._owned.stream, reason="released").inc()
         self._log.info("lease.released_stranded", shard_id=lease.shard_id)
 
@@ -344,7 +345,7 @@ class LeaseCycle:
             await self._table.want(lease)
         except LeaseLost:
             return
-        self.asked[lease.shard_id] = self._clock()
+        self.asked[lease.shard_id] = self._clock.now()
         self._log.info("lease.asked", shard_id=lease.shard_id, owner=lease.owner)
 
     async def _take_overdue(self, state: TableState, asked_now: AbstractSet[str]) -> None:
@@ -359,9 +360,9 @@ class LeaseCycle:
                 if lease is not None and lease.owner not in (None, self._me):
                     # Declined: its owner gave leases over lately and declines for failover_s after
                     # that; what it shed comes here first, and asking again meanwhile would be refused.
-                    self._ask_not_before = self._clock() + self._settings.lease.failover_s
+                    self._ask_not_before = self._clock.now() + self._settings.lease.failover_s
                 continue
-            if lease.owner is not None and self._clock() - asked_at >= self._settings.lease.failover_s:
+            if lease.owner is not None and self._clock.now() - asked_at >= self._settings.lease.failover_s:
                 self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)
                 await self._claim(lease)
                 self.asked.pop(shard_id, None)
@@ -377,7 +378,7 @@ class LeaseCycle:
         for lease in state.leases.values():
             if lease.finished or lease.shard_id in graph.shards or lease.shard_id in self._owned:
                 continue
-            first_missing = self._unlisted_since.setdefault(lease.shard_id, self._clock())
+            first_missing = self._unlisted_since.setdefault(lease.shard_id, self._clock.now())
             if self._shards.listed_at <= first_missing + 2 * self._settings.shards.sync_interval_s:
                 self._shards.list_now()  # list again (and again) before calling it gone
                 continue

@@ -18,20 +18,17 @@ deadline: no amount of lease or checkpoint traffic delays it.
 
 from __future__ import annotations
 
-import asyncio
 import enum
-import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock, Timer
 from efo.config import LeaseSettings
 from efo.errors import EfoError
 
 log = structlog.get_logger("efo.worker.liveness")
-
-Scheduler = Callable[[float, Callable[[], None]], Any]  # loop.call_later's shape: (delay_s, callback) -> handle
 
 
 class Trust(enum.Enum):
@@ -62,8 +59,7 @@ class Liveness:
         on_expired: Callable[[], None],
         on_recovered: Callable[[], None],
         before_beat: Callable[[], None] = lambda: None,
-        clock: Callable[[], float] = time.monotonic,
-        call_later: Scheduler | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._writer = writer
         self._settings = settings
@@ -71,8 +67,7 @@ class Liveness:
         self._on_recovered = on_recovered
         self._before_beat = before_beat
         self._clock = clock
-        self._call_later = call_later
-        self._deadline: Any = None
+        self._deadline: Timer | None = None
         self.landed_at: float | None = None  # when the last heartbeat that landed was sent
         self.trust = Trust.UNPROVEN
         self._log = log.bind(worker_id=writer.worker_id)
@@ -93,7 +88,7 @@ class Liveness:
         return (
             self.trust is Trust.TRUSTED
             and self.landed_at is not None
-            and self._clock() - self.landed_at < self.validity_s
+            and self._clock.now() - self.landed_at < self.validity_s
         )
 
     def _enter(self, trust: Trust) -> None:
@@ -102,10 +97,10 @@ class Liveness:
 
     async def beat(self) -> bool:
         """One heartbeat, waited for at most the lease validity; True if it landed."""
-        sent_at = self._clock()
+        sent_at = self._clock.now()
         try:
             # A write that lands late still counts (from when it was sent); past the validity it is moot.
-            async with asyncio.timeout(self.validity_s):
+            async with self._clock.timeout(self.validity_s):
                 await self._writer.heartbeat()
         except TimeoutError:
             self._log.warning("lease.heartbeat_failed", error=f"no answer within {self.validity_s:g} s")
@@ -121,7 +116,7 @@ class Liveness:
     async def run(self) -> None:
         """A heartbeat every ``heartbeat_interval_s`` until cancelled."""
         while True:
-            await asyncio.sleep(self._settings.heartbeat_interval_s)
+            await self._clock.sleep(self._settings.heartbeat_interval_s)
             self._before_beat()
             await self.beat()
 
@@ -129,9 +124,8 @@ class Liveness:
         self.landed_at = sent_at
         if self._deadline is not None:
             self._deadline.cancel()
-        delay_s = max(0.0, sent_at + self.validity_s - self._clock())
-        call_later = self._call_later or asyncio.get_running_loop().call_later
-        self._deadline = call_later(delay_s, self._expire)
+        delay_s = max(0.0, sent_at + self.validity_s - self._clock.now())
+        self._deadline = self._clock.call_later(delay_s, self._expire)
         previous = self.trust
         if previous is not Trust.TRUSTED:
             self._enter(Trust.TRUSTED)

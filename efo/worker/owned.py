@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Mapping
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease
 from efo.observability import METRICS
@@ -25,8 +26,10 @@ class OwnedLeases(Mapping[str, OwnedShard]):
         on_change: Callable[[OwnedShard], None] = lambda owned: None,
         *,
         stream: str = "",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.worker_id = worker_id
+        self._clock = clock
         self.stream = stream  # the name of the stream these shards belong to (the pool's owners are per stream)
         self._pool = pool
         self._on_change = on_change
@@ -49,7 +52,9 @@ class OwnedLeases(Mapping[str, OwnedShard]):
 
     def own(self, lease: Lease, start: Position | None = None) -> OwnedShard:
         """A new claim of ``lease`` (its owner is this worker), read from ``start``."""
-        owned = OwnedShard.claim(lease, self.worker_id, self._on_change, start=start, stream=self.stream)
+        owned = OwnedShard.claim(
+            lease, self.worker_id, self._on_change, start=start, stream=self.stream, clock=self._clock
+        )
         self.add(owned)
         return owned
 

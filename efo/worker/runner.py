@@ -10,13 +10,13 @@ is the final checkpoint and release of a stop.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.config import Settings
 from efo.errors import EfoError, LeaseLost, ResourceNotFound
 from efo.kinesis.registration import StreamInfo, describe_consumer
@@ -61,7 +61,7 @@ class ShardRunner:
         lease_valid: Callable[[], bool],
         on_ended: Callable[[OwnedShard], None] = lambda owned: None,
         bounds: RunEnd | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
         self._stream = stream
@@ -103,11 +103,12 @@ class ShardRunner:
         start = lease.checkpoint
         if limit_s is None or start.kind == "LATEST" or lease.updated_at is None:
             return start
-        age_s = (datetime.now(UTC) - lease.updated_at).total_seconds()
+        now = self._clock.wall()
+        age_s = (now - lease.updated_at).total_seconds()
         if age_s <= limit_s:
             return start
         METRICS.positions_skipped.labels(stream=self._owned.stream).inc()
-        skipped = Position("AT_TIMESTAMP", timestamp=datetime.now(UTC) - timedelta(seconds=limit_s))
+        skipped = Position("AT_TIMESTAMP", timestamp=now - timedelta(seconds=limit_s))
         self._log.info(
             "shard.skipped_old",
             shard_id=lease.shard_id,
@@ -138,6 +139,7 @@ class ShardRunner:
             on_first_event=lambda first: self._checkpointer.pin(owned),
             series=owned.series,
             logger=owned.log,
+            clock=self._clock,
         )
         try:
             ended = await subscription.run() if bound is None else await bound.read(subscription.run())
@@ -191,7 +193,7 @@ class ShardRunner:
                 if not exc.retriable:
                     raise
                 self._log.warning("aws.retry", error=str(exc), code=exc.code)
-                await asyncio.sleep(backoff.next_delay_s())
+                await self._clock.sleep(backoff.next_delay_s())
 
     # ---- stop ---------------------------------------------------------------------------------
 
@@ -215,20 +217,20 @@ class ShardRunner:
         self._spawn(self._complete_handover(owned), f"handover-{owned.shard_id}")
 
     async def _complete_handover(self, owned: OwnedShard) -> None:
-        started = self._clock()
+        started = self._clock.now()
         await self.stop_reading(owned)
         if owned.ledger.outstanding:
             self._handoff.cut()  # its last records may sit in the batch being filled: send it to the sink now
         deadline = started + self._settings.lease.failover_s / 2
-        while owned.ledger.outstanding and self._clock() < deadline and not owned.phase.terminal:
-            await asyncio.sleep(HANDOVER_POLL_S)
+        while owned.ledger.outstanding and self._clock.now() < deadline and not owned.phase.terminal:
+            await self._clock.sleep(HANDOVER_POLL_S)
         if owned.phase.terminal or self._stopping.is_set():
             return  # lost meanwhile, or the stop releases it
         if await self._give_up(owned):
             METRICS.lease_changes.labels(stream=self._owned.stream, reason="handed_over").inc()
             owned.log.info(
                 "lease.handed_over",
-                waited_s=round(self._clock() - started, 3),
+                waited_s=round(self._clock.now() - started, 3),
                 uncommitted_chunks=owned.ledger.outstanding,
                 checkpoint=str(owned.ledger.written),
             )

@@ -9,14 +9,14 @@ lease is taken from the lease cycle's last read of the table, not from a read of
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded, periodically
 from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, StreamRecreated
@@ -50,7 +50,7 @@ class ShardSync:
         kinesis: Any,
         table: LeaseTable,
         on_listed: Callable[[], None] = lambda: None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
         self._stream = stream
@@ -99,7 +99,7 @@ class ShardSync:
                 if not exc.retriable:
                     raise
                 self._log.warning("leases.bootstrap_failed", error=str(exc), code=exc.code)
-                await asyncio.sleep(backoff.next_delay_s())
+                await self._clock.sleep(backoff.next_delay_s())
 
     async def bootstrap_once(self) -> None:
         """At the application's first start, a lease for every shard at the initial position.
@@ -118,7 +118,7 @@ class ShardSync:
             await self._table.create_meta(
                 self._stream.created_at,
                 str(self._settings.start),
-                datetime.now(UTC),
+                self._clock.wall(),
                 lease_partitions=lease_partitions_for(len(graph.shards)),
             )
             meta = await self.check()
@@ -128,7 +128,7 @@ class ShardSync:
         if meta.complete:
             return
         initial = InitialPosition.parse(meta.initial_position)
-        started_at = meta.started_at or datetime.now(UTC)
+        started_at = meta.started_at or self._clock.wall()
         async with self._table.changing():  # one version move for the whole bootstrap
             await bounded(
                 BOOTSTRAP_CONCURRENCY,
@@ -150,17 +150,17 @@ class ShardSync:
         bootstrapper = meta.bootstrapper or ""
         if self._waiting is None:
             self._log.info("leases.waiting_for_bootstrap", bootstrapper=bootstrapper)
-            now = self._clock()
+            now = self._clock.now()
             self._waiting = _Waiting(began_at=now, beat=None, beat_since=now)
         waiting = self._waiting
         while True:
-            await asyncio.sleep(self._settings.lease.sync_interval_s)
+            await self._clock.sleep(self._settings.lease.sync_interval_s)
             current = await self.check()
             assert current is not None
             if current.complete:
                 return current
             row = (await self._table.read_control()).workers.get(bootstrapper)
-            now = self._clock()
+            now = self._clock.now()
             if row is not None and row.heartbeat != waiting.beat:
                 waiting.beat, waiting.beat_since = row.heartbeat, now
             elif now - waiting.beat_since >= self._settings.lease.failover_s:
@@ -181,10 +181,11 @@ class ShardSync:
             wake=self._now,
             log=self._log,
             failed="shards.sync_failed",
+            clock=self._clock,
         )
 
     async def sync(self) -> None:
-        asked_at = self._clock()
+        asked_at = self._clock.now()
         graph = await list_shards(self._kinesis, self._stream.arn)
         known = self.leased()
         if known is None:

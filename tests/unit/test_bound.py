@@ -20,6 +20,7 @@ from efo.leases.table import Lease, TableState
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END, Position, RecordChunk, Row, after
+from efo.sim.clock import ManualClock
 from efo.worker.bound import BOUND_TRANSITIONS, BoundState, IllegalBoundTransition, RunEnd, ShardBound
 from efo.worker.cycle import parents_finished
 
@@ -27,12 +28,9 @@ UNTIL = Until(datetime(2026, 1, 31, 12, 0, tzinfo=UTC))
 UNTIL_MS = UNTIL.time_ms or 0
 
 
-class Clock:
+class Clock(ManualClock):
     def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(100.0)
 
 
 def _owned(shard_id: str = "shard-0", owner: str = "me") -> OwnedShard:
@@ -112,9 +110,9 @@ def test_caught_up_is_done_only_once_a_listing_since_shows_the_shard_open() -> N
     bound.idle(after("5"))
     open_graph = ShardGraph.of([Shard("shard-0", (), 0, 10)])
     closed_graph = ShardGraph.of([Shard("shard-0", (), 0, 10), Shard("shard-1", ("shard-0",), 0, 5)])
-    assert not bound.done(open_graph, listed_at=clock.now - 1), "a listing older than the catch-up"
-    assert bound.done(open_graph, listed_at=clock.now)
-    assert not bound.done(closed_graph, listed_at=clock.now), "a closed shard is read to its end"
+    assert not bound.done(open_graph, listed_at=clock.t - 1), "a listing older than the catch-up"
+    assert bound.done(open_graph, listed_at=clock.t)
+    assert not bound.done(closed_graph, listed_at=clock.t), "a closed shard is read to its end"
     bound.enter(BoundState.ENDED)
     assert bound.done(closed_graph, listed_at=0.0)
 
@@ -188,8 +186,8 @@ class View:
 
     def table(self, *leases: Lease) -> None:
         self.state = TableState(leases={lease.shard_id: lease for lease in leases})
-        self.listed_at = self.clock.now
-        self.read_at = self.clock.now
+        self.listed_at = self.clock.t
+        self.read_at = self.clock.t
 
 
 def _caught_up(end: RunEnd, owned: OwnedShard) -> None:
@@ -207,7 +205,7 @@ def test_the_worker_is_done_when_its_claims_are_caught_up_and_nothing_is_left_to
     view.owned["a"] = _owned("a")
     _caught_up(end, view.owned["a"])
     mine = Lease("a", (), "me", 1, Position("TRIM_HORIZON"))
-    clock.now += 1
+    clock.t += 1
     view.table(mine, Lease("b", (), None, 0, Position("TRIM_HORIZON")))
     assert not end.done(), "shard b is free: someone must read it"
     view.table(mine, Lease("b", (), "other", 1, Position("TRIM_HORIZON")))
@@ -238,9 +236,9 @@ def test_a_silent_shard_short_of_the_bound_times_out_naming_it_and_the_setting()
     end = view.run_end(shard_timeout_s=30)
     owned = view.owned["a"] = _owned("a")
     end.track(owned)
-    clock.now += 29
+    clock.t += 29
     end._check_timeouts()
-    clock.now += 2
+    clock.t += 2
     with pytest.raises(ShardTimeout, match=r"run\.shard_timeout_s.*\ba\b"):
         end._check_timeouts()
 
@@ -256,7 +254,7 @@ def test_progress_counts_shards_done_records_bytes_and_the_slowest_lag() -> None
     bound_b = end.track(view.owned["b"])
     handoff_pool = PendingPool(1000, 1 << 20)
     _event(bound_b, handoff_pool, [1, 2, 3], 10, lag_ms=7000)
-    clock.now += 1
+    clock.t += 1
     view.table(Lease("a", (), "me", 1, Position("TRIM_HORIZON")), Lease("b", (), "me", 1, Position("TRIM_HORIZON")))
     fields = end.progress()
     assert (fields["shards_done"], fields["shards_total"], fields["records"], fields["bytes"]) == (1, 2, 3, 6)
@@ -272,10 +270,10 @@ def test_a_readable_lease_nobody_claims_times_out_too_naming_the_cap() -> None:
     _caught_up(end, view.owned["a"])
     view.table(Lease("a", (), "me", 1, Position("TRIM_HORIZON")), Lease("b", (), None, 0, Position("TRIM_HORIZON")))
     end.remaining()
-    clock.now += 29
+    clock.t += 29
     end.remaining()
     end._check_timeouts()
-    clock.now += 2
+    clock.t += 2
     with pytest.raises(ShardTimeout, match=r"\bb\b.*max_leases_per_worker"):
         end._check_timeouts()
 
@@ -346,7 +344,7 @@ def test_the_run_ends_at_max_duration_s_as_out_of_time_not_done() -> None:
         clock = Clock()
         view = View(clock)
         end = view.run_end(max_duration_s=60, shard_timeout_s=30)
-        clock.now += 61  # and no listing or table read ever: max_duration_s is the milder end, it wins
+        clock.t += 61  # and no listing or table read ever: max_duration_s is the milder end, it wins
         await asyncio.wait_for(end.run(), 5)
         assert end.finished.is_set() and end.out_of_time
 
@@ -360,12 +358,12 @@ def test_no_listing_or_table_read_for_shard_timeout_s_ends_the_run_naming_the_se
     view.graph = ShardGraph.of([Shard("a", (), 0, 5)])
     view.table(Lease("a", (), "other", 1, Position("TRIM_HORIZON")))
     view.live = {"me", "other"}
-    clock.now += 29
+    clock.t += 29
     end._check_timeouts()
-    clock.now += 2
+    clock.t += 2
     with pytest.raises(ShardTimeout, match=r"lease-table read.*run\.shard_timeout_s"):
         end._check_timeouts()
-    view.read_at = clock.now  # the table is read again, the listing still fails
+    view.read_at = clock.t  # the table is read again, the listing still fails
     with pytest.raises(ShardTimeout, match=r"shard listing.*run\.shard_timeout_s"):
         end._check_timeouts()
 

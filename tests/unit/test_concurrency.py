@@ -10,6 +10,8 @@ import structlog
 
 from efo.concurrency import bounded, periodically
 from efo.errors import EfoError, Retriable
+from efo.sim.clock import SimClock
+from efo.sim.loop import run as run_virtual
 
 BURSTS: list[int] = []
 
@@ -37,7 +39,12 @@ def test_a_loop_cancelled_while_a_failed_burst_unwinds_ends_instead_of_retrying(
     async def scenario() -> None:
         loop = asyncio.ensure_future(
             periodically(
-                _burst, interval_s=0.01, wake=asyncio.Event(), log=structlog.get_logger(), failed="test.failed"
+                _burst,
+                interval_s=0.01,
+                wake=asyncio.Event(),
+                log=structlog.get_logger(),
+                failed="test.failed",
+                clock=SimClock(),
             )
         )
         await asyncio.sleep(0.05)  # the first burst failed and its siblings are unwinding
@@ -46,7 +53,7 @@ def test_a_loop_cancelled_while_a_failed_burst_unwinds_ends_instead_of_retrying(
         assert loop in done, "the loop went on after it was cancelled"
         assert loop.cancelled()
 
-    asyncio.run(scenario())
+    run_virtual(scenario())
 
 
 def test_a_burst_raises_its_first_failure_as_itself() -> None:

@@ -13,6 +13,7 @@ from efo.errors import Retriable
 from efo.leases.cache import LeaseCache
 from efo.leases.table import Lease, TableState, WorkerRow, lease_partition_of
 from efo.pipeline.records import Position
+from efo.sim.clock import ManualClock
 
 
 class FakeTable:
@@ -57,16 +58,13 @@ HOME = lease_partition_of("shard-1", 2)
 OTHER = 1 - HOME
 
 
-class Clock:
+class Clock(ManualClock):
     def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(100.0)
 
 
 def _cache(table: FakeTable, clock: Clock) -> LeaseCache:
-    return LeaseCache(table, full_read_interval_s=30.0, clock=clock)  # type: ignore[arg-type]
+    return LeaseCache(table, full_read_interval_s=30.0, clock=clock)  # type: ignore[arg-type]  # a fake table
 
 
 def _read(cache: LeaseCache) -> TableState:
@@ -78,7 +76,7 @@ def test_the_lease_partitions_are_read_once_and_then_only_the_heartbeats_and_the
     cache = _cache(table, clock)
     for _ in range(20):
         state = _read(cache)
-        clock.now += 1.0
+        clock.t += 1.0
     assert table.control_reads == 20 and table.partitions_read == [0, 1]
     assert set(state.leases) == {"shard-1"} and state.workers["me"].heartbeat == 20  # heartbeats are fresh
 
@@ -112,10 +110,10 @@ def test_the_lease_rows_are_read_at_least_every_full_read_interval() -> None:
     table, clock = FakeTable(), Clock()
     cache = _cache(table, clock)
     _read(cache)
-    clock.now += 29.9
+    clock.t += 29.9
     _read(cache)
     assert table.lease_reads == 2
-    clock.now += 0.1
+    clock.t += 0.1
     _read(cache)
     assert table.lease_reads == 4
 

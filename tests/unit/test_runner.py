@@ -1,4 +1,4 @@
-"""The shard runner's handover alone, with a fake table and a fake clock: the lease goes to the next
+"""The shard runner's handover alone, with a fake table, in virtual time: the lease goes to the next
 owner once the sink committed what was handed on (checkpoint first), or after ``failover_s / 2``
 with what was committed by then; never while the leases are in doubt."""
 
@@ -20,6 +20,8 @@ from efo.leases.table import Lease
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, Row, after
+from efo.sim.clock import SimClock
+from efo.sim.loop import run as run_virtual
 from efo.worker.bound import BoundState, RunEnd, ShardBound
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
@@ -43,14 +45,6 @@ class Table:
         self.calls.append(("release", lease.shard_id))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     for name in list(os.environ):
@@ -61,7 +55,7 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 class Parts:
     def __init__(self, settings: Settings, *, valid: bool = True, bounds: RunEnd | None = None) -> None:
-        self.table, self.clock, pool = Table(), Clock(), PendingPool(1000, 1 << 20)
+        self.table, self.clock, pool = Table(), SimClock(), PendingPool(1000, 1 << 20)
         self.pool = pool
         self.owned = OwnedLeases("me", pool)
         self.checkpointer = Checkpointer(
@@ -117,7 +111,7 @@ def test_a_handover_waits_for_the_sink_then_checkpoints_then_releases(settings: 
         assert parts.table.calls == [("checkpoint", after("20")), ("release", "shard-a")]
         assert owned.phase is ShardPhase.RELEASED and "shard-a" not in parts.owned
 
-    asyncio.run(scenario())
+    run_virtual(scenario())
 
 
 def test_a_handover_gives_up_waiting_after_half_the_failover_and_releases_what_was_committed(
@@ -130,11 +124,11 @@ def test_a_handover_gives_up_waiting_after_half_the_failover_and_releases_what_w
         parts.runner.hand_over(owned, "a test")
         await asyncio.sleep(0.2)
         assert parts.table.calls == []
-        parts.clock.now += 5.0  # failover_s / 2
+        await asyncio.sleep(5.0)  # failover_s / 2, in virtual time
         await asyncio.gather(*parts.tasks)
         assert parts.table.calls == [("checkpoint", after("10")), ("release", "shard-a")]
 
-    asyncio.run(scenario())
+    run_virtual(scenario())
 
 
 def test_a_claim_in_doubt_is_neither_checkpointed_nor_released(settings: Settings) -> None:
@@ -145,7 +139,7 @@ def test_a_claim_in_doubt_is_neither_checkpointed_nor_released(settings: Setting
         assert not await parts.runner.release(owned)
         assert parts.table.calls == []
 
-    asyncio.run(scenario())
+    run_virtual(scenario())
 
 
 class CutThenEnd:
@@ -211,4 +205,4 @@ def test_a_cut_on_a_closed_shard_stays_at_its_bound_and_is_never_ended(
         assert owned.ledger.due == Position("AT_SEQUENCE_NUMBER", "11"), "the next run starts at the cut"
         assert bounds._bounds["shard-a"].state is BoundState.CUT
 
-    asyncio.run(scenario())
+    run_virtual(scenario())

@@ -27,6 +27,8 @@ from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, 
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, after, shard_key
+from efo.sim.clock import SimClock
+from efo.sim.loop import run as run_virtual
 
 SHARD = "shardId-000000000001"
 STREAM = "orders"
@@ -40,18 +42,21 @@ class ScriptExhausted(BaseException):
     """The fake client has nothing more to say (a BaseException, so run() does not retry it)."""
 
 
-class FakeClock:
+class FakeClock(SimClock):
+    """The shared fake clock (virtual time), recording every sleep of the subscription."""
+
     def __init__(self) -> None:
-        self.now = 0.0
+        super().__init__()
         self.sleeps: list[float] = []
+        self.on_sleep: Callable[[float], None] = lambda seconds: None
 
     def __call__(self) -> float:
-        return self.now
+        return self.now()
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
+        self.on_sleep(seconds)
+        await super().sleep(seconds)
 
 
 class FakeStream:
@@ -207,10 +212,7 @@ def harness(
     handoff = Handoff(clock=clock)
     progress = progress if progress is not None else FakeProgress()
     sleeps_after_call: list[tuple[int, float]] = []
-
-    async def sleep(seconds: float) -> None:
-        sleeps_after_call.append((len(client.calls), seconds))
-        await clock.sleep(seconds)
+    clock.on_sleep = lambda seconds: sleeps_after_call.append((len(client.calls), seconds))
 
     pool = pool or PendingPool(1_000_000, 1 << 30)
     subscription = ShardSubscription(
@@ -224,7 +226,6 @@ def harness(
         progress=progress,
         settings=settings or SubscriptionSettings(),
         clock=clock,
-        sleep=sleep,
         rng=rng,
         **options,
     )
@@ -233,9 +234,9 @@ def harness(
 
 def run(awaitable: Awaitable[Any]) -> Any:
     async def bounded() -> Any:
-        return await asyncio.wait_for(awaitable, 5)
+        return await asyncio.wait_for(awaitable, 3600)  # virtual seconds: a hang fails at once
 
-    return asyncio.run(bounded())
+    return run_virtual(bounded())
 
 
 async def settle() -> None:
