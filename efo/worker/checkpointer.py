@@ -117,18 +117,18 @@ class Checkpointer:
     async def run(self) -> None:
         """Every ``checkpoint.interval_s`` every claim; urgent ones at once. Until cancelled."""
         interval_s = self._settings.checkpoint.interval_s
-        last_flush = self._clock.now()
+        due_at = self._clock.now() + interval_s  # one deadline, compared one way (no float asymmetry)
         while True:
             try:
-                async with self._clock.timeout(max(0.0, last_flush + interval_s - self._clock.now())):
+                async with self._clock.timeout(max(0.0, due_at - self._clock.now())):
                     await self._now.wait()
             except TimeoutError:
                 pass
             self._now.clear()
-            force = self._clock.now() - last_flush >= interval_s
+            force = self._clock.now() >= due_at
             await self.flush(force=force)
             if force:
-                last_flush = self._clock.now()
+                due_at = self._clock.now() + interval_s
 
     async def flush(self, *, force: bool) -> None:
         """The due checkpoints (all, or the urgent ones), a bounded number at once: one after the

@@ -16,6 +16,8 @@ from efo.leases.lifecycle import Commit, OwnedShard
 from efo.leases.table import Lease
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, after
+from efo.sim.clock import SimClock
+from efo.sim.loop import run as run_virtual
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
 
@@ -132,3 +134,40 @@ def test_the_backlog_bound_counts_every_stream_sharing_the_pool(coordinator: tup
     assert orders.pool.paused, "100 committed records without a checkpoint over both streams reach the bound"
     orders.on_committed([])  # a batch of payments' rows only: orders hears of it with none of its own
     assert orders.pool.paused, "orders resumed reading although the backlog over every stream is at the bound"
+
+
+def test_the_periodic_flush_comes_at_its_interval_whatever_the_clock_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the fleet simulation: started at 11.284 s, ``last + 5 - now`` reached 0 while
+    ``now - last`` was still under 5 (floating point), so the loop woke at once, flushed only what was
+    urgent and waited 0 s again, for ever (a busy loop; in virtual time, time stood still)."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="app", sink="console")
+    pool = PendingPool(1000, 1 << 20)
+    clock = SimClock()
+    checkpointer = Checkpointer(
+        table=FlakyTable(),  # type: ignore[arg-type]
+        owned=OwnedLeases("me", pool),
+        pool=pool,
+        settings=settings,
+        lease_valid=lambda: True,
+        clock=clock,
+    )
+    flushes: list[tuple[float, bool]] = []
+
+    async def flush(*, force: bool) -> None:
+        flushes.append((clock.now(), force))
+        assert len(flushes) < 100, f"the flush loop spins: {flushes[-3:]}"
+
+    checkpointer.flush = flush  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(checkpointer.run())
+        await asyncio.sleep(12.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run_virtual(scenario(), start_s=11.284)
+    assert [force for _, force in flushes] == [True, True]
+    assert [round(at - 11.284, 6) for at, _ in flushes] == [5.0, 10.0]
