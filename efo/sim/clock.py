@@ -20,6 +20,9 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+#: The shortest wait that moves the clock: ``now + 1e-15`` is ``now`` in floating point, and a loop that
+#: waits for what is left until a deadline would wait for ever without moving.
+MIN_DELAY_S = 1e-6
 
 
 class SimTimer:
@@ -79,6 +82,8 @@ class SimClock:
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> SimTimer:
         timer = SimTimer(self, callback)
+        if 0.0 < delay_s < MIN_DELAY_S:
+            delay_s = MIN_DELAY_S
         timer._at(self.now() + max(0.0, delay_s) + self.late_s)
         return timer
 

@@ -1,0 +1,266 @@
+"""The simulated fleet: W workers' production code against the simulated DynamoDB and Kinesis.
+
+Each :class:`SimWorker` is what ``efo run`` builds for one stream, minus Spark: a real
+:class:`efo.coordinator.Coordinator` (liveness, lease cycle, balance, shard sync, runner,
+checkpointer, the lease table's requests down to the client call) with its own clock, its own
+DynamoDB clients (the lease table's and the heartbeat's), its own pool and handoff, and a sink that
+takes a batch every so often, commits it after a while and reports the commit, as the Spark
+driver does. Workers start, stop gracefully (SIGTERM), die (SIGKILL), pause and run late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from efo.config import Settings, load_settings
+from efo.coordinator import Coordinator
+from efo.kinesis.registration import StreamInfo
+from efo.leases.lifecycle import Commit
+from efo.leases.table import LeaseTable
+from efo.pipeline.handoff import Handoff
+from efo.pipeline.pool import PendingPool
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.invariants import Oracle, Trace
+from efo.sim.kinesis import SimKinesisClient, SimStream
+
+APP = "sim"
+TABLE = "sim-leases"
+STREAM = "sim-stream"
+
+
+@dataclass
+class FleetConfig:
+    shards: int = 64
+    workers: int = 4
+    #: Records a second per open shard (0: an idle stream).
+    records_per_shard_s: float = 0.5
+    #: The sink takes a batch every this many seconds and takes ``sink_s`` to commit it.
+    batch_interval_s: float = 1.0
+    sink_s: tuple[float, float] = (0.05, 0.4)
+    #: Settings of every worker, as ``EFO_*`` would set them (nested as in YAML).
+    settings: dict[str, Any] = field(default_factory=dict)
+    dynamodb: Behaviour = field(default_factory=Behaviour)
+    kinesis_latency_s: float = 0.02
+    idle_event_s: float = 5.0
+
+
+def worker_settings(config: FleetConfig, stream_arn: str) -> Settings:
+    values: dict[str, Any] = {
+        "stream": stream_arn,
+        "app": APP,
+        "table": TABLE,
+        "sink": "console",
+        "initial_position": "TRIM_HORIZON",
+        "region": "us-east-1",
+    }
+    values.update(config.settings)
+    return load_settings(**values)
+
+
+class SimWorker:
+    def __init__(self, fleet: Fleet, name: str) -> None:
+        self.fleet = fleet
+        self.name = name
+        self.clock = SimClock()
+        self.rng = random.Random(fleet.rng.random())
+        settings = fleet.settings
+        db = fleet.db
+        table = LeaseTable(
+            db.client(name, self.clock, random.Random(self.rng.random())),
+            table=TABLE,
+            app=APP,
+            stream_arn=fleet.stream.arn,
+            worker_id=name,
+            consumer_arn=fleet.consumer_arn,
+            clock=self.clock,
+        )
+        kinesis = SimKinesisClient(fleet.stream, self.clock, lambda: fleet.config.kinesis_latency_s)
+        self.handoff = Handoff(clock=self.clock.now)
+        self.coordinator = Coordinator(
+            settings=settings,
+            stream=fleet.stream_info,
+            consumer_arn=fleet.consumer_arn,
+            kinesis=kinesis,
+            subscriber=kinesis,
+            table=table,
+            pool=PendingPool.of(settings.pool, clock=self.clock),
+            handoff=self.handoff,
+            heartbeats=table.with_client(db.client(f"{name}/hb", self.clock, random.Random(self.rng.random()))),
+            clock=self.clock,
+        )
+        self.stop = asyncio.Event()
+        self.driver_done = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.driver: asyncio.Task[None] | None = None
+        self.killed = False
+        self.stopping = False  # asked to stop (SIGTERM): no longer counted as a member
+        self.stopped = False
+        self.doubt_seen = False
+        self.started_at = 0.0
+
+    async def start(self) -> None:
+        self.started_at = self.clock.now()
+        await self.coordinator.check()
+        self.task = asyncio.create_task(self.coordinator.run(self.stop, self.driver_done), name=self.name)
+        self.driver = asyncio.create_task(self._drive(), name=f"{self.name}-sink")
+
+    async def _drive(self) -> None:
+        """The sink: a batch every ``batch_interval_s``, committed ``sink_s`` later; on a stop, the
+        batch in the sink is committed and nothing more is taken (the Spark driver's way)."""
+        config = self.fleet.config
+        batch = self.fleet.settings.batch
+        try:
+            while not self.stop.is_set():
+                await self.clock.sleep(config.batch_interval_s)
+                chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, 0.0, 0.0)
+                if not chunks:
+                    continue
+                self.coordinator.batch_started()
+                await self.clock.sleep(self.rng.uniform(*config.sink_s))
+                for chunk in chunks:
+                    self.fleet.oracle.committed(chunk.shard_id, list(chunk.sequence_numbers))
+                self.coordinator.on_committed([Commit.of(chunk) for chunk in chunks])
+        finally:
+            self.driver_done.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.killed and not self.stopping
+
+    @property
+    def failed(self) -> BaseException | None:
+        task = self.task
+        if task is not None and task.done() and not task.cancelled() and not self.stopped:
+            return task.exception() or RuntimeError("the service ended without an error")
+        return None
+
+    def reading(self) -> set[str]:
+        return {shard_id for shard_id, owned in self.coordinator.owned.items() if owned.phase.reading}
+
+    async def kill(self) -> None:
+        """SIGKILL: nothing released, nothing more written; the heartbeat row stops changing."""
+        self.killed = True
+        for task in (self.task, self.driver):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self.task, self.driver) if t is not None), return_exceptions=True)
+
+    async def terminate(self) -> None:
+        """SIGTERM: hand every lease over and end, within the shutdown timeout."""
+        self.stopping = True
+        self.stop.set()
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+        if self.driver is not None:
+            await asyncio.gather(self.driver, return_exceptions=True)
+        self.stopped = True
+
+
+class Fleet:
+    def __init__(self, config: FleetConfig, seed: int, trace: Trace) -> None:
+        self.config = config
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.trace = trace
+        self.clock = SimClock()  # the world's: never late nor paused
+        self.db = SimDynamoDB(random.Random(self.rng.random()), config.dynamodb)
+        self.db.create_table(TABLE)
+        self.stream = SimStream(STREAM, config.shards, clock=self.clock)
+        self.stream.idle_event_s = config.idle_event_s
+        self.stream_info = StreamInfo(
+            STREAM, self.stream.arn, datetime(2026, 1, 1, tzinfo=UTC), "ACTIVE", config.shards
+        )
+        self.consumer_arn = f"{self.stream.arn}/consumer/{APP}:1"
+        self.settings = worker_settings(config, self.stream.arn)
+        self.oracle = Oracle(seed, self.stream, trace, failover_s=self.settings.lease.failover_s)
+        self.workers: list[SimWorker] = []
+        self.lease_rows: dict[str, dict[str, Any]] = {}  # the table's lease rows as they are now
+        #: (worker name or None for every worker, from, until): faults that touch a worker's DynamoDB
+        #: path or its time, which excuse its leases going into doubt.
+        self._disturbances: list[tuple[str | None, float, float]] = []
+        self.db.on_write = self._written
+        self.stream.on_subscribe = self._subscribing
+
+    # ---- membership ----------------------------------------------------------------------------------
+
+    def live(self) -> list[SimWorker]:
+        return [worker for worker in self.workers if worker.alive]
+
+    async def add(self, count: int) -> list[SimWorker]:
+        """``count`` new workers, started at once."""
+        added = [SimWorker(self, f"w{len(self.workers) + i + 1:03d}") for i in range(count)]
+        self.workers += added
+        for worker in added:
+            await worker.start()
+            self.trace.add(self.clock.now(), worker.name, "sim.worker_started")
+        self.oracle.membership_changed_at = self.clock.now()
+        return added
+
+    async def kill(self, worker: SimWorker) -> None:
+        shards = worker.reading()
+        await worker.kill()
+        self.trace.add(self.clock.now(), worker.name, "sim.worker_killed", shards=len(shards))
+        self.oracle.died(self.clock.now(), shards)
+
+    async def terminate(self, worker: SimWorker) -> None:
+        self.trace.add(self.clock.now(), worker.name, "sim.worker_stopping", shards=len(worker.reading()))
+        self.oracle.membership_changed_at = self.clock.now()
+        await worker.terminate()
+        self.trace.add(self.clock.now(), worker.name, "sim.worker_stopped")
+        self.oracle.membership_changed_at = self.clock.now()
+
+    def disturb(self, worker: str | None, start_s: float, end_s: float) -> None:
+        """A fault in ``worker``'s DynamoDB path or time (None: every worker's) from ``start_s`` to ``end_s``."""
+        self._disturbances.append((worker, start_s, end_s))
+        self.oracle.disturbed(end_s)
+
+    def disturbed(self, worker: SimWorker, now: float) -> bool:
+        """A fault touched this worker within the last failover_s."""
+        recent = now - self.oracle.failover_s - 2.0
+        return any(
+            (who is None or who == worker.name) and start <= now and end >= recent
+            for who, start, end in self._disturbances
+        )
+
+    # ---- what the world sees -----------------------------------------------------------------------
+
+    def _written(
+        self,
+        client: str,
+        table: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        request: dict[str, Any],
+    ) -> None:
+        row = after if after is not None else before
+        if row is None or not row["sk"]["S"].startswith("shard|"):
+            return
+        shard_id = row["sk"]["S"].removeprefix("shard|")
+        if after is None:
+            self.lease_rows.pop(shard_id, None)
+        else:
+            self.lease_rows[shard_id] = after
+        self.oracle.row_changed(self.clock.now(), client, before, after, request)
+
+    def _subscribing(self, shard_id: str, consumer: str) -> None:
+        self.oracle.subscribing(self.clock.now(), "?", shard_id, self.lease_rows)
+
+    def finished(self, shard_id: str) -> bool:
+        row = self.lease_rows.get(shard_id)
+        return row is not None and row.get("position_kind", {}).get("S") == "SHARD_END"
+
+    def readable(self) -> set[str]:
+        """Shards that must be read now: not finished, every parent finished."""
+        return {
+            shard_id
+            for shard_id, shard in self.stream.shards.items()
+            if not self.finished(shard_id) and all(self.finished(parent) for parent in shard.parents)
+        }
+
+    async def close(self) -> None:
+        await asyncio.gather(*(worker.kill() for worker in self.live()), return_exceptions=True)

@@ -1,0 +1,290 @@
+"""What must hold in every simulated run, checked as it happens, and the trail that explains a failure.
+
+Checked at every change of a lease row (the simulated DynamoDB reports each one as it lands):
+
+- **fenced**: a checkpoint moves only by a write of the worker that owns the lease, under the lease
+  counter it holds (or an operator's reset);
+- **monotonic**: a shard's checkpoint never moves backwards (only a reset may move it back);
+- **nothing skipped**: when a checkpoint lands, every record of the shard before it was committed
+  by a sink (some worker's, some claim's): what lies behind a checkpoint is never read again;
+- **parents first**: a subscription to a shard starts only once each of its parents is finished.
+
+Checked every second by :meth:`Oracle.watch` (the fleet's monitor):
+
+- **read again**: a shard that can be read (its lease not finished, its parents finished) is read by
+  a live worker within ``failover_s + 2 s`` of when it stopped being read, counted from the end of the
+  last fault that could delay it (DynamoDB faults, paused or late workers), and within
+  :data:`START_LIMIT_S` of the fleet's start;
+- **no exit**: no worker's service ends on its own (a fault that heals never ends a worker);
+- **no doubt**: no worker's leases go into doubt unless a fault touched its DynamoDB path or its time;
+- **balance**: 30 s after the last change of membership (a start, a join, a stop, a death) with no
+  fault since, every shard is read by exactly one worker and their counts differ by at most one.
+
+A violation raises :class:`Violation` with the seed, the invariant, and the last events of the
+:class:`Trace` (the workers' own log events, the faults, the lease rows' changes).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from efo.leases.lifecycle import ShardPhase
+from efo.sim.kinesis import SimShard, SimStream
+from efo.worker.liveness import Trust
+
+if TYPE_CHECKING:
+    from efo.sim.fleet import Fleet
+
+START_LIMIT_S = 30.0
+BALANCE_AFTER_S = 30.0
+TRACE_EVENTS = 60
+READING = frozenset({ShardPhase.READING, ShardPhase.BACKPRESSURED, ShardPhase.DRAINING})
+
+
+class Violation(BaseException):
+    """A BaseException, so that no handler of the production code mistakes it for an AWS error."""
+
+    def __init__(self, seed: int, at_s: float, invariant: str, detail: str, trace: list[str]) -> None:
+        self.seed = seed
+        self.at_s = at_s
+        self.invariant = invariant
+        self.detail = detail
+        self.trace = trace
+        super().__init__(self.report())
+
+    def report(self) -> str:
+        lines = [f"seed {self.seed}: invariant '{self.invariant}' violated at {self.at_s:.3f} s: {self.detail}"]
+        lines.append(f"the last {len(self.trace)} events:")
+        lines += ["  " + line for line in self.trace]
+        return "\n".join(lines)
+
+
+class Trace:
+    """The last events of the run, each with its virtual time."""
+
+    def __init__(self, size: int = 400) -> None:
+        self.events: deque[str] = deque(maxlen=size)
+
+    def add(self, at_s: float, who: str, event: str, **fields: Any) -> None:
+        details = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
+        self.events.append(f"{at_s:10.3f} {who:<8} {event} {details}".rstrip())
+
+    def last(self, count: int = TRACE_EVENTS) -> list[str]:
+        return list(self.events)[-count:]
+
+
+def resume_index(shard: SimShard, item: dict[str, Any]) -> int:
+    """How many of the shard's records lie before the position a lease row holds."""
+    kind = item["position_kind"]["S"]
+    if kind == "SHARD_END":
+        return len(shard.sequences)
+    if kind == "TRIM_HORIZON":
+        return 0
+    if kind == "AT_TIMESTAMP":
+        moment_ms = int(float(item["position_timestamp"]["N"]) * 1000)
+        return bisect.bisect_left(shard.arrival_ms, moment_ms)
+    sequence = int(item["sequence_number"]["S"])
+    if kind == "AT_SEQUENCE_NUMBER" or "sub_sequence_number" in item:
+        return bisect.bisect_left(shard.sequences, sequence)  # an aggregate's rest: the record itself is not done
+    if kind == "AFTER_SEQUENCE_NUMBER":
+        return bisect.bisect_right(shard.sequences, sequence)
+    raise AssertionError(f"a checkpoint of kind {kind}")
+
+
+@dataclass
+class _Shard:
+    committed: set[int] = field(default_factory=set)  # sequence numbers some sink committed
+    verified: int = 0  # records before this index are known committed
+    checkpoint: int = 0  # the resume index of the checkpoint in the table
+    unread_since: float | None = None
+
+
+class Oracle:
+    def __init__(self, seed: int, stream: SimStream, trace: Trace, *, failover_s: float) -> None:
+        self.seed = seed
+        self.stream = stream
+        self.trace = trace
+        self.failover_s = failover_s
+        self._shards: dict[str, _Shard] = {}
+        self.committed_records = 0
+        self.duplicate_records = 0
+        self.checkpoints = 0
+        #: The end of the last fault that may delay reading (DynamoDB faults, paused or late workers).
+        self.disturbed_until = 0.0
+        self.membership_changed_at = 0.0
+        self.unread_max_s = 0.0  # the longest a readable shard went unread, outside faults
+        self.takeovers: list[float] = []  # seconds from a death to its last shard read again
+        self._deaths: list[tuple[float, set[str]]] = []
+        self.doubts = 0
+        self._readable: set[str] = set()
+        self.violation: Violation | None = None  # the first one (a worker's task may have swallowed it)
+
+    def _shard(self, shard_id: str) -> _Shard:
+        state = self._shards.get(shard_id)
+        if state is None:
+            state = self._shards[shard_id] = _Shard()
+        return state
+
+    def fail(self, now: float, invariant: str, detail: str) -> NoReturn:
+        self.trace.add(now, "oracle", "violation", invariant=invariant)
+        if self.violation is None:
+            self.violation = Violation(self.seed, now, invariant, detail, self.trace.last())
+        raise self.violation
+
+    # ---- the sinks' side -----------------------------------------------------------------------------
+
+    def committed(self, shard_id: str, sequences: list[str]) -> None:
+        state = self._shard(shard_id)
+        for sequence in sequences:
+            number = int(sequence)
+            if number in state.committed:
+                self.duplicate_records += 1
+            else:
+                state.committed.add(number)
+                self.committed_records += 1
+
+    def unread_records(self) -> int:
+        return sum(len(s.sequences) for s in self.stream.shards.values()) - self.committed_records
+
+    # ---- the table's side: every change of a lease row, as it lands ---------------------------------------
+
+    def row_changed(
+        self,
+        now: float,
+        client: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        request: dict[str, Any],
+    ) -> None:
+        if after is None or before is None or "position_kind" not in after:
+            return
+        shard_id = after["sk"]["S"].removeprefix("shard|")
+        shard = self.stream.shards[shard_id]
+        old, new = resume_index(shard, before), resume_index(shard, after)
+        moved = before.get("position_kind") != after.get("position_kind") or before.get("sequence_number") != after.get(
+            "sequence_number"
+        )
+        if not moved:
+            return
+        writer = client.split("/")[0]
+        reset = "reset_id" in before and "reset_id" not in after
+        state = self._shard(shard_id)
+        self.checkpoints += 1
+        if not reset:
+            owner = before.get("lease_owner", {}).get("S")
+            if owner != writer:
+                self.fail(now, "fenced", f"{writer} moved the checkpoint of {shard_id}, whose lease {owner} holds")
+            if new < old:
+                self.fail(
+                    now, "monotonic", f"{writer} moved the checkpoint of {shard_id} back from record {old} to {new}"
+                )
+        if after["position_kind"]["S"] == "SHARD_END" and not shard.closed:
+            self.fail(now, "nothing skipped", f"{writer} wrote SHARD_END on {shard_id}, which is open")
+        state.checkpoint = new
+        if new > state.verified:
+            missing = [seq for seq in shard.sequences[state.verified : new] if seq not in state.committed]
+            if missing:
+                self.fail(
+                    now,
+                    "nothing skipped",
+                    f"{writer} checkpointed {shard_id} at record {new}, but {len(missing)} record(s) before it "
+                    f"were never committed (the first: {missing[0]})",
+                )
+            state.verified = new
+
+    def subscribing(self, now: float, worker: str, shard_id: str, table_rows: dict[str, dict[str, Any]]) -> None:
+        shard = self.stream.shards[shard_id]
+        for parent in shard.parents:
+            row = table_rows.get(parent)
+            if row is not None and row.get("position_kind", {}).get("S") != "SHARD_END":
+                self.fail(now, "parents first", f"{worker} subscribed to {shard_id} before its parent {parent} ended")
+
+    # ---- the monitor: every second ---------------------------------------------------------------------
+
+    def died(self, now: float, shards: set[str]) -> None:
+        """A worker died (or froze) reading ``shards``: each must be read again in time."""
+        if shards:
+            self._deaths.append((now, set(shards)))
+        for shard_id in shards:
+            self._shard(shard_id).unread_since = now
+        self.membership_changed_at = now
+
+    def first_event(self, now: float, shard_id: str) -> None:
+        """A claim of ``shard_id`` received its first event (a worker reads it now)."""
+        for died_at, shards in list(self._deaths):
+            if shard_id not in shards:
+                continue
+            shards.discard(shard_id)
+            taken_s = now - max(died_at, self.disturbed_until)
+            if taken_s > self.failover_s + 2.0:
+                self.fail(now, "read again", f"{shard_id} was read again {taken_s:.3f} s after its owner died")
+            if not shards:
+                self.takeovers.append(now - died_at)
+                self._deaths.remove((died_at, shards))
+
+    def disturbed(self, until_s: float) -> None:
+        self.disturbed_until = max(self.disturbed_until, until_s)
+
+    def watch(self, now: float, fleet: Fleet, readable: set[str]) -> None:
+        """One look at the fleet: who reads what, who failed, who doubts."""
+        readers: dict[str, list[str]] = {}
+        counts: dict[str, int] = {}
+        for worker in fleet.live():
+            if worker.failed is not None:
+                self.fail(now, "no exit", f"{worker.name} ended on its own: {worker.failed!r}")
+            coordinator = worker.coordinator
+            assert coordinator is not None
+            if coordinator.liveness.trust is Trust.IN_DOUBT:
+                if not worker.doubt_seen:
+                    worker.doubt_seen = True
+                    self.doubts += 1
+                    if now > self.disturbed_until + self.failover_s and not fleet.disturbed(worker, now):
+                        self.fail(now, "no doubt", f"{worker.name}'s leases went into doubt with no fault injected")
+            else:
+                worker.doubt_seen = False
+            if worker.clock.paused:
+                continue
+            held = 0
+            for shard_id, owned in coordinator.owned.items():
+                if owned.phase in READING or (owned.phase is ShardPhase.SUBSCRIBING and owned.first_event):
+                    readers.setdefault(shard_id, []).append(worker.name)
+                    held += 1
+            counts[worker.name] = held
+        limit_s = self.failover_s + 2.0
+        for shard_id in readable:
+            state = self._shard(shard_id)
+            if shard_id in readers:
+                if state.unread_since is not None:
+                    unread_s = now - max(state.unread_since, self.disturbed_until)
+                    self.unread_max_s = max(self.unread_max_s, unread_s)
+                state.unread_since = None
+                continue
+            if state.unread_since is None:
+                state.unread_since = now
+            since = max(state.unread_since, self.disturbed_until)
+            allowed_s = START_LIMIT_S if since < START_LIMIT_S else limit_s
+            if now - since > allowed_s:
+                self.fail(
+                    now,
+                    "read again",
+                    f"{shard_id} has been readable and unread for {now - since:.1f} s (limit {allowed_s:g} s)",
+                )
+        for _died_at, shards in self._deaths:
+            shards &= readable  # finished meanwhile: nothing left to take over
+        if readable != self._readable:  # a reshard changes the shares as a member does
+            self._readable = set(readable)
+            self.membership_changed_at = now
+        stable_since = max(self.membership_changed_at, self.disturbed_until)
+        if counts and now - stable_since >= BALANCE_AFTER_S:
+            doubled = [shard_id for shard_id, who in readers.items() if len(who) > 1]
+            spread = max(counts.values()) - min(counts.values())
+            if doubled or spread > 1:
+                self.fail(
+                    now,
+                    "balance",
+                    f"{now - stable_since:.0f} s after the last change: {len(doubled)} shard(s) read twice, "
+                    f"counts from {min(counts.values())} to {max(counts.values())}",
+                )

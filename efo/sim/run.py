@@ -1,0 +1,235 @@
+"""One simulated run: a fleet, a producer, the faults, the invariants watched every second, a drain.
+
+A run is a function of its :class:`RunConfig` (its seed included): the same config gives the same
+events in the same order, to the last request (with ``PYTHONHASHSEED=0``, which ``python -m
+efo.sim`` sets for itself).
+
+Phases: every worker starts at once (a mass start), records are put at the configured rate while
+the faults happen within ``duration_s``; then the faults end, the producer stops, and the fleet has
+``drain_s`` to read everything that was put (**nothing lost**: every record acknowledged by Kinesis is
+committed by some sink); then every worker is stopped gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping, MutableMapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+
+from efo.sim import faults
+from efo.sim.fleet import Fleet, FleetConfig
+from efo.sim.invariants import Oracle, Trace, Violation
+from efo.sim.loop import run as run_virtual
+
+MONITOR_INTERVAL_S = 1.0
+PRODUCE_INTERVAL_S = 0.2
+DRAIN_POLL_S = 1.0
+
+
+@dataclass
+class RunConfig:
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    seed: int = 0
+    duration_s: float = 180.0
+    faults: tuple[str, ...] = ()
+    drain_s: float = 90.0
+
+    def check(self) -> None:
+        """A size or fault the simulation cannot run is refused, naming what is allowed."""
+        fleet = self.fleet
+        if fleet.shards < 1 or fleet.shards > 100_000:
+            raise ValueError(f"shards = {fleet.shards}: from 1 to 100,000")
+        if fleet.workers < 1 or fleet.workers > 4096:
+            raise ValueError(f"workers = {fleet.workers}: from 1 to 4,096")
+        if self.duration_s <= 0 or self.drain_s < 0:
+            raise ValueError("duration_s must be above 0 and drain_s at least 0")
+        if fleet.records_per_shard_s < 0:
+            raise ValueError(f"records_per_shard_s = {fleet.records_per_shard_s}: at least 0")
+        faults.parse(",".join(self.faults))
+
+
+@dataclass
+class Report:
+    seed: int
+    shards: int
+    workers: int
+    faults: tuple[str, ...]
+    simulated_s: float
+    wall_s: float
+    records_put: int
+    records_committed: int
+    duplicates: int
+    checkpoints: int
+    takeovers_s: list[float]
+    longest_unread_s: float
+    doubts: int
+    events: dict[str, int]
+    requests: dict[str, int]
+    throttled: dict[str, int]
+    list_shards_calls: int
+    busiest_key: dict[str, Any]
+    violation: str | None = None
+    invariant: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Capture:
+    """Every worker's log events (info and above) into the trace and a count by name."""
+
+    def __init__(self, trace: Trace, clock: Any) -> None:
+        self.trace = trace
+        self.clock = clock
+        self.oracle: Oracle | None = None
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        name = str(event.pop("event", ""))
+        self.counts[name] += 1
+        if name == "shard.first_event" and self.oracle is not None:
+            self.oracle.first_event(self.clock.now(), str(event.get("shard_id")))
+        if method in ("info", "warning", "error", "critical", "exception"):
+            who = str(event.pop("worker_id", "") or "")
+            fields = {k: v for k, v in event.items() if k in _TRACED}
+            self.trace.add(self.clock.now(), who or "-", name, **fields)
+        raise structlog.DropEvent
+
+
+_TRACED = frozenset(
+    {"shard_id", "epoch", "reason", "position", "checkpoint", "error", "previous_owner", "owner", "asker"}
+)
+
+
+async def _produce(fleet: Fleet) -> None:
+    rate = fleet.config.records_per_shard_s
+    if rate <= 0:
+        return
+    rng = random.Random(fleet.rng.random())
+    owed = 0.0
+    counter = 0
+    while True:
+        await fleet.clock.sleep(PRODUCE_INTERVAL_S)
+        shards = len(fleet.stream.open_shards())
+        owed += rate * shards * PRODUCE_INTERVAL_S
+        keys = 16 * shards
+        while owed >= 1.0:
+            owed -= 1.0
+            counter += 1
+            key = f"k{rng.randrange(keys)}"
+            fleet.stream.put(key, f"{key}:{counter}".encode())
+
+
+async def _monitor(fleet: Fleet, oracle: Oracle) -> None:
+    while True:
+        await fleet.clock.sleep(MONITOR_INTERVAL_S)
+        oracle.watch(fleet.clock.now(), fleet, fleet.readable())
+
+
+async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
+    wall_started = time.perf_counter()
+    random.seed(config.seed)  # what production code draws itself (retry jitter) comes from the seed too
+    fleet = Fleet(config.fleet, config.seed, trace)
+    capture.clock = fleet.clock
+    oracle = capture.oracle = fleet.oracle
+    violation: Violation | None = None
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await fleet.add(config.fleet.workers)
+        tasks.append(asyncio.create_task(_produce(fleet), name="producer"))
+        tasks.append(asyncio.create_task(_monitor(fleet, oracle), name="monitor"))
+        chaos = asyncio.create_task(
+            faults.inject(fleet, config.faults, random.Random(fleet.rng.random()), config.duration_s), name="faults"
+        )
+        tasks.append(chaos)
+        await _until(fleet, oracle, tasks, lambda: fleet.clock.now() >= config.duration_s)
+        chaos.cancel()
+        tasks[0].cancel()  # the producer stops; faults that are still on end now
+        fleet.db.faults.active.clear()
+        for worker in fleet.workers:
+            worker.clock.late_s = 0.0
+        drain_until = fleet.clock.now() + config.drain_s
+        await _until(fleet, oracle, tasks, lambda: oracle.unread_records() == 0 or fleet.clock.now() >= drain_until)
+        if oracle.unread_records():
+            oracle.fail(
+                fleet.clock.now(),
+                "nothing lost",
+                f"{oracle.unread_records()} record(s) put were never committed, "
+                f"{config.drain_s:g} s after the last put",
+            )
+        for worker in fleet.live():
+            await fleet.terminate(worker)
+    except Violation as found:
+        violation = found
+    except BaseException:
+        if oracle.violation is None:
+            raise
+        violation = oracle.violation  # a worker's task ended on it, and took others down
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await fleet.close()
+    meter = fleet.db.usage
+    busiest: dict[str, Any] = {}
+    if meter.partitions:
+        key, totals = max(meter.partitions.items(), key=lambda kv: kv[1].read_units + 5 * kv[1].write_units)
+        busiest = {"key": key, "read_units": totals.read_units, "write_units": totals.write_units}
+    return Report(
+        seed=config.seed,
+        shards=config.fleet.shards,
+        workers=config.fleet.workers,
+        faults=config.faults,
+        simulated_s=round(fleet.clock.now(), 3),
+        wall_s=round(time.perf_counter() - wall_started, 3),
+        records_put=sum(len(shard.sequences) for shard in fleet.stream.shards.values()),
+        records_committed=oracle.committed_records,
+        duplicates=oracle.duplicate_records,
+        checkpoints=oracle.checkpoints,
+        takeovers_s=[round(s, 3) for s in oracle.takeovers],
+        longest_unread_s=round(oracle.unread_max_s, 3),
+        doubts=oracle.doubts,
+        events=dict(capture.counts),
+        requests={op: totals.requests for op, totals in meter.operations.items()},
+        throttled=dict(fleet.db.throttled),
+        list_shards_calls=fleet.stream.list_calls,
+        busiest_key=busiest,
+        violation=violation.report() if violation is not None else None,
+        invariant=violation.invariant if violation is not None else None,
+    )
+
+
+async def _until(fleet: Fleet, oracle: Oracle, tasks: list[asyncio.Task[None]], done: Any) -> None:
+    """Wait (checking every second that no task of the simulation failed) until ``done()``."""
+    while not done():
+        await fleet.clock.sleep(MONITOR_INTERVAL_S)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        if oracle.violation is not None:
+            raise oracle.violation
+
+
+def simulate(config: RunConfig) -> Report:
+    """Run ``config`` on a fresh virtual-time loop; the workers' logs go to the trace only."""
+    config.check()
+    trace = Trace()
+    capture = _Capture(trace, None)
+    previous = structlog.get_config()
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, capture],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        cache_logger_on_first_use=False,
+    )
+    logging.getLogger("efo").setLevel(logging.ERROR)
+    try:
+        return run_virtual(_main(config, trace, capture))
+    finally:
+        structlog.configure(**previous)
