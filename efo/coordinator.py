@@ -301,15 +301,15 @@ class Coordinator:
         slots = asyncio.Semaphore(FINAL_WRITES_CONCURRENCY)
         claims = list(self.owned.values())
 
+        deadline = self._clock.now() + FINAL_WRITES_TIMEOUT_S
+
         async def release(owned: OwnedShard) -> int:
             async with slots:
                 try:
-                    done = await self.runner.release(owned)
+                    done = await self.runner.release(owned, deadline)
                 except EfoError as exc:
                     owned.log.warning("lease.release_failed", error=str(exc), code=exc.code)
                     return 0
-            if done and owned.ledger.due is not None:
-                owned.log.warning("checkpoint.final_failed", due=str(owned.ledger.due))
             return int(done)
 
         clean = True

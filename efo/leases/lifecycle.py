@@ -11,6 +11,9 @@ one terminal phase, which is also the reason it stopped::
          ├──────────────▶ RELEASING ◀────┘ ──▶ RELEASED         asked to stop here: final checkpoint,
          │                    │       (──▶ ENDED if that was    lease given up for the next owner
          │                    │            the shard's end)
+         │                    └──────────────▶ ABANDONED        the release did not land in time: the
+         │                                                        lease stays this worker's in the table
+         │                                                        until the lease cycle finds it
          └────────────────────┴──────────────▶ LOST             another worker holds the lease now
 
     SUBSCRIBING/READING/BACKPRESSURED ──▶ AT_BOUND ──▶ RELEASING | LOST
@@ -48,6 +51,7 @@ class ShardPhase(enum.Enum):
     RELEASING = "releasing"  # intake stopped here: final checkpoint, then the lease is given up
     ENDED = "ended"  # SHARD_END written (terminal)
     RELEASED = "released"  # the lease was given up with its checkpoint (terminal)
+    ABANDONED = "abandoned"  # reading stopped, but the release did not land: the lease cycle tidies up (terminal)
     LOST = "lost"  # another worker holds the lease now, or this one could not prove it still does (terminal)
 
     @property
@@ -61,7 +65,7 @@ class ShardPhase(enum.Enum):
 
 
 _READING = frozenset({ShardPhase.SUBSCRIBING, ShardPhase.READING, ShardPhase.BACKPRESSURED})
-_TERMINAL = frozenset({ShardPhase.ENDED, ShardPhase.RELEASED, ShardPhase.LOST})
+_TERMINAL = frozenset({ShardPhase.ENDED, ShardPhase.RELEASED, ShardPhase.ABANDONED, ShardPhase.LOST})
 _STOPS = frozenset({ShardPhase.DRAINING, ShardPhase.AT_BOUND, ShardPhase.RELEASING, ShardPhase.LOST})
 
 TRANSITIONS: dict[ShardPhase, frozenset[ShardPhase]] = {
@@ -70,9 +74,10 @@ TRANSITIONS: dict[ShardPhase, frozenset[ShardPhase]] = {
     ShardPhase.BACKPRESSURED: frozenset({ShardPhase.READING, ShardPhase.SUBSCRIBING, *_STOPS}),
     ShardPhase.DRAINING: frozenset({ShardPhase.ENDED, ShardPhase.RELEASING, ShardPhase.LOST}),
     ShardPhase.AT_BOUND: frozenset({ShardPhase.RELEASING, ShardPhase.LOST}),
-    ShardPhase.RELEASING: frozenset({ShardPhase.RELEASED, ShardPhase.ENDED, ShardPhase.LOST}),
+    ShardPhase.RELEASING: frozenset({ShardPhase.RELEASED, ShardPhase.ABANDONED, ShardPhase.ENDED, ShardPhase.LOST}),
     ShardPhase.ENDED: frozenset(),
     ShardPhase.RELEASED: frozenset(),
+    ShardPhase.ABANDONED: frozenset(),
     ShardPhase.LOST: frozenset(),
 }
 

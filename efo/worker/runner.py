@@ -184,8 +184,7 @@ class ShardRunner:
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()`` until it succeeds or fails for a reason that is not retriable."""
-        subscription = self._settings.subscription
-        backoff = Backoff(subscription.backoff_initial_s, subscription.backoff_max_s)
+        backoff = self._backoff()
         while True:
             try:
                 return await call()
@@ -226,7 +225,7 @@ class ShardRunner:
             await self._clock.sleep(HANDOVER_POLL_S)
         if owned.phase.terminal or self._stopping.is_set():
             return  # lost meanwhile, or the stop releases it
-        if await self._give_up(owned):
+        if await self._give_up(owned, self._clock.now() + self._settings.lease.failover_s / 2):
             METRICS.lease_changes.labels(stream=self._owned.stream, reason="handed_over").inc()
             owned.log.info(
                 "lease.handed_over",
@@ -235,33 +234,69 @@ class ShardRunner:
                 checkpoint=str(owned.ledger.written),
             )
 
-    async def release(self, owned: OwnedShard) -> bool:
-        """A stop's last word on a claim: its checkpoint, then the lease released. True if released."""
+    async def release(self, owned: OwnedShard, deadline: float) -> bool:
+        """A stop's last word on a claim: its checkpoint, then the lease released, each tried again
+        until ``deadline``. True if released."""
         await self.stop_reading(owned)
         if owned.phase.terminal:
             return False
-        if await self._give_up(owned):
+        if await self._give_up(owned, deadline):
             METRICS.lease_changes.labels(stream=self._owned.stream, reason="released").inc()
             return True
         return False
 
-    async def _give_up(self, owned: OwnedShard) -> bool:
-        """Checkpoint, then release (both fenced); False if the claim ended, was lost or is in doubt."""
-        await self._checkpointer.write(owned)
+    async def _give_up(self, owned: OwnedShard, deadline: float) -> bool:
+        """Checkpoint, then release (both fenced, each tried again after throttling or an outage until
+        ``deadline``); False if the claim ended, was lost or is in doubt, or the release did not land.
+
+        A checkpoint that cannot land by the deadline does not hold the release back: the next owner
+        reads again from the checkpoint in the table (what was committed since, read twice), which is
+        better than a shard nobody reads. A release that cannot land leaves the claim ABANDONED: the
+        lease stays this worker's in the table, and the lease cycle releases it or claims it again."""
+        backoff = self._backoff()
+        while owned.ledger.due is not None and not owned.phase.terminal and self._clock.now() < deadline:
+            await self._checkpointer.write(owned)
+            if owned.ledger.due is not None:
+                await self._clock.sleep(min(backoff.next_delay_s(), max(0.0, deadline - self._clock.now())))
         if owned.phase.terminal:  # ended (SHARD_END) or lost
             return False
         if not self._lease_valid():  # in doubt: another worker may hold it by now; it expires instead
             owned.log.warning("lease.release_skipped", reason="leases in doubt (no heartbeat landed lately)")
             return False
+        if owned.ledger.due is not None:
+            owned.log.warning(
+                "checkpoint.final_failed",
+                due=str(owned.ledger.due),
+                checkpoint=str(owned.ledger.written),
+                hint="the next owner reads again from the checkpoint in the table",
+            )
         if owned.phase is not ShardPhase.RELEASING:
             owned.enter(ShardPhase.RELEASING)
-        try:
-            await self._table.release(owned.lease)
-        except LeaseLost as exc:
-            self._owned.lose(owned, str(exc))
-            return False
+        backoff = self._backoff()
+        while True:
+            try:
+                await self._table.release(owned.lease)
+                break
+            except LeaseLost as exc:
+                self._owned.lose(owned, str(exc))
+                return False
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                delay_s = backoff.next_delay_s()
+                if owned.phase.terminal or self._clock.now() + delay_s >= deadline:
+                    owned.log.warning("lease.release_failed", error=str(exc), code=exc.code)
+                    if not owned.phase.terminal:
+                        owned.enter(ShardPhase.ABANDONED)
+                        self._owned.forget(owned)
+                    return False
+                await self._clock.sleep(delay_s)
         if owned.phase.terminal:  # in doubt while the release was under way (it landed, fenced)
             return False
         owned.enter(ShardPhase.RELEASED)
         self._owned.forget(owned)
         return True
+
+    def _backoff(self) -> Backoff:
+        subscription = self._settings.subscription
+        return Backoff(subscription.backoff_initial_s, subscription.backoff_max_s)

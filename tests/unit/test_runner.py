@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from efo.config import RunSettings, Settings, Until, load_settings
+from efo.errors import Retriable
 from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import Lease
@@ -32,16 +33,27 @@ UNTIL_MS = UNTIL.time_ms or 0
 
 
 class Table:
+    """Records the writes; the first ``throttled[name]`` calls of a write are throttled (after the SDK's retries)."""
+
     worker_id = "me"
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.throttled = {"checkpoint": 0, "release": 0}
+
+    def _throttle(self, name: str) -> None:
+        if self.throttled[name]:
+            self.throttled[name] -= 1
+            self.calls.append((f"{name} throttled", None))
+            raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'a'")
 
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
+        self._throttle("checkpoint")
         self.calls.append(("checkpoint", position))
         return replace(lease, checkpoint=position)
 
     async def release(self, lease: Lease) -> None:
+        self._throttle("release")
         self.calls.append(("release", lease.shard_id))
 
 
@@ -131,12 +143,74 @@ def test_a_handover_gives_up_waiting_after_half_the_failover_and_releases_what_w
     run_virtual(scenario())
 
 
+def test_a_throttled_handover_retries_its_checkpoint_then_its_release_and_never_fails_the_worker(
+    settings: Settings,
+) -> None:
+    """Race c of issue 37 (found by the simulation, seed 1 of 'python -m efo.sim seeds --faults all'
+    at 64 x 8): a release throttled past the SDK's retries escaped the handover's task and ended
+    the worker; and a checkpoint that failed was followed by the release all the same."""
+
+    async def scenario() -> None:
+        parts = Parts(settings)
+        parts.table.throttled = {"checkpoint": 2, "release": 2}
+        owned = parts.reading(chunks=1)
+        parts.checkpointer.on_committed([Commit("shard-a", 1, 1, 5)])
+        parts.runner.hand_over(owned, "a test")
+        await asyncio.gather(*parts.tasks)  # raised Retriable before
+        assert parts.table.calls == [
+            ("checkpoint throttled", None),
+            ("checkpoint throttled", None),
+            ("checkpoint", after("10")),
+            ("release throttled", None),
+            ("release throttled", None),
+            ("release", "shard-a"),
+        ]
+        assert owned.phase is ShardPhase.RELEASED
+
+    run_virtual(scenario())
+
+
+def test_a_handover_whose_checkpoint_cannot_land_in_time_releases_at_its_deadline(settings: Settings) -> None:
+    """Holding the lease without reading is worse than the next owner reading again what was
+    committed since the checkpoint in the table: the checkpoint is tried until failover_s / 2 after
+    the sink's wait, then the lease is released all the same."""
+
+    async def scenario() -> None:
+        parts = Parts(settings)
+        parts.table.throttled = {"checkpoint": 1_000, "release": 0}
+        owned = parts.reading(chunks=1)
+        parts.checkpointer.on_committed([Commit("shard-a", 1, 1, 5)])
+        parts.runner.hand_over(owned, "a test")
+        await asyncio.gather(*parts.tasks)
+        assert parts.table.calls[-1] == ("release", "shard-a")
+        assert {name for name, _ in parts.table.calls[:-1]} == {"checkpoint throttled"}
+        assert asyncio.get_running_loop().time() >= 5.0  # failover_s / 2
+        assert owned.phase is ShardPhase.RELEASED
+
+    run_virtual(scenario())
+
+
+def test_a_release_that_cannot_land_in_time_abandons_the_claim_to_the_lease_cycle(settings: Settings) -> None:
+    """The lease stays this worker's in the table (the lease cycle finds it, not running here, and
+    releases it or claims it again); the claim ends here, and the worker goes on."""
+
+    async def scenario() -> None:
+        parts = Parts(settings)
+        parts.table.throttled = {"checkpoint": 0, "release": 1_000}
+        owned = parts.reading(chunks=0)
+        parts.runner.hand_over(owned, "a test")
+        await asyncio.gather(*parts.tasks)
+        assert owned.phase is ShardPhase.ABANDONED and "shard-a" not in parts.owned
+
+    run_virtual(scenario())
+
+
 def test_a_claim_in_doubt_is_neither_checkpointed_nor_released(settings: Settings) -> None:
     async def scenario() -> None:
         parts = Parts(settings, valid=False)
         owned = parts.reading(chunks=1)
         parts.checkpointer.on_committed([Commit("shard-a", 1, 1, 5)])
-        assert not await parts.runner.release(owned)
+        assert not await parts.runner.release(owned, deadline=5.0)
         assert parts.table.calls == []
 
     run_virtual(scenario())
