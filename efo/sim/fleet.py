@@ -18,6 +18,7 @@ from typing import Any
 
 from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
+from efo.errors import EfoError
 from efo.kinesis.registration import StreamInfo
 from efo.leases.lifecycle import Commit
 from efo.leases.table import LeaseTable
@@ -29,6 +30,9 @@ from efo.sim.invariants import Oracle, Trace
 from efo.sim.kinesis import SimKinesisClient, SimStream
 
 APP = "sim"
+#: A pod whose process exits is started again after this, doubling up to the maximum (kubelet's back-off).
+RESTART_BACKOFF_S = 10.0
+RESTART_BACKOFF_MAX_S = 300.0
 TABLE = "sim-leases"
 STREAM = "sim-stream"
 
@@ -103,11 +107,27 @@ class SimWorker:
         self.doubt_seen = False
         self.started_at = 0.0
 
-    async def start(self) -> None:
+    def start(self) -> None:
         self.started_at = self.clock.now()
-        await self.coordinator.check()
-        self.task = asyncio.create_task(self.coordinator.run(self.stop, self.driver_done), name=self.name)
+        self.task = asyncio.create_task(self._serve(), name=self.name)
         self.driver = asyncio.create_task(self._drive(), name=f"{self.name}-sink")
+
+    async def _serve(self) -> None:
+        """``efo run``: the checks before anything runs, then the service. A check that fails for a
+        reason that passes (DynamoDB throttled or down) ends the process, and Kubernetes starts it
+        again after a back-off, as it does a pod that exits."""
+        delay_s = RESTART_BACKOFF_S
+        while True:
+            try:
+                await self.coordinator.check()
+                break
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self.fleet.trace.add(self.clock.now(), self.name, "sim.restarting", error=str(exc)[:80])
+                await self.clock.sleep(delay_s)
+                delay_s = min(2 * delay_s, RESTART_BACKOFF_MAX_S)
+        await self.coordinator.run(self.stop, self.driver_done)
 
     async def _drive(self) -> None:
         """The sink: a batch every ``batch_interval_s``, committed ``sink_s`` later; on a stop, the
@@ -196,7 +216,7 @@ class Fleet:
         added = [SimWorker(self, f"w{len(self.workers) + i + 1:03d}") for i in range(count)]
         self.workers += added
         for worker in added:
-            await worker.start()
+            worker.start()
             self.trace.add(self.clock.now(), worker.name, "sim.worker_started")
         self.oracle.membership_changed_at = self.clock.now()
         return added

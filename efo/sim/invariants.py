@@ -53,10 +53,14 @@ class Violation(BaseException):
         self.invariant = invariant
         self.detail = detail
         self.trace = trace
-        super().__init__(self.report())
+        self.fleet: list[str] = []  # each live worker's view, added by the run
+        super().__init__(f"seed {seed}: invariant '{invariant}' violated at {at_s:.3f} s: {detail}")
 
     def report(self) -> str:
         lines = [f"seed {self.seed}: invariant '{self.invariant}' violated at {self.at_s:.3f} s: {self.detail}"]
+        if self.fleet:
+            lines.append("the fleet then:")
+            lines += ["  " + line for line in self.fleet]
         lines.append(f"the last {len(self.trace)} events:")
         lines += ["  " + line for line in self.trace]
         return "\n".join(lines)
@@ -65,15 +69,21 @@ class Violation(BaseException):
 class Trace:
     """The last events of the run, each with its virtual time."""
 
-    def __init__(self, size: int = 400) -> None:
+    def __init__(self, size: int = 5000) -> None:
         self.events: deque[str] = deque(maxlen=size)
 
     def add(self, at_s: float, who: str, event: str, **fields: Any) -> None:
         details = " ".join(f"{key}={value}" for key, value in fields.items() if value is not None)
         self.events.append(f"{at_s:10.3f} {who:<8} {event} {details}".rstrip())
 
-    def last(self, count: int = TRACE_EVENTS) -> list[str]:
-        return list(self.events)[-count:]
+    def last(self, count: int = TRACE_EVENTS, about: str | None = None) -> list[str]:
+        """The last ``count`` events; with ``about`` (a shard or a worker), the last of those naming it
+        first (marked ``>``), then the last of all."""
+        events = list(self.events)
+        if about is None:
+            return events[-count:]
+        named = [event for event in events if f"={about}" in event or f" {about} " in event]
+        return [f"> {event}" for event in named[-count // 2 :]] + events[-count // 2 :]
 
 
 def resume_index(shard: SimShard, item: dict[str, Any]) -> int:
@@ -128,10 +138,11 @@ class Oracle:
             state = self._shards[shard_id] = _Shard()
         return state
 
-    def fail(self, now: float, invariant: str, detail: str) -> NoReturn:
+    def fail(self, now: float, invariant: str, detail: str, about: str | None = None) -> NoReturn:
+        """``about``: the shard or worker the violation concerns (its events are shown first)."""
         self.trace.add(now, "oracle", "violation", invariant=invariant)
         if self.violation is None:
-            self.violation = Violation(self.seed, now, invariant, detail, self.trace.last())
+            self.violation = Violation(self.seed, now, invariant, detail, self.trace.last(about=about))
         raise self.violation
 
     # ---- the sinks' side -----------------------------------------------------------------------------
@@ -176,13 +187,18 @@ class Oracle:
         if not reset:
             owner = before.get("lease_owner", {}).get("S")
             if owner != writer:
-                self.fail(now, "fenced", f"{writer} moved the checkpoint of {shard_id}, whose lease {owner} holds")
+                self.fail(
+                    now, "fenced", f"{writer} moved the checkpoint of {shard_id}, whose lease {owner} holds", shard_id
+                )
             if new < old:
                 self.fail(
-                    now, "monotonic", f"{writer} moved the checkpoint of {shard_id} back from record {old} to {new}"
+                    now,
+                    "monotonic",
+                    f"{writer} moved the checkpoint of {shard_id} back from record {old} to {new}",
+                    shard_id,
                 )
         if after["position_kind"]["S"] == "SHARD_END" and not shard.closed:
-            self.fail(now, "nothing skipped", f"{writer} wrote SHARD_END on {shard_id}, which is open")
+            self.fail(now, "nothing skipped", f"{writer} wrote SHARD_END on {shard_id}, which is open", shard_id)
         state.checkpoint = new
         if new > state.verified:
             missing = [seq for seq in shard.sequences[state.verified : new] if seq not in state.committed]
@@ -192,6 +208,7 @@ class Oracle:
                     "nothing skipped",
                     f"{writer} checkpointed {shard_id} at record {new}, but {len(missing)} record(s) before it "
                     f"were never committed (the first: {missing[0]})",
+                    shard_id,
                 )
             state.verified = new
 
@@ -200,7 +217,12 @@ class Oracle:
         for parent in shard.parents:
             row = table_rows.get(parent)
             if row is not None and row.get("position_kind", {}).get("S") != "SHARD_END":
-                self.fail(now, "parents first", f"{worker} subscribed to {shard_id} before its parent {parent} ended")
+                self.fail(
+                    now,
+                    "parents first",
+                    f"{worker} subscribed to {shard_id} before its parent {parent} ended",
+                    shard_id,
+                )
 
     # ---- the monitor: every second ---------------------------------------------------------------------
 
@@ -220,7 +242,9 @@ class Oracle:
             shards.discard(shard_id)
             taken_s = now - max(died_at, self.disturbed_until)
             if taken_s > self.failover_s + 2.0:
-                self.fail(now, "read again", f"{shard_id} was read again {taken_s:.3f} s after its owner died")
+                self.fail(
+                    now, "read again", f"{shard_id} was read again {taken_s:.3f} s after its owner died", shard_id
+                )
             if not shards:
                 self.takeovers.append(now - died_at)
                 self._deaths.remove((died_at, shards))
@@ -234,7 +258,7 @@ class Oracle:
         counts: dict[str, int] = {}
         for worker in fleet.live():
             if worker.failed is not None:
-                self.fail(now, "no exit", f"{worker.name} ended on its own: {worker.failed!r}")
+                self.fail(now, "no exit", f"{worker.name} ended on its own: {worker.failed!r}", worker.name)
             coordinator = worker.coordinator
             assert coordinator is not None
             if coordinator.liveness.trust is Trust.IN_DOUBT:
@@ -242,7 +266,12 @@ class Oracle:
                     worker.doubt_seen = True
                     self.doubts += 1
                     if now > self.disturbed_until + self.failover_s and not fleet.disturbed(worker, now):
-                        self.fail(now, "no doubt", f"{worker.name}'s leases went into doubt with no fault injected")
+                        self.fail(
+                            now,
+                            "no doubt",
+                            f"{worker.name}'s leases went into doubt with no fault injected",
+                            worker.name,
+                        )
             else:
                 worker.doubt_seen = False
             if worker.clock.paused:
@@ -271,6 +300,7 @@ class Oracle:
                     now,
                     "read again",
                     f"{shard_id} has been readable and unread for {now - since:.1f} s (limit {allowed_s:g} s)",
+                    shard_id,
                 )
         for _died_at, shards in self._deaths:
             shards &= readable  # finished meanwhile: nothing left to take over

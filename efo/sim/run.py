@@ -173,6 +173,8 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
             raise
         violation = oracle.violation  # a worker's task ended on it, and took others down
     finally:
+        if violation is not None:
+            violation.fleet = _views(fleet)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -204,6 +206,28 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
         violation=violation.report() if violation is not None else None,
         invariant=violation.invariant if violation is not None else None,
     )
+
+
+def _views(fleet: Fleet) -> list[str]:
+    """Each live worker as it sees itself: its trust, what it reads, who it sees live, its share."""
+    lines = []
+    for worker in fleet.live():
+        coordinator = worker.coordinator
+        cycle = coordinator.cycle
+        state = cycle.state
+        held = sorted(coordinator.owned)
+        live = sorted(cycle.view.live)
+        free = 0
+        if state is not None:
+            free = sum(
+                1 for lease in state.leases.values() if not lease.finished and lease.owner not in cycle.view.live
+            )
+        lines.append(
+            f"{worker.name}: {coordinator.liveness.trust.value}, holds {len(held)}, sees {len(live)} live "
+            f"({','.join(live)}), {free} free or dead-owned in its last read"
+            + (" (paused)" if worker.clock.paused else "")
+        )
+    return lines
 
 
 async def _until(fleet: Fleet, oracle: Oracle, tasks: list[asyncio.Task[None]], done: Any) -> None:
