@@ -120,6 +120,7 @@ class CheckpointLedger:
         read with :attr:`uncheckpointed_records` before the write: later commits stay counted)."""
         self.written = position
         self.uncheckpointed_records -= records
+        assert self.uncheckpointed_records >= 0, "a claim's writes overlapped (they go one at a time)"
         if self.due is None:
             self.urgent = False
 

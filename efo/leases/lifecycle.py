@@ -122,6 +122,9 @@ class OwnedShard:
     phase_since: float = field(init=False)  # when it entered its phase (read by the health server's thread)
     log: Any = field(init=False)
     series: ShardSeries = field(init=False)  # its metrics (lag, records, bytes)
+    #: Its checkpoint writes go one at a time (the periodic flush and a handover's may overlap), so
+    #: an older position never lands after a newer one.
+    writing: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         self.claimed_at = self.phase_since = self.clock.now()

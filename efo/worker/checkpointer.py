@@ -139,7 +139,12 @@ class Checkpointer:
         await bounded(WRITE_CONCURRENCY, self.write, due)
 
     async def write(self, owned: OwnedShard) -> None:
-        """The claim's due checkpoint, fenced by its lease; a lost lease loses the claim."""
+        """The claim's due checkpoint, fenced by its lease; a lost lease loses the claim. One write of
+        a claim at a time, each of what is due when it starts: a checkpoint never moves back."""
+        async with owned.writing:
+            await self._write(owned)
+
+    async def _write(self, owned: OwnedShard) -> None:
         due = owned.ledger.due
         if due is None or owned.phase.terminal:
             return

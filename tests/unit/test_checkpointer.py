@@ -171,3 +171,35 @@ def test_the_periodic_flush_comes_at_its_interval_whatever_the_clock_reads(monke
     run_virtual(scenario(), start_s=11.284)
     assert [force for _, force in flushes] == [True, True]
     assert [round(at - 11.284, 6) for at, _ in flushes] == [5.0, 10.0]
+
+
+def test_two_writes_of_one_claim_land_in_order_and_count_each_record_once(
+    coordinator: tuple[Checkpointer, FlakyTable],
+) -> None:
+    """Race b of issue 37 (found by the simulation, seed 5 of 'python -m efo.sim seeds --faults all'
+    at 64 x 8, 'monotonic'): the periodic flush and a handover wrote one claim's checkpoint at once;
+    the older position's write, slower, landed last, and both subtracted their records from the
+    ledger. A claim's writes now go one at a time, each of the position due when it starts."""
+    coord, table = coordinator
+    table.down = False
+    owned = _shard(coord, "shard-a", 2)
+    coord.on_committed([Commit("shard-a", 1, 1, 30)])
+    original = table.checkpoint
+    latencies = iter([1.0, 0.1])
+
+    async def jittery(lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
+        await asyncio.sleep(next(latencies))
+        return await original(lease, position)
+
+    table.checkpoint = jittery  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(coord.write(owned))  # the flush: after("10"), slow
+        await asyncio.sleep(0.01)
+        coord.on_committed([Commit("shard-a", 1, 2, 20)])
+        await asyncio.gather(first, coord.write(owned))  # the handover: after("20")
+
+    run_virtual(scenario())
+    assert table.written[-1] == after("20"), f"the older checkpoint landed last: {table.written}"
+    assert owned.ledger.written == after("20")
+    assert owned.ledger.uncheckpointed_records == 0
