@@ -1,13 +1,14 @@
 """The part of DynamoDB's expression language efo's lease table uses, parsed once per text.
 
 - conditions: comparisons (``=``, ``<>``, ``<``, ``<=``, ``>``, ``>=``) of an attribute with a value,
-  ``attribute_exists(a)``, ``attribute_not_exists(a)``, ``begins_with(a, :v)``, joined by ``AND``;
+  ``attribute_exists(a)``, ``attribute_not_exists(a)``, ``begins_with(a, :v)``, joined by ``AND``,
+  and such conjunctions joined by ``OR`` (no parentheses: ``AND`` binds first, as in DynamoDB);
 - updates: ``SET a = :v``, ``SET a = a + :v`` (or ``-``), ``REMOVE a, b``, ``ADD a :v``;
 - key conditions: ``pk = :v`` and optionally ``AND`` one condition on the sort key
   (a comparison, ``begins_with`` or ``BETWEEN``);
 - projections: attribute names, comma-separated.
 
-Anything else (``OR``, ``NOT``, parentheses, ``#names``, nested paths) raises
+Anything else (``NOT``, parentheses, ``#names``, nested paths) raises
 :class:`UnsupportedExpression`, which the simulated DynamoDB answers with a ValidationException:
 a change to the table's code that needs more of the language fails loudly in the simulation.
 """
@@ -100,7 +101,7 @@ def _split_and(text: str) -> list[str]:
     if "(" in text.replace("attribute_exists(", "").replace("attribute_not_exists(", "").replace("begins_with(", ""):
         raise UnsupportedExpression(f"parentheses in {text!r}")
     if re.search(r"\b(OR|NOT)\b", text):
-        raise UnsupportedExpression(f"OR or NOT in {text!r}")
+        raise UnsupportedExpression(f"OR or NOT in {text!r}")  # OR is split off first, by condition()
     parts = re.split(r"\s+AND\s+", text.strip())
     atoms: list[str] = []
     for part in parts:
@@ -113,9 +114,9 @@ def _split_and(text: str) -> list[str]:
 
 @functools.cache
 def condition(text: str) -> Predicate:
-    """The predicate of a ConditionExpression."""
-    atoms = [_atom(part) for part in _split_and(text)]
-    return lambda item, values: all(atom(item, values) for atom in atoms)
+    """The predicate of a ConditionExpression: conjunctions joined by OR."""
+    groups = [[_atom(part) for part in _split_and(group)] for group in re.split(r"\s+OR\s+", text.strip())]
+    return lambda item, values: any(all(atom(item, values) for atom in atoms) for atoms in groups)
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,23 @@ change. So a worker trusts its own leases for ``failover_s`` minus one heartbeat
 its last heartbeat that landed (counted from when it was sent)::
 
     UNPROVEN ──first heartbeat landed──▶ TRUSTED ◀──a heartbeat landed── IN_DOUBT
-                                            └──none landed for the validity──▶┘
+                                          ▲  └──none landed for the validity──▶┘ │
+                                          │                                      │ one written in
+                                          └── one written after it landed ── RECOVERING ◀┘ doubt landed
 
 Until its first heartbeat lands a worker claims nothing (others would see a lease owner without a
 heartbeat row, and take its leases). Past the validity it is **in doubt**: ``on_expired`` drops
 every lease (stop reading, stop checkpointing), and once a heartbeat lands again ``on_recovered``
 lets the lease cycle claim again.
+
+Heartbeats go out every ``heartbeat_interval_s`` whatever the last one's latency (each waited for
+at most the validity, a few under way at once): a DynamoDB that answers in 5 s leaves every worker
+trusted, where waiting for each answer before the next interval put them in doubt. A heartbeat
+written in doubt says so (``in_doubt``), so the others take this worker's leases at once rather
+than watching a counter that moves while nobody reads its shards (race d of issue 37). Such a
+heartbeat landing proves DynamoDB answers again, but the row still says "in doubt": the worker is
+RECOVERING, writes the next heartbeat at once, and claims again only once that one (which does not
+say it) has landed, so that nobody takes back from it what it claims.
 
 The heartbeat goes out on a DynamoDB client of its own (its own connections), with its own
 deadline: no amount of lease or checkpoint traffic delays it.
@@ -18,7 +29,9 @@ deadline: no amount of lease or checkpoint traffic delays it.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -35,19 +48,23 @@ class Trust(enum.Enum):
     UNPROVEN = "unproven"  # no heartbeat has landed yet
     TRUSTED = "trusted"  # the last one landed within the validity
     IN_DOUBT = "in_doubt"  # none landed for the validity: others may hold these leases by now
+    RECOVERING = "recovering"  # one written in doubt landed; until the next lands, the row says "in doubt"
 
 
 TRANSITIONS: dict[Trust, frozenset[Trust]] = {
     Trust.UNPROVEN: frozenset({Trust.TRUSTED}),
     Trust.TRUSTED: frozenset({Trust.IN_DOUBT}),
-    Trust.IN_DOUBT: frozenset({Trust.TRUSTED}),
+    Trust.IN_DOUBT: frozenset({Trust.TRUSTED, Trust.RECOVERING}),
+    Trust.RECOVERING: frozenset({Trust.TRUSTED, Trust.IN_DOUBT}),
 }
 
 
 class HeartbeatWriter(Protocol):
     worker_id: str
 
-    async def heartbeat(self) -> None: ...
+    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+        """True if it landed; False if a newer heartbeat of this worker had landed already."""
+        ...
 
 
 class Liveness:
@@ -68,6 +85,7 @@ class Liveness:
         self._before_beat = before_beat
         self._clock = clock
         self._deadline: Timer | None = None
+        self._beat_now = asyncio.Event()
         self.landed_at: float | None = None  # when the last heartbeat that landed was sent
         self.trust = Trust.UNPROVEN
         self._log = log.bind(worker_id=writer.worker_id)
@@ -79,7 +97,8 @@ class Liveness:
 
     @property
     def in_doubt(self) -> bool:
-        """This worker may not claim or hold leases now: no heartbeat landed yet, or not lately."""
+        """This worker may not claim or hold leases now: no heartbeat landed yet, or not lately, or
+        its row still says it is in doubt."""
         return self.trust is not Trust.TRUSTED
 
     @property
@@ -98,10 +117,12 @@ class Liveness:
     async def beat(self) -> bool:
         """One heartbeat, waited for at most the lease validity; True if it landed."""
         sent_at = self._clock.now()
+        written_in_doubt = self.trust is Trust.IN_DOUBT
         try:
             # A write that lands late still counts (from when it was sent); past the validity it is moot.
             async with self._clock.timeout(self.validity_s):
-                await self._writer.heartbeat()
+                if not await self._writer.heartbeat(in_doubt=written_in_doubt):
+                    return False  # a newer one landed first: this one proves nothing more
         except TimeoutError:
             self._log.warning("lease.heartbeat_failed", error=f"no answer within {self.validity_s:g} s")
             return False
@@ -110,31 +131,57 @@ class Liveness:
                 raise
             self._log.warning("lease.heartbeat_failed", error=str(exc), code=exc.code)
             return False
-        self.landed(sent_at)
+        self.landed(sent_at, written_in_doubt=written_in_doubt)
         return True
 
     async def run(self) -> None:
-        """A heartbeat every ``heartbeat_interval_s`` until cancelled."""
-        while True:
-            await self._clock.sleep(self._settings.heartbeat_interval_s)
-            self._before_beat()
-            await self.beat()
+        """A heartbeat every ``heartbeat_interval_s`` until cancelled, on a fixed schedule: the next
+        goes out on time while the last is still under way (at most as many as fit in the validity)."""
+        interval_s = self._settings.heartbeat_interval_s
+        most = max(1, math.ceil(self.validity_s / interval_s))
+        under_way: set[asyncio.Task[bool]] = set()
+        async with asyncio.TaskGroup() as beats:
+            due_at = self._clock.now() + interval_s
+            while True:
+                try:
+                    async with self._clock.timeout(max(0.0, due_at - self._clock.now())):
+                        await self._beat_now.wait()  # recovering: the next one at once
+                except TimeoutError:
+                    pass
+                self._beat_now.clear()
+                due_at += interval_s
+                if due_at < self._clock.now():  # woke late (a busy loop, a pause): on from now
+                    due_at = self._clock.now() + interval_s
+                self._before_beat()
+                if len(under_way) < most:
+                    task = beats.create_task(self.beat(), name="heartbeat-write")
+                    under_way.add(task)
+                    task.add_done_callback(under_way.discard)
 
-    def landed(self, sent_at: float) -> None:
+    def landed(self, sent_at: float, *, written_in_doubt: bool = False) -> None:
+        """A heartbeat sent at ``sent_at`` landed. Only the newest one sent counts, and only while
+        within the validity (it is moot after that)."""
+        if (self.landed_at is not None and sent_at < self.landed_at) or self._clock.now() >= sent_at + self.validity_s:
+            return
         self.landed_at = sent_at
         if self._deadline is not None:
             self._deadline.cancel()
-        delay_s = max(0.0, sent_at + self.validity_s - self._clock.now())
-        self._deadline = self._clock.call_later(delay_s, self._expire)
+        self._deadline = self._clock.call_later(sent_at + self.validity_s - self._clock.now(), self._expire)
         previous = self.trust
+        if written_in_doubt:
+            if previous is Trust.IN_DOUBT:
+                self._enter(Trust.RECOVERING)
+                self._beat_now.set()  # the next one, which does not say "in doubt", at once
+            return
         if previous is not Trust.TRUSTED:
             self._enter(Trust.TRUSTED)
-        if previous is Trust.IN_DOUBT:
+        if previous in (Trust.IN_DOUBT, Trust.RECOVERING):
             self._log.info("lease.heartbeat_recovered")
             self._on_recovered()
 
     def _expire(self) -> None:
         """No heartbeat landed for the lease validity: others may own these shards by now."""
+        self._deadline = None
         self._enter(Trust.IN_DOUBT)
         self._log.warning("lease.in_doubt", validity_s=self.validity_s)
         self._on_expired()

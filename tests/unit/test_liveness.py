@@ -19,11 +19,19 @@ class Writer:
     def __init__(self) -> None:
         self.failing = False
         self.beats = 0
+        self.latency_s = 0.0
+        self.written: list[tuple[float, bool]] = []  # (when it landed, in_doubt)
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+        """The row is written halfway through the latency, the answer comes after the rest (so a
+        write abandoned after its timeout may still have landed, as on the wire)."""
+        await asyncio.sleep(self.latency_s / 2)
         if self.failing:
             raise Retriable("ProvisionedThroughputExceededException")
         self.beats += 1
+        self.written.append((asyncio.get_running_loop().time(), in_doubt))
+        await asyncio.sleep(self.latency_s / 2)
+        return True
 
 
 @pytest.fixture
@@ -57,7 +65,7 @@ def test_no_lease_is_trusted_before_the_first_heartbeat_lands_and_landing_is_no_
     run(scenario())
 
 
-def test_trust_lasts_failover_minus_one_interval_after_the_last_landing_then_recovers_at_the_next(
+def test_trust_lasts_failover_minus_one_interval_after_the_last_landing_then_recovers_in_two_beats(
     parts: tuple[Liveness, Writer, list[str]],
 ) -> None:
     liveness, writer, events = parts
@@ -70,6 +78,8 @@ def test_trust_lasts_failover_minus_one_interval_after_the_last_landing_then_rec
         await asyncio.sleep(0.2)  # past 8 s = failover 10 s - heartbeat 2 s
         assert liveness.trust is Trust.IN_DOUBT and not liveness.valid and events == ["expired"]
         writer.failing = False
+        await liveness.beat()  # written in doubt: the row says so until the next one lands
+        assert liveness.trust is Trust.RECOVERING and liveness.in_doubt and events == ["expired"]
         await liveness.beat()
         assert liveness.trust is Trust.TRUSTED and events == ["expired", "recovered"]
         liveness.close()
@@ -94,9 +104,10 @@ def test_a_heartbeat_that_lands_late_counts_from_when_it_was_sent(parts: tuple[L
     """Trust runs from the send, not the answer: a write answered 3 s late leaves 5 s of trust."""
     liveness, writer, events = parts
 
-    async def late() -> None:
+    async def late(*, in_doubt: bool = False) -> bool:
         await asyncio.sleep(3.0)
         writer.beats += 1
+        return True
 
     async def scenario() -> None:
         writer.heartbeat = late  # type: ignore[method-assign]
@@ -109,3 +120,44 @@ def test_a_heartbeat_that_lands_late_counts_from_when_it_was_sent(parts: tuple[L
         liveness.close()
 
     run(scenario())
+
+
+def test_heartbeats_go_out_on_schedule_so_a_slow_dynamodb_below_the_validity_keeps_trust(
+    parts: tuple[Liveness, Writer, list[str]],
+) -> None:
+    """Each write answered 5 s late (validity 8 s): waiting for each answer before the next interval
+    left 7 s between sends and a gap in trust; on a fixed schedule, trust never lapses."""
+    liveness, writer, events = parts
+
+    async def scenario() -> None:
+        await liveness.beat()
+        writer.latency_s = 5.0
+        task = asyncio.ensure_future(liveness.run())
+        await asyncio.sleep(60.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        liveness.close()
+
+    run(scenario())
+    assert events == [], "the leases went into doubt"
+    assert writer.beats >= 28  # one every 2 s, each answered 5 s later
+
+
+def test_a_heartbeat_written_in_doubt_says_so(parts: tuple[Liveness, Writer, list[str]]) -> None:
+    """Race d of issue 37: a worker whose heartbeats land after its validity stayed in doubt (reading
+    nothing) while the others saw its counter move and left its leases alone. Written in doubt, the
+    row says so, and the others take its leases at once (efo.leases.view)."""
+    liveness, writer, events = parts
+
+    async def scenario() -> None:
+        await liveness.beat()
+        writer.latency_s = 9.0  # past the validity of 8 s: each one lands, too late to count
+        task = asyncio.ensure_future(liveness.run())
+        await asyncio.sleep(40.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        liveness.close()
+
+    run(scenario())
+    assert events == ["expired"]
+    assert any(in_doubt for _, in_doubt in writer.written), writer.written
