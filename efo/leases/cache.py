@@ -34,6 +34,9 @@ class LeaseCache:
         self._read_all_at = 0.0  # the last read of every partition
         self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
         self._stale: set[int] = set()  # lease partitions found out of date: read them next time
+        #: When the last read's heartbeats were asked for and answered (see efo.leases.view).
+        self.issued_at = 0.0
+        self.answered_at = 0.0
 
     def stale(self, shard_id: str) -> None:
         """``shard_id``'s row was found not as cached: read its partition at the next read."""
@@ -42,9 +45,11 @@ class LeaseCache:
     async def read(self) -> TableState:
         """The heartbeats and versions now, and every lease as fresh as it needs to be. A copy: the
         caller may change it."""
+        issued_at = self._clock.now()
         control = await self._table.read_control()
         METRICS.lease_reads.labels(stream=self._stream, rows="control").inc()
         now = self._clock.now()
+        self.issued_at, self.answered_at = issued_at, now
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
         everything = not self._leases or now - self._read_all_at >= self._full_read_interval_s

@@ -130,6 +130,7 @@ class WorkerRow:
     started_at: datetime | None = None
     consumer_arn: str | None = None
     reads: str | None = None  # which streams the worker reads (a digest of their ARNs; None: one, or older)
+    in_doubt: bool = False  # it wrote this while it did not trust its leases (it reads nothing)
 
 
 @dataclass(slots=True)
@@ -499,6 +500,7 @@ class LeaseTable:
                 started_at=_datetime(item.get("started_at", {}).get("S")),
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
                 reads=item.get("reads", {}).get("S"),
+                in_doubt=item.get("in_doubt", {}).get("BOOL", False),
             )
         elif sort_key.startswith(SHARD_PREFIX):
             lease = _lease_of(item)
@@ -751,7 +753,11 @@ class LeaseTable:
                 raise error from None
             log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+        """This worker's heartbeat row, its counter one more; ``in_doubt``: it does not trust its
+        leases now (it reads nothing), so the others take them at once rather than after failover_s.
+        Heartbeats may be under way several at once: one lands only over an older counter (False:
+        a newer one had landed already)."""
         self._heartbeat += 1
         try:
             await self._ddb.put_item(
@@ -759,15 +765,21 @@ class LeaseTable:
                 Item={
                     **self._key(WORKER_PREFIX + self.worker_id),
                     "heartbeat": {"N": str(self._heartbeat)},
+                    **({"in_doubt": {"BOOL": True}} if in_doubt else {}),
                     "updated_at": self._now(),
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
                     **({"reads": {"S": self.reads}} if self.reads else {}),
                 },
+                ConditionExpression="attribute_not_exists(heartbeat) OR heartbeat < :beat",
+                ExpressionAttributeValues={":beat": {"N": str(self._heartbeat)}},
             )
         except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
             raise translate(exc, resource=self._resource()) from None
+        return True
 
     async def register_partition(self) -> None:
         """Name this application's partition in the table's registry partition, once per start (an
@@ -784,6 +796,38 @@ class LeaseTable:
             )
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
+
+    async def read_worker(self, worker_id: str) -> WorkerRow | None:
+        """One worker's heartbeat row, strongly consistent (None: no row: it stopped, or was reaped)."""
+        try:
+            response = await self._ddb.get_item(
+                TableName=self.table, Key=self._key(WORKER_PREFIX + worker_id), ConsistentRead=True
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        if "Item" not in response:
+            return None
+        state = TableState()
+        self._absorb(state, response["Item"])
+        return state.workers.get(worker_id)
+
+    async def reap_worker(self, worker_id: str, heartbeat: int) -> bool:
+        """Delete a dead worker's heartbeat row, if its counter is still ``heartbeat`` (it did not beat
+        since it was seen dead): a worker that starts later sees no row, so it takes that worker's
+        leases at once instead of watching it for failover_s, and the heartbeat reads stay small.
+        False if the row changed or is gone already."""
+        try:
+            await self._ddb.delete_item(
+                TableName=self.table,
+                Key=self._key(WORKER_PREFIX + worker_id),
+                ConditionExpression="heartbeat = :seen",
+                ExpressionAttributeValues={":seen": {"N": str(heartbeat)}},
+            )
+        except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise translate(exc, resource=self._resource()) from None
+        return True
 
     async def remove_worker(self) -> None:
         try:

@@ -197,7 +197,7 @@ class Fleet:
         )
         self.consumer_arn = f"{self.stream.arn}/consumer/{APP}:1"
         self.settings = worker_settings(config, self.stream.arn)
-        self.oracle = Oracle(seed, self.stream, trace, failover_s=self.settings.lease.failover_s)
+        self.oracle = Oracle(seed, self.stream, trace, failover_s=self.settings.lease.failover_s, reads=self.reads)
         self.workers: list[SimWorker] = []
         self.lease_rows: dict[str, dict[str, Any]] = {}  # the table's lease rows as they are now
         #: (worker name or None for every worker, from, until): faults that touch a worker's DynamoDB
@@ -238,6 +238,16 @@ class Fleet:
         """A fault in ``worker``'s DynamoDB path or time (None: every worker's) from ``start_s`` to ``end_s``."""
         self._disturbances.append((worker, start_s, end_s))
         self.oracle.disturbed(end_s)
+
+    def reads(self, name: str, shard_id: str, counter: int) -> bool:
+        """The worker reads ``shard_id`` under the claim ``counter`` and may still trust its leases (its
+        last heartbeat that landed was sent less than the lease validity ago): taking the lease from it
+        now takes it from a live reader."""
+        worker = next((w for w in self.workers if w.name == name), None)
+        if worker is None or worker.killed or not worker.coordinator.liveness.valid:
+            return False
+        owned = worker.coordinator.owned.get(shard_id)
+        return owned is not None and owned.epoch == counter and owned.phase.reading
 
     def disturbed(self, worker: SimWorker, now: float) -> bool:
         """A fault touched this worker within the last failover_s."""

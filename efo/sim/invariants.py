@@ -7,7 +7,10 @@ Checked at every change of a lease row (the simulated DynamoDB reports each one 
 - **monotonic**: a shard's checkpoint never moves backwards (only a reset may move it back);
 - **nothing skipped**: when a checkpoint lands, every record of the shard before it was committed
   by a sink (some worker's, some claim's): what lies behind a checkpoint is never read again;
-- **parents first**: a subscription to a shard starts only once each of its parents is finished.
+- **parents first**: a subscription to a shard starts only once each of its parents is finished;
+- **no false death**: a lease goes straight from one owner to another only when the owner does not
+  read the shard under that claim any more, or no longer trusts its leases (no heartbeat of its
+  landed within the lease validity), or when the taker asked for it and waited ``failover_s``.
 
 Checked every second by :meth:`Oracle.watch` (the fleet's monitor):
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -113,8 +117,17 @@ class _Shard:
 
 
 class Oracle:
-    def __init__(self, seed: int, stream: SimStream, trace: Trace, *, failover_s: float) -> None:
+    def __init__(
+        self,
+        seed: int,
+        stream: SimStream,
+        trace: Trace,
+        *,
+        failover_s: float,
+        reads: Callable[[str, str, int], bool],
+    ) -> None:
         self.seed = seed
+        self._reads = reads  # (worker, shard, counter): it reads the shard under that claim and trusts it
         self.stream = stream
         self.trace = trace
         self.failover_s = failover_s
@@ -130,6 +143,7 @@ class Oracle:
         self._deaths: list[tuple[float, set[str]]] = []
         self.doubts = 0
         self._readable: set[str] = set()
+        self._members: set[str] = set()
         self.violation: Violation | None = None  # the first one (a worker's task may have swallowed it)
 
     def _shard(self, shard_id: str) -> _Shard:
@@ -173,6 +187,18 @@ class Oracle:
         if after is None or before is None or "position_kind" not in after:
             return
         shard_id = after["sk"]["S"].removeprefix("shard|")
+        owner, taker = before.get("lease_owner", {}).get("S"), after.get("lease_owner", {}).get("S")
+        if owner is not None and taker is not None and owner != taker:
+            asked = before.get("wanted_by", {}).get("S") == taker
+            counter = int(before.get("lease_counter", {}).get("N", "0"))
+            if not asked and self._reads(owner, shard_id, counter):
+                self.fail(
+                    now,
+                    "no false death",
+                    f"{taker} took {shard_id} from {owner}, which reads it and trusts it "
+                    f"(the write's condition: {request.get('ConditionExpression')})",
+                    shard_id,
+                )
         shard = self.stream.shards[shard_id]
         old, new = resume_index(shard, before), resume_index(shard, after)
         moved = before.get("position_kind") != after.get("position_kind") or before.get("sequence_number") != after.get(
@@ -281,7 +307,11 @@ class Oracle:
                 if owned.phase in READING or (owned.phase is ShardPhase.SUBSCRIBING and owned.first_event):
                     readers.setdefault(shard_id, []).append(worker.name)
                     held += 1
-            counts[worker.name] = held
+            if coordinator.liveness.trust is Trust.TRUSTED:  # a member: up, and its leases trusted
+                counts[worker.name] = held
+        if set(counts) != self._members:  # a worker came up, went into doubt or recovered
+            self._members = set(counts)
+            self.membership_changed_at = now
         limit_s = self.failover_s + 2.0
         for shard_id in readable:
             state = self._shard(shard_id)

@@ -13,13 +13,13 @@ finished is finished, so its children do not wait for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 import structlog
 
-from efo.clock import SYSTEM_CLOCK, Clock
+from efo.clock import SYSTEM_CLOCK, Clock, Timer
 from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
@@ -90,6 +90,7 @@ class LeaseCycle:
         self._gave_at: float | None = None  # when it last handed a lease over for balance (shed, asked, stranded)
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
+        self._death_check: Timer | None = None  # a cycle when the next worker would turn dead
         self.read_at: float | None = None  # when it was read, for /readyz
         self.cycles = 0  # cycles run (with a read), for readiness
         self._log = log.bind(worker_id=self._me)
@@ -99,14 +100,17 @@ class LeaseCycle:
 
     async def run(self) -> None:
         """A cycle every ``lease.sync_interval_s`` (sooner when asked), until cancelled."""
-        await periodically(
-            self._turn,
-            interval_s=self._settings.lease.sync_interval_s,
-            wake=self._now,
-            log=self._log,
-            failed="leases.cycle_failed",
-            clock=self._clock,
-        )
+        try:
+            await periodically(
+                self._turn,
+                interval_s=self._settings.lease.sync_interval_s,
+                wake=self._now,
+                log=self._log,
+                failed="leases.cycle_failed",
+                clock=self._clock,
+            )
+        finally:
+            self.close()
 
     async def _turn(self) -> None:
         graph = self._shards.graph
@@ -118,12 +122,14 @@ class LeaseCycle:
     async def read(self) -> TableState:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
         self.state = await self._cache.read()
-        self.read_at = self._clock.now()
+        self.read_at = self._cache.answered_at
         return self.state
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
-        self.view.update(state)
+        self.view.update(state, issued_at=self._cache.issued_at, answered_at=self._cache.answered_at)
+        self._watch_deaths()
+        await self._reap(state)
         METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
         await self._apply_resets(state, graph)
@@ -189,8 +195,11 @@ class LeaseCycle:
             self._short_since = None
         elif self._short_since is None:
             self._short_since = self._clock.now()
-        # Fenced on each lease as it is in the table; a bounded number at once.
-        await bounded(CLAIM_CONCURRENCY, self._claim, [state.leases[lease.shard_id] for lease in moves.claim])
+        # Fenced on each lease as it is in the table; a bounded number at once. A lease of a worker
+        # thought dead is taken only once a fresh read of its heartbeat says so still.
+        alive = await self._confirm_dead(lease.owner for lease in moves.claim)
+        claims = [state.leases[lease.shard_id] for lease in moves.claim if lease.owner not in alive]
+        await bounded(CLAIM_CONCURRENCY, self._claim, claims)
         # Ours in the table but beyond this worker's share: others see them held by a live worker and
         # would never take them (a spread of one asks for nothing), so give them up now.
         for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
@@ -206,6 +215,47 @@ class LeaseCycle:
         await self._finish_expired(state, graph)
         self.cycles += 1
         self._after_cycle()
+
+    def _watch_deaths(self) -> None:
+        """A cycle at the moment the first worker alive now would turn dead (if it does not beat
+        before), not up to ``sync_interval_s`` after: its leases are taken that much sooner."""
+        if self._death_check is not None:
+            self._death_check.cancel()
+            self._death_check = None
+        death_at = self.view.next_death_at()
+        if death_at is not None:
+            self._death_check = self._clock.call_later(max(0.0, death_at - self._clock.now()), self.run_now)
+
+    async def _reap(self, state: TableState) -> None:
+        """The dead workers' heartbeat rows are deleted by the first live worker in name order (if its
+        read of them is still the last: :meth:`~efo.leases.table.LeaseTable.reap_worker`)."""
+        if self._in_doubt() or self._stopping.is_set() or min(self.view.live) != self._me:
+            return
+        for worker in sorted(self.view.dead & state.workers.keys()):
+            beat = self.view.beat(worker)
+            if beat is not None and await self._table.reap_worker(worker, beat):
+                self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
+
+    async def _confirm_dead(self, owners: Iterable[str | None]) -> set[str]:
+        """Of these lease owners, the ones thought dead (or in doubt) that a fresh, strongly consistent
+        read of their heartbeat row shows alive after all: its counter moved since it was last seen.
+        The read comes after this cycle's lease reads, so an owner seen writing a lease there (it
+        claims only once a heartbeat of its landed) is seen beating here (race a of issue 37)."""
+        alive: set[str] = set()
+        for owner in sorted({owner for owner in owners if owner is not None and owner != self._me}):
+            read_at = self._clock.now()
+            row = await self._table.read_worker(owner)
+            if not self.view.confirm(
+                owner, None if row is None else row.heartbeat, row is not None and row.in_doubt, read_at=read_at
+            ):
+                self._log.info("worker.alive_after_all", owner=owner)
+                alive.add(owner)
+        return alive
+
+    def close(self) -> None:
+        if self._death_check is not None:
+            self._death_check.cancel()
+            self._death_check = None
 
     def _readable(self, lease: Lease, state: TableState, graph: ShardGraph) -> bool:
         """Can be read now: not finished, still in the stream, its parents finished."""

@@ -248,6 +248,7 @@ def test_a_lease_taken_by_another_worker_is_dropped_at_the_next_sync_before_any_
             async with running(w) as stop:
                 await until(lambda: "shard-000" in w.coordinator.owned)
                 other = await w.other_worker("w2")
+                await other.heartbeat()  # a worker claims only once its heartbeat row is there
                 lease = (await other.read()).leases["shard-000"]
                 await other.claim(lease)  # w2 took it (say w1 looked dead to it)
                 await until(lambda: "shard-000" not in w.coordinator.owned, timeout_s=2, what="the loss")
@@ -309,12 +310,12 @@ def test_a_worker_whose_leases_went_into_doubt_before_its_first_events_is_not_re
             real = w.table.heartbeat
             beats = 0
 
-            async def heartbeat() -> None:
+            async def heartbeat(*, in_doubt: bool = False) -> bool:
                 nonlocal beats
                 beats += 1
                 if beats > 1:  # the first lands (run() needs it); then DynamoDB is too busy
                     raise Retriable("ThrottlingException on DynamoDB table (injected)")
-                await real()
+                return await real(in_doubt=in_doubt)
 
             w.table.heartbeat = heartbeat  # type: ignore[method-assign]
 
@@ -343,10 +344,10 @@ def test_a_worker_whose_heartbeats_fail_drops_its_shards_before_others_may_take_
             real = w.table.heartbeat
             failing = True
 
-            async def heartbeat() -> None:
+            async def heartbeat(*, in_doubt: bool = False) -> bool:
                 if failing:
                     raise Retriable("ThrottlingException on DynamoDB table (injected)")
-                await real()
+                return await real(in_doubt=in_doubt)
 
             w.table.heartbeat = heartbeat  # type: ignore[method-assign]
             started = asyncio.get_running_loop().time()
@@ -514,7 +515,7 @@ def test_leases_in_doubt_while_the_stop_releases_them_do_not_crash_the_stop(loca
                 await asyncio.sleep(1.0)  # longer than the lease validity (0.75 s) in these settings
                 await real_release(lease)
 
-            async def failing_heartbeat() -> None:
+            async def failing_heartbeat(*, in_doubt: bool = False) -> bool:
                 raise Retriable("ThrottlingException on DynamoDB table (injected)")
 
             w.table.release = slow_release  # type: ignore[method-assign]
