@@ -13,6 +13,12 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= 2
 XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 EFO_CHAOS_ITERATIONS ?= 3
+# make chaos also runs the lease plane in simulated time with every fault at random, this many seeds
+# (python -m efo.sim seeds: two processes, one per core; it stops at the first violation and prints it).
+EFO_SIM_SEEDS ?= 1000
+EFO_SIM_FIRST_SEED ?= 1
+# The simulation runs with fixed str hashing, as 'python -m efo.sim' does, so a seed a test prints replays.
+export PYTHONHASHSEED := 0
 
 .PHONY: install demo test test-unit test-integration chaos lint format clean bench bench-quick
 
@@ -51,10 +57,12 @@ test-integration: install
 
 # Every chaos scenario at full size (tests/chaos; make test runs one iteration of a reduced set),
 # EFO_CHAOS_ITERATIONS times each; prints the table and writes it to docs/chaos.md.
-# EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run.
+# EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run. Then EFO_SIM_SEEDS simulated runs
+# with random faults (docs/simulation.md); a violation prints the command that replays its seed.
 chaos: install
 	EFO_CHAOS_SIZE=full EFO_CHAOS_ITERATIONS=$(EFO_CHAOS_ITERATIONS) EFO_CHAOS_TABLE=docs/chaos.md \
 		$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+	$(BIN)/python bench/sim_seeds.py --count $(EFO_SIM_SEEDS) --first $(EFO_SIM_FIRST_SEED) --out docs/simulation.md
 
 lint: install
 	$(BIN)/ruff check .

@@ -102,8 +102,9 @@ class Lease:
 
     @property
     def finished(self) -> bool:
-        """The sink committed the shard's last record: its children may start."""
-        return self.checkpoint == SHARD_END
+        """The sink committed the shard's last record: its children may start. (The kind alone
+        says so, SHARD_END being its one value; every lease cycle asks this of every lease.)"""
+        return self.checkpoint.kind == "SHARD_END"
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@
     python -m efo.sim seeds --count 100 --shards 64 --workers 8 --minutes 3 --faults all
 
 ``run`` runs one seed and prints its report (``--json`` for the report as JSON); ``seeds`` runs many
-(from ``--first``), one line each, and stops at the first violation with the command that replays it.
+(from ``--first``), one line each, and stops at the first violation with the command that replays it
+(``--keep-going``: goes on to the last seed, and exits 1 at the end if any seed failed).
 A violation exits 1 and prints the seed, the invariant and the events that led to it. A run is a
 function of its arguments: the same command gives the same run (the process fixes its own hash seed).
 """
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             command.add_argument("--first", type=int, default=1)
             command.add_argument("--count", type=int, default=100)
+            command.add_argument("--keep-going", action="store_true", dest="keep_going")
     args = parser.parse_args(argv)
     if args.faults == "none":
         args.faults = ""
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"efo.sim: {exc}", file=sys.stderr)
         return 2
+    failed = False
     for config in configs:
         report = simulate(config)
         if args.command == "run" and args.json:
@@ -101,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(_line(report), flush=True)
         if report.violation is not None:
+            failed = True
             print(report.violation, file=sys.stderr)
-            print(f"replay: {replay_command(args, config.seed)}", file=sys.stderr)
-            return 1
-    return 0
+            print(f"replay: {replay_command(args, config.seed)}", file=sys.stderr, flush=True)
+            if not getattr(args, "keep_going", False):
+                return 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -322,7 +322,7 @@ class SimDynamoDB:
         item = dict(request["Item"])
         pk, sk, row = self._row(table, item)
         current = _current(row)
-        size = max(item_size(item), item_size(current))
+        size = max(item_size(item), _current_size(row))
         self._charge("PutItem", table, pk, now, write=write_units(size), size=size)
         self._check("PutItem", request, current)
         self._write(table, pk, sk, item, now)
@@ -335,7 +335,7 @@ class SimDynamoDB:
         values = request.get("ExpressionAttributeValues", {})
         updated = dict(current) if current is not None else dict(key)
         change = expressions.update(request["UpdateExpression"])
-        size_before = item_size(current)
+        size_before = _current_size(row)
         try:
             self._check("UpdateItem", request, current)
         except botocore.exceptions.ClientError:
@@ -352,7 +352,7 @@ class SimDynamoDB:
     def _DeleteItem(self, table: _Table, request: dict[str, Any], now: float, rng: random.Random) -> dict[str, Any]:
         pk, sk, row = self._row(table, request["Key"])
         current = _current(row)
-        size = item_size(current)
+        size = _current_size(row)
         self._charge("DeleteItem", table, pk, now, write=write_units(size), size=size)
         self._check("DeleteItem", request, current)
         if current is not None:
@@ -402,6 +402,11 @@ class SimDynamoDB:
 def _current(row: _Row | None) -> dict[str, Any] | None:
     version = row.latest() if row is not None else None
     return version.item if version is not None else None
+
+
+def _current_size(row: _Row | None) -> int:
+    version = row.latest() if row is not None else None
+    return version.size if version is not None else 0
 
 
 def _partition_of(operation: str, request: dict[str, Any], table: _Table | None) -> str | None:

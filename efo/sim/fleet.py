@@ -83,7 +83,7 @@ class SimWorker:
             consumer_arn=fleet.consumer_arn,
             clock=self.clock,
         )
-        kinesis = SimKinesisClient(fleet.stream, self.clock, lambda: fleet.config.kinesis_latency_s)
+        kinesis = SimKinesisClient(fleet.stream, self.clock, lambda: fleet.config.kinesis_latency_s, name)
         self.handoff = Handoff(clock=self.clock.now)
         self.coordinator = Coordinator(
             settings=settings,
@@ -205,6 +205,7 @@ class Fleet:
         self._disturbances: list[tuple[str | None, float, float]] = []
         self.db.on_write = self._written
         self.stream.on_subscribe = self._subscribing
+        self.stream.on_first_event = lambda shard_id, worker: self.oracle.first_event(self.clock.now(), shard_id)
 
     # ---- membership ----------------------------------------------------------------------------------
 
@@ -277,8 +278,8 @@ class Fleet:
             self.lease_rows[shard_id] = after
         self.oracle.row_changed(self.clock.now(), client, before, after, request)
 
-    def _subscribing(self, shard_id: str, consumer: str) -> None:
-        self.oracle.subscribing(self.clock.now(), "?", shard_id, self.lease_rows)
+    def _subscribing(self, shard_id: str, worker: str) -> None:
+        self.oracle.subscribing(self.clock.now(), worker, shard_id, self.lease_rows)
 
     def finished(self, shard_id: str) -> bool:
         row = self.lease_rows.get(shard_id)

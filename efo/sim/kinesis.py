@@ -102,10 +102,14 @@ class SimStream:
         self._list_tokens = self.list_limit_per_s
         self._list_at = 0.0
         self._subscriptions: dict[tuple[str, str], SimSubscription] = {}
-        #: Called with (shard id, consumer ARN) for every subscription that starts.
-        self.on_subscribe: Callable[[str, str], None] = lambda shard_id, consumer: None
+        #: Called with (shard id, the subscriber's name) for every subscription that starts, and for
+        #: the first event each delivers.
+        self.on_subscribe: Callable[[str, str], None] = lambda shard_id, subscriber: None
+        self.on_first_event: Callable[[str, str], None] = lambda shard_id, subscriber: None
         self._open: list[SimShard] = []  # open shards, by hash_start
         self._open_starts: list[int] = []  # their hash_start, for bisect
+        self._description_key: tuple[int, int] | None = None
+        self._description: list[dict[str, Any]] = []
         width = (MAX_HASH + 1) // shards
         for index in range(shards):
             start = index * width
@@ -195,11 +199,20 @@ class SimStream:
         token = request.get("NextToken")
         start = int(token) if token else 0
         limit = int(request.get("MaxResults") or 1000)
-        ordered = list(self.shards.values())
-        answer: dict[str, Any] = {"Shards": [s.describe() for s in ordered[start : start + limit]]}
+        ordered = self._described()
+        answer: dict[str, Any] = {"Shards": ordered[start : start + limit]}
         if start + limit < len(ordered):
             answer["NextToken"] = str(start + limit)
         return answer
+
+    def _described(self) -> list[dict[str, Any]]:
+        """Every shard as ListShards describes it, built again only when a shard opens or closes
+        (a put changes no description): hundreds of workers list often."""
+        key = (len(self.shards), len(self._open))
+        if self._description_key != key:
+            self._description_key = key
+            self._description = [shard.describe() for shard in self.shards.values()]
+        return self._description
 
     def describe_consumer(self, request: dict[str, Any]) -> dict[str, Any]:
         arn = request.get("ConsumerARN") or f"{self.arn}/consumer/{request.get('ConsumerName')}:1"
@@ -207,7 +220,7 @@ class SimStream:
             raise client_error("DescribeStreamConsumer", "ResourceNotFoundException", f"Consumer {arn} not found")
         return {"ConsumerDescription": {"ConsumerARN": arn, "ConsumerStatus": "ACTIVE", "StreamARN": self.arn}}
 
-    def subscribe(self, request: dict[str, Any], clock: SimClock) -> dict[str, Any]:
+    def subscribe(self, request: dict[str, Any], clock: SimClock, subscriber: str = "") -> dict[str, Any]:
         self.subscribe_calls += 1
         shard = self.shards.get(request["ShardId"])
         if shard is None:
@@ -224,8 +237,8 @@ class SimStream:
                 )
             if not current.ended:
                 current.taken_over()
-        self.on_subscribe(shard.shard_id, key[0])
-        subscription = SimSubscription(self, shard, request["StartingPosition"], clock)
+        self.on_subscribe(shard.shard_id, subscriber)
+        subscription = SimSubscription(self, shard, request["StartingPosition"], clock, subscriber)
         self._subscriptions[key] = subscription
         return {"EventStream": subscription}
 
@@ -233,8 +246,11 @@ class SimStream:
 class SimSubscription:
     """One SubscribeToShard event stream (an async iterator of botocore-parsed events)."""
 
-    def __init__(self, stream: SimStream, shard: SimShard, start: dict[str, Any], clock: SimClock) -> None:
+    def __init__(
+        self, stream: SimStream, shard: SimShard, start: dict[str, Any], clock: SimClock, subscriber: str = ""
+    ) -> None:
         self._stream = stream
+        self._subscriber = subscriber
         self._shard = shard
         self._clock = clock
         self.started_at = stream.clock.now()
@@ -310,6 +326,8 @@ class SimSubscription:
     def _event(self) -> dict[str, Any]:
         shard, stream = self._shard, self._stream
         stream.events += 1
+        if self._last_event_at is None:
+            stream.on_first_event(shard.shard_id, self._subscriber)
         self._last_event_at = stream.clock.now()
         first, last = self._next, min(len(shard.sequences), self._next + MAX_RECORDS_PER_EVENT)
         records = [
@@ -349,10 +367,11 @@ class SimKinesisClient:
     """One worker's Kinesis client (the control plane) and subscriber (SubscribeToShard), on its clock,
     with a small latency for each call."""
 
-    def __init__(self, stream: SimStream, clock: SimClock, latency_s: Callable[[], float]) -> None:
+    def __init__(self, stream: SimStream, clock: SimClock, latency_s: Callable[[], float], name: str = "") -> None:
         self._stream = stream
         self._clock = clock
         self._latency_s = latency_s
+        self.name = name
 
     async def _answer(self, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         half = self._latency_s() / 2
@@ -372,4 +391,4 @@ class SimKinesisClient:
         return None
 
     async def subscribe_to_shard(self, **request: Any) -> dict[str, Any]:
-        return await self._answer(lambda: self._stream.subscribe(request, self._clock))
+        return await self._answer(lambda: self._stream.subscribe(request, self._clock, self.name))

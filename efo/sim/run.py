@@ -88,14 +88,11 @@ class _Capture:
     def __init__(self, trace: Trace, clock: Any) -> None:
         self.trace = trace
         self.clock = clock
-        self.oracle: Oracle | None = None
         self.counts: Counter[str] = Counter()
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
         name = str(event.pop("event", ""))
         self.counts[name] += 1
-        if name == "shard.first_event" and self.oracle is not None:
-            self.oracle.first_event(self.clock.now(), str(event.get("shard_id")))
         if method in ("info", "warning", "error", "critical", "exception"):
             who = str(event.pop("worker_id", "") or "")
             fields = {k: v for k, v in event.items() if k in _TRACED}
@@ -138,7 +135,7 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
     random.seed(config.seed)  # what production code draws itself (retry jitter) comes from the seed too
     fleet = Fleet(config.fleet, config.seed, trace)
     capture.clock = fleet.clock
-    oracle = capture.oracle = fleet.oracle
+    oracle = fleet.oracle
     violation: Violation | None = None
     tasks: list[asyncio.Task[None]] = []
     try:

@@ -1,0 +1,180 @@
+"""The simulated DynamoDB alone: the semantics the lease plane relies on, and the faults it injects."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import botocore.exceptions
+import pytest
+
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import KEY_WRITE_UNITS, PAGE_BYTES, Behaviour, Fault, SimDynamoDB, SimDynamoDBClient
+from efo.sim.loop import run
+
+TABLE = "t"
+
+
+def _db(**behaviour: Any) -> tuple[SimDynamoDB, SimDynamoDBClient]:
+    db = SimDynamoDB(random.Random(1), Behaviour(**behaviour))
+    db.create_table(TABLE)
+    return db, db.client("w1", SimClock(), random.Random(2))
+
+
+def _key(pk: str, sk: str) -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def _code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response["Error"]["Code"])
+
+
+def test_a_conditional_update_lands_only_while_its_condition_holds() -> None:
+    async def scenario() -> None:
+        _, client = _db()
+        await client.put_item(TableName=TABLE, Item={**_key("p", "a"), "owner": {"S": "w1"}, "n": {"N": "1"}})
+        update = {
+            "TableName": TABLE,
+            "Key": _key("p", "a"),
+            "UpdateExpression": "SET owner = :me, n = n + :one REMOVE gone",
+            "ConditionExpression": "n = :n AND owner = :owner",
+            "ExpressionAttributeValues": {
+                ":me": {"S": "w2"},
+                ":one": {"N": "1"},
+                ":n": {"N": "1"},
+                ":owner": {"S": "w1"},
+            },
+            "ReturnValues": "ALL_NEW",
+        }
+        answer = await client.update_item(**update)
+        assert answer["Attributes"]["owner"] == {"S": "w2"} and answer["Attributes"]["n"] == {"N": "2"}
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            await client.update_item(**update)  # n is 2 now
+        assert _code(refused.value) == "ConditionalCheckFailedException"
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            await client.put_item(TableName=TABLE, Item=_key("p", "a"), ConditionExpression="attribute_not_exists(pk)")
+        assert _code(refused.value) == "ConditionalCheckFailedException"
+
+    run(scenario())
+
+
+def test_an_expression_it_does_not_know_is_a_validation_error() -> None:
+    async def scenario() -> None:
+        _, client = _db()
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            await client.update_item(
+                TableName=TABLE,
+                Key=_key("p", "a"),
+                UpdateExpression="SET #n = :v",
+                ExpressionAttributeValues={":v": {"S": "x"}},
+            )
+        assert _code(refused.value) == "ValidationException"
+
+    run(scenario())
+
+
+def test_a_query_reads_its_sort_key_range_in_pages_of_a_mebibyte() -> None:
+    async def scenario() -> None:
+        _, client = _db()
+        blob = "x" * 100_000
+        for i in range(25):
+            await client.put_item(TableName=TABLE, Item={**_key("p", f"shard|{i:03d}"), "blob": {"S": blob}})
+        await client.put_item(TableName=TABLE, Item={**_key("p", "version"), "p0": {"N": "1"}})
+        request = {
+            "TableName": TABLE,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":pk": {"S": "p"}, ":prefix": {"S": "shard|"}},
+            "ConsistentRead": True,
+        }
+        pages = [await client.query(**request)]
+        while "LastEvaluatedKey" in pages[-1]:
+            pages.append(await client.query(**request, ExclusiveStartKey=pages[-1]["LastEvaluatedKey"]))
+        assert len(pages) == 3  # 2.5 MB of items
+        assert all(sum(len(i["blob"]["S"]) for i in page["Items"]) <= PAGE_BYTES + 100_000 for page in pages)
+        assert [i["sk"]["S"] for page in pages for i in page["Items"]] == [f"shard|{i:03d}" for i in range(25)]
+        after = await client.query(
+            TableName=TABLE,
+            KeyConditionExpression="pk = :pk AND sk > :after",
+            ExpressionAttributeValues={":pk": {"S": "p"}, ":after": {"S": "shard}"}},
+            ConsistentRead=True,
+        )
+        assert [item["sk"]["S"] for item in after["Items"]] == ["version"]
+
+    run(scenario())
+
+
+def test_an_eventually_consistent_read_may_see_the_table_up_to_its_staleness_ago() -> None:
+    async def scenario() -> None:
+        _, client = _db(stale_read_s=2.0)
+        await client.put_item(TableName=TABLE, Item={**_key("p", "a"), "n": {"N": "1"}})
+        await asyncio.sleep(5.0)
+        await client.put_item(TableName=TABLE, Item={**_key("p", "a"), "n": {"N": "2"}})
+        seen = set()
+        for _ in range(50):
+            item = (await client.get_item(TableName=TABLE, Key=_key("p", "a")))["Item"]
+            seen.add(item["n"]["N"])
+        assert seen == {"1", "2"}, "eventually consistent reads right after a write see either"
+        strong = (await client.get_item(TableName=TABLE, Key=_key("p", "a"), ConsistentRead=True))["Item"]
+        assert strong["n"] == {"N": "2"}
+        await asyncio.sleep(2.5)
+        later = {(await client.get_item(TableName=TABLE, Key=_key("p", "a")))["Item"]["n"]["N"] for _ in range(20)}
+        assert later == {"2"}, "older than the staleness: only the newest"
+
+    run(scenario())
+
+
+def test_one_partition_key_serves_a_thousand_write_units_a_second_then_throttles() -> None:
+    async def scenario() -> None:
+        db, _ = _db()
+        writers = [db.client(f"w{i}", SimClock(), random.Random(i)) for i in range(4)]
+        throttled = 0
+
+        async def write(client: SimDynamoDBClient, i: int) -> None:
+            nonlocal throttled
+            try:
+                await client.put_item(TableName=TABLE, Item={**_key("hot", f"r{i}"), "v": {"S": "x"}})
+            except botocore.exceptions.ClientError as exc:
+                assert _code(exc) == "ProvisionedThroughputExceededException"
+                throttled += 1
+
+        await asyncio.gather(*(write(writers[i % 4], i) for i in range(int(KEY_WRITE_UNITS) + 400)))
+        assert throttled > 0 and db.throttled["PutItem"] >= throttled
+        assert db.usage.partitions["hot"].write_units <= KEY_WRITE_UNITS + 400
+
+    run(scenario())
+
+
+def test_faults_throttle_a_key_fail_every_request_and_slow_one_client() -> None:
+    async def scenario() -> None:
+        db, client = _db()
+        db.faults.add(Fault("throttle", 0.0, 10.0, key_prefix="p#1"))
+        await client.put_item(TableName=TABLE, Item=_key("p#0", "a"))
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            await client.put_item(TableName=TABLE, Item=_key("p#1", "a"))  # three attempts, all throttled
+        assert _code(refused.value) == "ProvisionedThroughputExceededException" and client.calls["PutItem"] == 4
+        db.faults.add(Fault("outage", 20.0, 30.0))
+        await asyncio.sleep(20.0 - asyncio.get_running_loop().time())
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            await client.get_item(TableName=TABLE, Key=_key("p#0", "a"))
+        assert _code(refused.value) == "InternalServerError"
+        db.faults.add(Fault("latency", 40.0, 50.0, client="w1", extra_s=3.0))
+        await asyncio.sleep(40.0 - asyncio.get_running_loop().time())
+        started = asyncio.get_running_loop().time()
+        await client.get_item(TableName=TABLE, Key=_key("p#0", "a"))
+        assert asyncio.get_running_loop().time() - started >= 3.0
+
+    run(scenario())
+
+
+def test_an_answer_later_than_the_read_timeout_may_have_landed() -> None:
+    async def scenario() -> None:
+        db, client = _db()
+        client.read_timeout_s = 1.0
+        db.faults.add(Fault("latency", 0.0, 100.0, extra_s=1.5))  # halfway: 0.75 s, in time to land
+        with pytest.raises(botocore.exceptions.ReadTimeoutError):
+            await client.put_item(TableName=TABLE, Item=_key("p", "a"))
+        db.faults.active.clear()
+        assert "Item" in await client.get_item(TableName=TABLE, Key=_key("p", "a"), ConsistentRead=True)
+
+    run(scenario())
