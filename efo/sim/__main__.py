@@ -41,7 +41,21 @@ def _config(args: argparse.Namespace, seed: int) -> RunConfig:
         duration_s=args.minutes * 60.0,
         faults=faults.parse(args.faults),
         drain_s=args.drain_s,
+        window=_window(args.window),
     )
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    if not text:
+        return None
+    start, _, end = text.partition(":")
+    try:
+        window = (float(start), float(end))
+    except ValueError:
+        raise ValueError(f"--window {text!r}: FROM:TO in simulated seconds, such as 120:180") from None
+    if not 0 <= window[0] < window[1]:
+        raise ValueError(f"--window {text!r}: FROM must be at least 0 and below TO")
+    return window
 
 
 def replay_command(args: argparse.Namespace, seed: int) -> str:
@@ -76,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--stale-read-s", type=float, default=1.0, dest="stale_read_s")
         command.add_argument("--idle-event-s", type=float, default=5.0, dest="idle_event_s")
         command.add_argument("--drain-s", type=float, default=90.0, dest="drain_s")
+        command.add_argument(
+            "--window", default=None, help="FROM:TO (simulated seconds): DynamoDB and ListShards use as rates"
+        )
         if name == "run":
             command.add_argument("--seed", type=int, default=0)
             command.add_argument("--json", action="store_true", help="the report as JSON")

@@ -275,6 +275,10 @@ class SimDynamoDB:
             self._throttle(operation)
         if write and not table.write_buckets.setdefault(key, _Bucket(KEY_WRITE_UNITS)).take(write, now):
             self._throttle(operation)
+        if operation == "UpdateItem":
+            expression = self._serving[1].get("UpdateExpression", "")
+            if "position_kind" in expression and "lease_counter" not in expression:
+                operation = "checkpoint"
         self.usage.record(operation, [Charge(key, read, write, size)])
 
     def _row(self, table: _Table, key: dict[str, Any]) -> tuple[str, str, _Row | None]:

@@ -40,6 +40,9 @@ class RunConfig:
     duration_s: float = 180.0
     faults: tuple[str, ...] = ()
     drain_s: float = 90.0
+    #: The stretch of simulated time (from, to) whose DynamoDB and ListShards use the report gives
+    #: as rates (Report.window); None: none.
+    window: tuple[float, float] | None = None
 
     def check(self) -> None:
         """A size or fault the simulation cannot run is refused, naming what is allowed."""
@@ -75,6 +78,7 @@ class Report:
     throttled: dict[str, int]
     list_shards_calls: int
     busiest_key: dict[str, Any]
+    window: dict[str, Any] | None = None
     violation: str | None = None
     invariant: str | None = None
 
@@ -138,6 +142,7 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
     oracle = fleet.oracle
     violation: Violation | None = None
     tasks: list[asyncio.Task[None]] = []
+    window: dict[str, Any] = {}
     try:
         await fleet.add(config.fleet.workers)
         tasks.append(asyncio.create_task(_produce(fleet), name="producer"))
@@ -146,6 +151,8 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
             faults.inject(fleet, config.faults, random.Random(fleet.rng.random()), config.duration_s), name="faults"
         )
         tasks.append(chaos)
+        if config.window is not None:
+            tasks.append(asyncio.create_task(_measure(fleet, config.window, window), name="window"))
         await _until(fleet, oracle, tasks, lambda: fleet.clock.now() >= config.duration_s)
         chaos.cancel()
         tasks[0].cancel()  # the producer stops; faults that are still on end now
@@ -200,9 +207,57 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
         throttled=dict(fleet.db.throttled),
         list_shards_calls=fleet.stream.list_calls,
         busiest_key=busiest,
+        window=window or None,
         violation=violation.report() if violation is not None else None,
         invariant=violation.invariant if violation is not None else None,
     )
+
+
+async def _measure(fleet: Fleet, window: tuple[float, float], into: dict[str, Any]) -> None:
+    """What the fleet asked of DynamoDB and Kinesis from ``window[0]`` to ``window[1]``, as rates."""
+    start_s, end_s = window
+    await fleet.clock.sleep(max(0.0, start_s - fleet.clock.now()))
+    before, lists = fleet.db.usage.to_json(), fleet.stream.list_calls
+    await fleet.clock.sleep(max(0.0, end_s - fleet.clock.now()))
+    into.update(usage_rates(before, fleet.db.usage.to_json(), end_s - start_s))
+    into["list_shards_per_min"] = round(60 * (fleet.stream.list_calls - lists) / (end_s - start_s), 2)
+    into["workers"] = len(fleet.live())
+
+
+#: On-demand list prices: a write unit costs five read units.
+WRITE_PRICE = 5.0
+
+
+def usage_rates(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The use between two readings of the meter: requests a minute by operation; the lease plane's
+    read and write units a second (everything but the checkpoints) and its cost in read-unit
+    equivalents; the checkpoints'; and the busiest partition key's units a second (all of it)."""
+
+    def delta(kind: str, name: str, field: str) -> float:
+        return float(after[kind].get(name, {}).get(field, 0)) - float(before[kind].get(name, {}).get(field, 0))
+
+    operations = {name: delta("operations", name, "requests") * 60 / seconds for name in after["operations"]}
+    plane = [name for name in after["operations"] if name != "checkpoint"]
+    reads = sum(delta("operations", name, "read_units") for name in plane) / seconds
+    writes = sum(delta("operations", name, "write_units") for name in plane) / seconds
+    keys = {
+        name: (delta("partitions", name, "read_units") / seconds, delta("partitions", name, "write_units") / seconds)
+        for name in after["partitions"]
+    }
+    busiest_read = max(keys.items(), key=lambda kv: kv[1][0], default=("", (0.0, 0.0)))
+    busiest_write = max(keys.items(), key=lambda kv: kv[1][1], default=("", (0.0, 0.0)))
+    return {
+        "seconds": seconds,
+        "requests_per_min": {name: round(rate, 2) for name, rate in sorted(operations.items()) if rate},
+        "read_units_per_s": round(reads, 3),
+        "write_units_per_s": round(writes, 3),
+        "cost_per_s": round(reads + WRITE_PRICE * writes, 3),
+        "checkpoint_write_units_per_s": round(delta("operations", "checkpoint", "write_units") / seconds, 3),
+        "busiest_key_read_units_per_s": round(busiest_read[1][0], 3),
+        "busiest_key_write_units_per_s": round(busiest_write[1][1], 3),
+        "busiest_read_key": busiest_read[0],
+        "busiest_write_key": busiest_write[0],
+    }
 
 
 def _views(fleet: Fleet) -> list[str]:
