@@ -9,8 +9,9 @@ In one cycle a worker:
 1. **claims** free leases (unowned, or held by a dead worker) up to its share (and
    ``max_leases_per_worker``), and beyond it up to ``ceil(n / w)`` only when more is free than all
    the shares still missing; a free lease another live worker asked for is left to that worker;
-   each worker takes the free leases from its own place in the list (its rank in name order), so
-   that workers claiming at once (a start, a takeover) do not all race for the same ones;
+   each worker takes the free leases from its own place in the list (after what the workers before
+   it in name order are missing), so that workers claiming at once (a start, a takeover) take
+   disjoint ones;
 2. **sheds** what it holds above its share when that is above ``ceil(n / w)`` or another worker
    holds less than ``floor(n / w)``, handing those leases over gracefully (in-flight records
    committed, checkpoint written, lease released) so that the worker short of its share claims
@@ -106,9 +107,12 @@ def plan(
     )
     taken_first = {lease.shard_id for lease in first}
     rest = sorted((lease for lease in free if lease.shard_id not in taken_first), key=lambda lease: lease.shard_id)
-    start = workers.index(me) * len(rest) // width
+    # Each worker's slice of the free leases starts after what the workers before it in name order
+    # are missing: workers that read the same table claim disjoint leases in the same cycle.
+    short_of = [max(0, share(worker) - load[worker]) for worker in workers]
+    start = sum(short_of[: workers.index(me)]) % len(rest) if rest else 0
     free = first + rest[start:] + rest[:start]
-    missing = sum(max(0, share(worker) - load[worker]) for worker in workers)
+    missing = sum(short_of)
     most = min(ceiling, max_leases) if max_leases is not None else ceiling
     if room is not None:
         most = min(most, room)
