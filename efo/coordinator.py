@@ -97,7 +97,7 @@ class Coordinator:
             heartbeats or table,
             settings.lease,
             on_expired=self._leases_expired,
-            on_recovered=lambda: self.cycle.run_now(),  # read the table, then claim again what is still ours
+            on_recovered=self._recovered,
             before_beat=lambda: self.checkpointer.check_batch_progress(),
             clock=clock,
         )
@@ -330,6 +330,7 @@ class Coordinator:
                 if self._heartbeat is not None:  # a beat in flight would write the row again
                     await _cancelled(self._heartbeat)
                 await self.table.remove_worker()
+                await self.table.members_changed()  # the others read the rows again: this one has none
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
         if clean and not failed:
@@ -363,6 +364,11 @@ class Coordinator:
         if self.bounds is not None:
             self.bounds.ended(owned)
         self.shards.list_now()
+
+    def _recovered(self) -> None:
+        """A heartbeat landed after doubt: tell the others, read the table, claim again what is still ours."""
+        self.cycle.membership.announce = True
+        self.cycle.run_now()
 
     def _leases_expired(self) -> None:
         self.owned.lose_all(f"no heartbeat landed for {self.liveness.validity_s:g} s")

@@ -1,7 +1,8 @@
 """This worker's copy of the lease table, read as little as it can be.
 
-Every read takes the heartbeats and the versions of the lease partitions (one small Query of the
-control partition); a lease partition is read again only when its leases may have changed: its
+Every read takes the version row (each lease partition's version and the membership counter: one
+small, strongly consistent GetItem, so that a change is seen at the next cycle); a lease partition
+is read again only when its leases may have changed: its
 version moved, this worker changed a lease there (or a write found one not as read: both from
 :meth:`efo.leases.table.LeaseTable.take_changed`), it was found out of date (:meth:`LeaseCache.stale`),
 or the last read of every partition is ``full_read_interval_s`` old (a safety net for a change
@@ -34,22 +35,18 @@ class LeaseCache:
         self._read_all_at = 0.0  # the last read of every partition
         self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
         self._stale: set[int] = set()  # lease partitions found out of date: read them next time
-        #: When the last read's heartbeats were asked for and answered (see efo.leases.view).
-        self.issued_at = 0.0
-        self.answered_at = 0.0
+        self.answered_at = 0.0  # when the last read's version row was answered
 
     def stale(self, shard_id: str) -> None:
         """``shard_id``'s row was found not as cached: read its partition at the next read."""
         self._stale.add(self._table.partition_of(shard_id))
 
     async def read(self) -> TableState:
-        """The heartbeats and versions now, and every lease as fresh as it needs to be. A copy: the
-        caller may change it."""
-        issued_at = self._clock.now()
-        control = await self._table.read_control()
+        """The versions and the membership counter now, and every lease as fresh as it needs to be (no
+        heartbeat row: efo.worker.membership reads those). A copy: the caller may change it."""
+        control = await self._table.read_version(consistent=True)
         METRICS.lease_reads.labels(stream=self._stream, rows="control").inc()
-        now = self._clock.now()
-        self.issued_at, self.answered_at = issued_at, now
+        now = self.answered_at = self._clock.now()
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
         everything = not self._leases or now - self._read_all_at >= self._full_read_interval_s
@@ -72,4 +69,4 @@ class LeaseCache:
         for partition, version in control.versions.items():  # an older answer never moves one back
             self._versions[partition] = max(self._versions.get(partition, 0), version)
         leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}
-        return TableState(workers=control.workers, leases=leases, versions=control.versions)
+        return TableState(leases=leases, versions=control.versions, members=control.members)

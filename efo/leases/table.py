@@ -57,6 +57,8 @@ WORKER_PREFIX = "worker|"
 REGISTRY_PK = "efo:partitions"
 SHARD_PREFIX = "shard|"
 VERSION_KEY = "version"
+#: On the version row: moved by every change of who is alive (efo.leases.membership).
+MEMBERS_ATTRIBUTE = "members"
 #: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
 AFTER_SHARDS = "shard}"
 #: Lease partitions at the first start: one per this many shards, at least MIN_LEASE_PARTITIONS. A
@@ -140,6 +142,7 @@ class TableState:
     workers: dict[str, WorkerRow] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # lease partition -> its version (none yet: 0)
+    members: int = 0  # moved by every change of who is alive: a start, a stop, a death, doubt
 
     @property
     def heartbeats(self) -> dict[str, int]:
@@ -418,6 +421,51 @@ class LeaseTable:
         call it dead: fencing would keep that safe, but two workers would read its shards)."""
         return await self._read_state(self.partition, after=AFTER_SHARDS)
 
+    async def read_version(self, *, consistent: bool = True) -> TableState:
+        """The version row alone: each lease partition's version and the membership counter (one
+        small GetItem)."""
+        try:
+            response = await self._ddb.get_item(
+                TableName=self.table, Key=self._key(VERSION_KEY), ConsistentRead=consistent
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        state = TableState()
+        if "Item" in response:
+            self._absorb(state, response["Item"])
+        return state
+
+    async def read_workers(self, *, consistent: bool = False) -> dict[str, WorkerRow]:
+        """Every worker's heartbeat row (one paginated Query; eventually consistent unless told)."""
+        return (await self._read_state(self.partition, prefix=WORKER_PREFIX, consistent=consistent)).workers
+
+    async def read_some_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRow | None]:
+        """These workers' heartbeat rows, eventually consistent, one GetItem each (None: no row)."""
+        rows: dict[str, WorkerRow | None] = {}
+        try:
+            for worker_id in worker_ids:
+                response = await self._ddb.get_item(TableName=self.table, Key=self._key(WORKER_PREFIX + worker_id))
+                state = TableState()
+                if "Item" in response:
+                    self._absorb(state, response["Item"])
+                rows[worker_id] = state.workers.get(worker_id)
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        return rows
+
+    async def members_changed(self) -> None:
+        """Who is alive changed (this worker started, stopped or recovered, or it found another dead
+        or in doubt): every worker reads the heartbeat rows again at its next cycle."""
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key=self._key(VERSION_KEY),
+                UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one",
+                ExpressionAttributeValues={":one": {"N": "1"}},
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+
     async def _read_state(
         self, partition: str, *, prefix: str | None = None, after: str | None = None, consistent: bool = True
     ) -> TableState:
@@ -491,6 +539,7 @@ class LeaseTable:
                 for name, value in item.items()
                 if name.startswith("p") and name[1:].isdigit() and "N" in value
             }
+            state.members = int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
         elif sort_key.startswith(WORKER_PREFIX):
             worker_id = sort_key.removeprefix(WORKER_PREFIX)
             state.workers[worker_id] = WorkerRow(

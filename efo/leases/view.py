@@ -5,10 +5,15 @@ No two clocks need to agree: a worker is dead when its heartbeat counter has not
 reads; a free lease another worker asked for is kept for it while that request is younger than
 ``failover_s`` as seen from here.
 
-Each read of the heartbeats counts with two moments: a counter first seen in a read counts from
-when that read was **answered** (it changed at the latest then), and a counter still the same
-counts as unchanged up to when the read was **issued** (the table was read then or later). A slow
-read, or lease reads after it, never make a live worker look older than it is.
+Heartbeat rows are read in part (:mod:`efo.worker.membership` reads all of them only when someone
+joined, left, died or doubted, and each cycle only the few it watches), so the evidence is per
+row: a counter is dead only when two reads of that very row, ``failover_s`` apart, found it the
+same. A counter that changed counts from when it changed, as near as the reads tell: from the
+previous read of that row when that read was at most a heartbeat interval earlier (it landed after
+that read was issued; and a worker trusts its leases for ``failover_s`` minus a heartbeat interval
+after sending one, so dying at ``failover_s`` from that moment is never early), else from when
+this read was answered. A counter still the same counts as unchanged up to when its read was
+issued. Slow reads never make a live worker look older than it is.
 
 Only a worker with a heartbeat row is alive: a worker that stopped removed its row, a dead one's row
 is reaped (:meth:`efo.leases.table.LeaseTable.reap_worker`), so a lease owner without a row is free to
@@ -18,16 +23,30 @@ reads nothing) counts as not alive either: its leases are taken now, not after `
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from efo.clock import SYSTEM_CLOCK, Clock
-from efo.leases.table import TableState
+from efo.leases.table import Lease, WorkerRow
+
+
+@dataclass(slots=True)
+class _Seen:
+    beat: int
+    since: float  # when the counter took this value, as near as the reads tell
+    read_at: float  # when the last read that found it was issued
+    in_doubt: bool
 
 
 class TableView:
-    def __init__(self, me: str, failover_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, me: str, failover_s: float, heartbeat_interval_s: float = 0.0, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.me = me
         self.failover_s = failover_s
+        self.heartbeat_interval_s = heartbeat_interval_s
         self._clock = clock
-        self._beats: dict[str, tuple[int, float]] = {}  # worker -> (heartbeat, first seen at)
+        self._seen: dict[str, _Seen] = {}
         self._holders: dict[str, tuple[str | None, int]] = {}  # shard -> (owner, counter)
         self._moved_at: dict[str, float] = {}
         self._asked_seen: dict[tuple[str, str], float] = {}  # (shard, asker) -> first seen at
@@ -35,57 +54,92 @@ class TableView:
         self.dead: set[str] = set()  # with a row whose counter did not change for failover_s
         self.doubting: set[str] = set()  # with a row that says it is in doubt
 
-    def update(self, state: TableState, *, issued_at: float, answered_at: float) -> None:
-        """``state``'s heartbeats were read by a request issued at ``issued_at`` and answered at
-        ``answered_at`` (this worker's clock); its leases may have been read later."""
-        for worker, row in state.workers.items():
-            seen = self._beats.get(worker)
-            if seen is None or seen[0] != row.heartbeat:
-                self._beats[worker] = (row.heartbeat, answered_at)
-        for worker in set(self._beats) - set(state.workers):  # stopped cleanly, or reaped
-            del self._beats[worker]
-        self.doubting = {worker for worker, row in state.workers.items() if row.in_doubt and worker != self.me}
-        self.dead = {
-            worker
-            for worker, (_, since) in self._beats.items()
-            if worker != self.me and issued_at - since >= self.failover_s
-        }
-        self.live = (set(self._beats) - self.dead - self.doubting) | {self.me}
-        for shard_id, lease in state.leases.items():
-            holder = (lease.owner, lease.counter)
-            if self._holders.get(shard_id, holder) != holder:
-                self._moved_at[shard_id] = answered_at
-            self._holders[shard_id] = holder
-        asked = {(lease.shard_id, lease.wanted_by) for lease in state.leases.values() if lease.wanted_by}
-        self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}  # type: ignore[misc]
+    # ---- the workers --------------------------------------------------------------------------
+
+    def saw_workers(
+        self, rows: Mapping[str, WorkerRow | None], *, issued_at: float, answered_at: float, complete: bool
+    ) -> None:
+        """Heartbeat rows read by a request issued at ``issued_at`` and answered at ``answered_at``
+        (None: that worker has no row). ``complete``: every row there is (a worker not among them has
+        none)."""
+        for worker, row in rows.items():
+            if row is None:
+                self._seen.pop(worker, None)
+                continue
+            seen = self._seen.get(worker)
+            if seen is None or seen.beat != row.heartbeat:
+                recent = seen is not None and answered_at - seen.read_at <= self.heartbeat_interval_s
+                since = seen.read_at if recent and seen is not None else answered_at
+                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt)
+            else:
+                seen.read_at, seen.in_doubt = issued_at, row.in_doubt
+        if complete:
+            for worker in set(self._seen) - set(rows):  # stopped cleanly, or reaped
+                del self._seen[worker]
+        self._derive()
+
+    def _derive(self) -> None:
+        others = {worker: seen for worker, seen in self._seen.items() if worker != self.me}
+        self.dead = {worker for worker, seen in others.items() if seen.read_at - seen.since >= self.failover_s}
+        self.doubting = {worker for worker, seen in others.items() if seen.in_doubt}
+        self.live = (set(others) - self.dead - self.doubting) | {self.me}
 
     def beat(self, worker: str) -> int | None:
         """The counter of ``worker``'s heartbeat as last read (None: no row)."""
-        seen = self._beats.get(worker)
-        return seen[0] if seen is not None else None
+        seen = self._seen.get(worker)
+        return seen.beat if seen is not None else None
+
+    def known(self) -> set[str]:
+        """Every worker with a heartbeat row, as far as this worker knows (itself included)."""
+        return set(self._seen) | {self.me}
+
+    def watched(self, count: int) -> list[str]:
+        """The ``count`` workers after this one, in name order around the ring of every worker with a
+        row: each worker is watched by the ``count`` before it."""
+        ring = sorted(self.known())
+        place = ring.index(self.me)
+        return [ring[(place + step) % len(ring)] for step in range(1, min(count, len(ring) - 1) + 1)]
 
     def confirm(self, worker: str, heartbeat: int | None, in_doubt: bool, *, read_at: float) -> bool:
         """A fresh read of a worker thought dead (or in doubt): True if it still is. A counter that
         moved makes it alive again, from ``read_at``."""
-        seen = self._beats.get(worker)
+        seen = self._seen.get(worker)
         if heartbeat is None:
-            self._beats.pop(worker, None)
-            self.live.discard(worker)
+            self._seen.pop(worker, None)
+            self._derive()
             return True
         if in_doubt:
             return True
-        if seen is not None and seen[0] == heartbeat and worker in self.dead:
+        if seen is not None and seen.beat == heartbeat and worker in self.dead:
             return True
-        self._beats[worker] = (heartbeat, read_at)
-        self.dead.discard(worker)
-        self.doubting.discard(worker)
-        self.live.add(worker)
+        self._seen[worker] = _Seen(heartbeat, read_at, read_at, in_doubt)
+        self._derive()
         return False
 
-    def next_death_at(self) -> float | None:
-        """When the first worker alive now would be dead, if its counter does not move before."""
-        times = [since + self.failover_s for w, (_, since) in self._beats.items() if w in self.live and w != self.me]
+    def next_death_at(self, among: set[str]) -> float | None:
+        """When the first of ``among`` alive now would be dead, if its counter does not move before
+        (a read then would show it)."""
+        times = [
+            seen.since + self.failover_s
+            for worker, seen in self._seen.items()
+            if worker in among and worker in self.live and worker != self.me
+        ]
         return min(times) if times else None
+
+    def owner_is_dead(self, owner: str | None) -> bool:
+        """A lease owner that is not alive: dead, in doubt, or without a heartbeat row."""
+        return owner is not None and owner not in self.live
+
+    # ---- the leases ---------------------------------------------------------------------------
+
+    def saw_leases(self, leases: Mapping[str, Lease], *, answered_at: float) -> None:
+        for shard_id, lease in leases.items():
+            holder = (lease.owner, lease.counter)
+            if self._holders.get(shard_id, holder) != holder:
+                self._moved_at[shard_id] = answered_at
+            self._holders[shard_id] = holder
+        asked = {(lease.shard_id, lease.wanted_by) for lease in leases.values() if lease.wanted_by}
+        self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}  # type: ignore[misc]
 
     def moved_within(self, seconds: float) -> set[str]:
         now = self._clock.now()
@@ -99,7 +153,3 @@ class TableView:
             for (shard_id, asker), since in self._asked_seen.items()
             if asker != self.me and asker in self.live and now - since < self.failover_s
         }
-
-    def owner_is_dead(self, owner: str | None) -> bool:
-        """A lease owner that is not alive: dead, in doubt, or without a heartbeat row."""
-        return owner is not None and owner not in self.live

@@ -15,9 +15,10 @@ Checked at every change of a lease row (the simulated DynamoDB reports each one 
 Checked every second by :meth:`Oracle.watch` (the fleet's monitor):
 
 - **read again**: a shard that can be read (its lease not finished, its parents finished) is read by
-  a live worker within ``failover_s + 2 s`` of when it stopped being read, counted from the end of the
-  last fault that could delay it (DynamoDB faults, paused or late workers), and within
-  :data:`START_LIMIT_S` of the fleet's start;
+  a live worker within ``failover_s + 2 s`` of when it stopped being read (its owner died, stopped,
+  handed it over, or it was born of a reshard), and within :data:`START_LIMIT_S` of the fleet's start
+  or of the end of a fault that could delay it (DynamoDB faults, paused or late workers: the fleet
+  converges again as after a start);
 - **no exit**: no worker's service ends on its own (a fault that heals never ends a worker);
 - **no doubt**: no worker's leases go into doubt unless a fault touched its DynamoDB path or its time;
 - **balance**: 30 s after the last change of membership (a start, a join, a stop, a death) with no
@@ -267,7 +268,7 @@ class Oracle:
                 continue
             shards.discard(shard_id)
             taken_s = now - max(died_at, self.disturbed_until)
-            if taken_s > self.failover_s + 2.0:
+            if taken_s > self._allowed_s(died_at):
                 self.fail(
                     now, "read again", f"{shard_id} was read again {taken_s:.3f} s after its owner died", shard_id
                 )
@@ -277,6 +278,12 @@ class Oracle:
 
     def disturbed(self, until_s: float) -> None:
         self.disturbed_until = max(self.disturbed_until, until_s)
+
+    def _allowed_s(self, unread_since: float) -> float:
+        """How long a shard unread since then may stay so, counted from then or the last fault's end."""
+        if unread_since < START_LIMIT_S or unread_since <= self.disturbed_until + START_LIMIT_S:
+            return START_LIMIT_S  # the start, or the convergence after a fault
+        return self.failover_s + 2.0
 
     def watch(self, now: float, fleet: Fleet, readable: set[str]) -> None:
         """One look at the fleet: who reads what, who failed, who doubts."""
@@ -312,7 +319,6 @@ class Oracle:
         if set(counts) != self._members:  # a worker came up, went into doubt or recovered
             self._members = set(counts)
             self.membership_changed_at = now
-        limit_s = self.failover_s + 2.0
         for shard_id in readable:
             state = self._shard(shard_id)
             if shard_id in readers:
@@ -324,7 +330,7 @@ class Oracle:
             if state.unread_since is None:
                 state.unread_since = now
             since = max(state.unread_since, self.disturbed_until)
-            allowed_s = START_LIMIT_S if since < START_LIMIT_S else limit_s
+            allowed_s = self._allowed_s(state.unread_since)
             if now - since > allowed_s:
                 self.fail(
                     now,

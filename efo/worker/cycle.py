@@ -30,6 +30,7 @@ from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.leases.view import TableView
 from efo.observability import METRICS
+from efo.worker.membership import Membership
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
 from efo.worker.shardsync import ShardSync
@@ -80,7 +81,8 @@ class LeaseCycle:
         self._clock = clock
         self._me = table.worker_id
         self._now = asyncio.Event()
-        self.view = TableView(self._me, settings.lease.failover_s, clock)
+        self.view = TableView(self._me, settings.lease.failover_s, settings.lease.heartbeat_interval_s, clock)
+        self.membership = Membership(table, self.view, settings.lease, clock)
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._ask_not_before = 0.0  # a request of this worker was declined: no other before this
@@ -121,15 +123,19 @@ class LeaseCycle:
 
     async def read(self) -> TableState:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
-        self.state = await self._cache.read()
+        state = await self._cache.read()
+        await self.membership.read(state.members)
+        state.workers = dict(self.membership.rows)
+        self.view.saw_leases(state.leases, answered_at=self._cache.answered_at)
+        self.state = state
         self.read_at = self._cache.answered_at
         return self.state
 
     async def cycle(self, state: TableState, graph: ShardGraph) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
-        self.view.update(state, issued_at=self._cache.issued_at, answered_at=self._cache.answered_at)
         self._watch_deaths()
-        await self._reap(state)
+        if not self._in_doubt() and not self._stopping.is_set():
+            await self.membership.act()
         METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
         await self._apply_resets(state, graph)
@@ -222,19 +228,9 @@ class LeaseCycle:
         if self._death_check is not None:
             self._death_check.cancel()
             self._death_check = None
-        death_at = self.view.next_death_at()
+        death_at = self.membership.next_death_at()
         if death_at is not None:
             self._death_check = self._clock.call_later(max(0.0, death_at - self._clock.now()), self.run_now)
-
-    async def _reap(self, state: TableState) -> None:
-        """The dead workers' heartbeat rows are deleted by the first live worker in name order (if its
-        read of them is still the last: :meth:`~efo.leases.table.LeaseTable.reap_worker`)."""
-        if self._in_doubt() or self._stopping.is_set() or min(self.view.live) != self._me:
-            return
-        for worker in sorted(self.view.dead & state.workers.keys()):
-            beat = self.view.beat(worker)
-            if beat is not None and await self._table.reap_worker(worker, beat):
-                self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
 
     async def _confirm_dead(self, owners: Iterable[str | None]) -> set[str]:
         """Of these lease owners, the ones thought dead (or in doubt) that a fresh, strongly consistent

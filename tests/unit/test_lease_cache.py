@@ -1,4 +1,4 @@
-"""The lease cache alone, with a fake table and a fake clock: every read takes the heartbeats and
+"""The lease cache alone, with a fake table and a fake clock: every read takes the version row and
 the versions, and a lease partition only when its leases may have changed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from efo.errors import Retriable
 from efo.leases.cache import LeaseCache
-from efo.leases.table import Lease, TableState, WorkerRow, lease_partition_of
+from efo.leases.table import Lease, TableState, lease_partition_of
 from efo.pipeline.records import Position
 from efo.sim.clock import ManualClock
 
@@ -39,10 +39,10 @@ class FakeTable:
         changed, self.changed = self.changed, set()
         return changed
 
-    async def read_control(self) -> TableState:
+    async def read_version(self, *, consistent: bool = True) -> TableState:
+        assert consistent, "a version read a second late would miss a change at the next cycle"
         self.control_reads += 1
-        workers = {"me": WorkerRow("me", self.control_reads, None)}
-        return TableState(workers=workers, versions=dict(self.versions))
+        return TableState(versions=dict(self.versions), members=self.control_reads)
 
     async def read_leases(self, partitions: Collection[int]) -> TableState:
         self.partitions_read += sorted(partitions)
@@ -71,14 +71,14 @@ def _read(cache: LeaseCache) -> TableState:
     return asyncio.run(cache.read())
 
 
-def test_the_lease_partitions_are_read_once_and_then_only_the_heartbeats_and_the_versions() -> None:
+def test_the_lease_partitions_are_read_once_and_then_only_the_version_row() -> None:
     table, clock = FakeTable(), Clock()
     cache = _cache(table, clock)
     for _ in range(20):
         state = _read(cache)
         clock.t += 1.0
     assert table.control_reads == 20 and table.partitions_read == [0, 1]
-    assert set(state.leases) == {"shard-1"} and state.workers["me"].heartbeat == 20  # heartbeats are fresh
+    assert set(state.leases) == {"shard-1"} and state.members == 20  # the membership counter is fresh
 
 
 def test_a_moved_version_reads_that_lease_partition_again_and_an_older_answer_does_not() -> None:

@@ -96,10 +96,22 @@ def test_a_child_subscribed_before_its_parent_ended_breaks_parents_first() -> No
 
 def test_a_shard_its_owner_died_with_must_be_read_again_within_failover_plus_two_seconds() -> None:
     oracle, _, _ = _oracle()
-    oracle.died(10.0, {SHARD})
+    oracle.died(100.0, {SHARD})
     with pytest.raises(Violation, match="read again"):
-        oracle.first_event(22.5, SHARD)
+        oracle.first_event(112.5, SHARD)
+    oracle, _, _ = _oracle()
+    oracle.died(100.0, {SHARD})
+    oracle.first_event(111.5, SHARD)
+    assert oracle.takeovers == [11.5]
+
+
+def test_after_the_start_or_a_fault_the_fleet_has_thirty_seconds_to_read_every_shard_again() -> None:
     oracle, _, _ = _oracle()
     oracle.died(10.0, {SHARD})
-    oracle.first_event(21.5, SHARD)
-    assert oracle.takeovers == [11.5]
+    oracle.first_event(35.0, SHARD)  # a death during the start's convergence
+    oracle.disturbed(200.0)
+    oracle.died(205.0, {SHARD})
+    oracle.first_event(229.0, SHARD)
+    with pytest.raises(Violation, match="read again"):
+        oracle.died(300.0, {SHARD})
+        oracle.first_event(313.0, SHARD)

@@ -2,64 +2,97 @@
 
 from __future__ import annotations
 
-from efo.leases.table import Lease, TableState, WorkerRow
+from efo.leases.table import WorkerRow
 from efo.leases.view import TableView
-from efo.pipeline.records import Position
 from efo.sim.clock import ManualClock
 
 
-def _state(
-    beats: dict[str, int], *, doubting: frozenset[str] = frozenset(), owners: dict[str, str] | None = None
-) -> TableState:
-    workers = {name: WorkerRow(name, beat, None, in_doubt=name in doubting) for name, beat in beats.items()}
-    leases = {shard: Lease(shard, (), owner, 1, Position("TRIM_HORIZON")) for shard, owner in (owners or {}).items()}
-    return TableState(workers=workers, leases=leases)
+def _rows(beats: dict[str, int | None], *, doubting: frozenset[str] = frozenset()) -> dict[str, WorkerRow | None]:
+    return {
+        name: None if beat is None else WorkerRow(name, beat, None, in_doubt=name in doubting)
+        for name, beat in beats.items()
+    }
+
+
+def _view() -> TableView:
+    return TableView("me", failover_s=10.0, heartbeat_interval_s=2.0, clock=ManualClock())
 
 
 def test_a_slow_read_never_makes_a_live_worker_look_older_than_it_is() -> None:
     """Race a of issue 37: the view took 'now' after the reads; a read issued at 9 s and answered at
     17 s (throttled, then the lease partitions) made a counter first seen at 0 s look 17 s old. A
     counter still the same counts as unchanged up to when the read was issued."""
-    view = TableView("me", failover_s=10.0, clock=ManualClock())
-    view.update(_state({"me": 1, "other": 5}), issued_at=0.0, answered_at=0.0)
-    view.update(_state({"me": 2, "other": 5}), issued_at=9.0, answered_at=17.0)
+    view = _view()
+    view.saw_workers(_rows({"me": 1, "other": 5}), issued_at=0.0, answered_at=0.0, complete=True)
+    view.saw_workers(_rows({"me": 2, "other": 5}), issued_at=9.0, answered_at=17.0, complete=True)
     assert "other" in view.live and not view.dead
-    view.update(_state({"me": 3, "other": 5}), issued_at=10.0, answered_at=10.5)
+    view.saw_workers(_rows({"me": 3, "other": 5}), issued_at=10.0, answered_at=10.5, complete=True)
     assert view.dead == {"other"} and view.owner_is_dead("other")
 
 
-def test_a_counter_first_seen_counts_from_when_its_read_was_answered() -> None:
-    view = TableView("me", failover_s=10.0, clock=ManualClock())
-    view.update(_state({"me": 1, "other": 5}), issued_at=0.0, answered_at=4.0)
-    view.update(_state({"me": 2, "other": 5}), issued_at=13.9, answered_at=14.0)
-    assert "other" in view.live
-    view.update(_state({"me": 3, "other": 5}), issued_at=14.0, answered_at=14.1)
-    assert "other" in view.dead
-    assert view.next_death_at() is None
+def test_a_counter_that_changed_counts_from_the_previous_read_only_if_that_was_recent() -> None:
+    """It landed after the previous read was issued: counting from there is never early when that
+    read was at most a heartbeat interval before (the owner trusts its leases failover_s minus a
+    heartbeat interval after sending); from longer ago, it counts from this read's answer."""
+    view = _view()
+    view.saw_workers(_rows({"other": 5}), issued_at=0.0, answered_at=0.1, complete=False)
+    view.saw_workers(_rows({"other": 6}), issued_at=1.0, answered_at=1.1, complete=False)  # 1.1 - 0.0 <= 2
+    view.saw_workers(_rows({"other": 6}), issued_at=10.0, answered_at=10.1, complete=False)
+    assert "other" in view.dead, "unchanged from 0 s (the read before the change) to 10 s"
+    view = _view()
+    view.saw_workers(_rows({"other": 5}), issued_at=0.0, answered_at=0.1, complete=False)
+    view.saw_workers(_rows({"other": 6}), issued_at=5.0, answered_at=5.1, complete=False)  # 5.1 - 0.0 > 2
+    view.saw_workers(_rows({"other": 6}), issued_at=14.0, answered_at=14.1, complete=False)
+    assert "other" in view.live, "counts from 5.1 s: 8.9 s unchanged"
+    assert view.next_death_at({"other"}) == 15.1
 
 
 def test_an_owner_without_a_heartbeat_row_is_not_alive() -> None:
     """A worker that stopped removed its row (what it could not release stays its own), and a dead
     one's row is reaped: a worker that starts later takes their leases at once."""
-    view = TableView("me", failover_s=10.0, clock=ManualClock())
-    view.update(_state({"me": 1}, owners={"shard-1": "gone"}), issued_at=0.0, answered_at=0.0)
+    view = _view()
+    view.saw_workers(_rows({"me": 1, "gone": 3}), issued_at=0.0, answered_at=0.0, complete=True)
+    view.saw_workers(_rows({"me": 2}), issued_at=1.0, answered_at=1.0, complete=True)
     assert view.owner_is_dead("gone") and view.live == {"me"}
+    view.saw_workers(_rows({"other": 4}), issued_at=2.0, answered_at=2.0, complete=True)
+    view.saw_workers(_rows({"other": None}), issued_at=3.0, answered_at=3.0, complete=False)
+    assert view.owner_is_dead("other")
 
 
 def test_a_worker_whose_heartbeat_says_it_is_in_doubt_is_not_alive_while_its_counter_moves() -> None:
-    view = TableView("me", failover_s=10.0, clock=ManualClock())
-    view.update(_state({"me": 1, "other": 5}, doubting=frozenset({"other"})), issued_at=0.0, answered_at=0.0)
-    assert view.owner_is_dead("other") and "other" not in view.dead
-    view.update(_state({"me": 2, "other": 6}), issued_at=2.0, answered_at=2.0)
+    view = _view()
+    view.saw_workers(
+        _rows({"me": 1, "other": 5}, doubting=frozenset({"other"})), issued_at=0.0, answered_at=0.0, complete=True
+    )
+    assert view.owner_is_dead("other") and "other" not in view.dead and view.doubting == {"other"}
+    view.saw_workers(_rows({"me": 2, "other": 6}), issued_at=2.0, answered_at=2.0, complete=True)
     assert "other" in view.live
 
 
+def test_rows_read_in_part_leave_the_others_as_they_were() -> None:
+    """Only the watched rows are read most cycles: a worker not read again is neither refreshed nor
+    aged (its death is known from those who watch it)."""
+    view = _view()
+    view.saw_workers(_rows({"me": 1, "a": 1, "b": 1}), issued_at=0.0, answered_at=0.0, complete=True)
+    view.saw_workers(_rows({"a": 2}), issued_at=30.0, answered_at=30.0, complete=False)
+    assert view.live == {"me", "a", "b"}
+
+
+def test_each_worker_watches_the_ones_after_it_around_the_ring() -> None:
+    view = _view()
+    view.saw_workers(_rows({"a": 1, "me": 1, "x": 1, "z": 1}), issued_at=0.0, answered_at=0.0, complete=True)
+    assert view.watched(2) == ["x", "z"]
+    view = TableView("z", failover_s=10.0, heartbeat_interval_s=2.0, clock=ManualClock())
+    view.saw_workers(_rows({"a": 1, "me": 1, "z": 1}), issued_at=0.0, answered_at=0.0, complete=True)
+    assert view.watched(2) == ["a", "me"] and view.watched(5) == ["a", "me"]
+
+
 def test_a_fresh_read_of_a_worker_thought_dead_brings_it_back_if_its_counter_moved() -> None:
-    view = TableView("me", failover_s=10.0, clock=ManualClock())
-    view.update(_state({"me": 1, "other": 5}), issued_at=0.0, answered_at=0.0)
-    view.update(_state({"me": 2, "other": 5}), issued_at=10.0, answered_at=10.0)
+    view = _view()
+    view.saw_workers(_rows({"me": 1, "other": 5}), issued_at=0.0, answered_at=0.0, complete=True)
+    view.saw_workers(_rows({"me": 2, "other": 5}), issued_at=10.0, answered_at=10.0, complete=True)
     assert view.confirm("other", 5, False, read_at=10.5), "the same counter: still dead"
     assert not view.confirm("other", 6, False, read_at=11.0), "it beat since: alive"
-    assert "other" in view.live and view.next_death_at() == 21.0
+    assert "other" in view.live and view.next_death_at({"other"}) == 21.0
     assert view.confirm("other", 7, True, read_at=12.0), "alive, but in doubt"
     assert view.confirm("other", None, False, read_at=12.0), "no row any more"

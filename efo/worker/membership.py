@@ -1,0 +1,115 @@
+"""Who is alive, read in a number of rows that grows with the workers, not with their square.
+
+Every worker writes its heartbeat row every ``heartbeat_interval_s``. Reading every row every cycle,
+as every worker did, costs W rows a worker a second: W² for the fleet, about 4,000 read units a
+second on one partition key at 256 workers. Instead:
+
+- **The membership counter.** The version row, which every cycle reads anyway, carries a counter
+  (``members``) that moves whenever who is alive changes: a worker that starts (once its first
+  heartbeat landed), stops (once its row is removed), recovers from doubt, or is found dead or in
+  doubt by those who watch it. When it moved, a cycle reads every heartbeat row (one Query).
+- **Watching.** Each cycle reads the rows of the :data:`WATCHED` workers after this one, in name
+  order around the ring (so each worker is watched by the ones before it): a few GetItems,
+  eventually consistent. A watched worker whose counter did not change for ``failover_s`` is dead:
+  its row is deleted (if still as read: :meth:`~efo.leases.table.LeaseTable.reap_worker`) and the
+  counter moved, so every worker reads the rows again, finds none for it, and takes its leases. One
+  whose row says it is in doubt, or no longer, moves the counter too.
+- **The safety net.** Every row is read again at least every ``lease.full_read_interval_s``
+  (jittered): a death whose watchers died with it is found then.
+
+The watched rows are read eventually consistent: a stale answer can only make a worker look older
+(it is then read again strongly before any of its leases is taken: :meth:`efo.worker.cycle.LeaseCycle`),
+and every deletion is conditional on the counter read. Reading every row is strongly consistent: it
+follows a change of who is alive, and a stale answer would show a reaped row, alive again.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import structlog
+
+from efo.clock import Clock
+from efo.config import LeaseSettings
+from efo.leases.table import LeaseTable, WorkerRow
+from efo.leases.view import TableView
+
+log = structlog.get_logger("efo.worker.membership")
+
+#: How many workers after it in name order each worker reads every cycle.
+WATCHED = 2
+#: The safety net's interval is drawn from this share of full_read_interval_s up to all of it.
+JITTER_FROM = 0.5
+
+
+class Membership:
+    def __init__(
+        self,
+        table: LeaseTable,
+        view: TableView,
+        settings: LeaseSettings,
+        clock: Clock,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._table = table
+        self._view = view
+        self._settings = settings
+        self._clock = clock
+        self._rng = rng
+        self._members: int | None = None  # the counter as of the last read of every row
+        self._full_due = 0.0
+        self._doubting: set[str] = set()  # watched workers whose row said "in doubt", at the last read
+        self.rows: dict[str, WorkerRow] = {}  # every row as last read (the watched ones since)
+        self.announce = True  # this worker's own change to announce (its start, its recovery)
+        self._log = log.bind(worker_id=table.worker_id)
+
+    async def read(self, members: int) -> None:
+        """The heartbeat rows this cycle needs: every one when the counter moved (or the safety net is
+        due), else the watched ones."""
+        issued_at = self._clock.now()
+        if members != self._members or issued_at >= self._full_due:
+            rows = await self._table.read_workers(consistent=True)  # after a reap: that row is gone
+            answered_at = self._clock.now()
+            self.rows = dict(rows)
+            self._view.saw_workers(rows, issued_at=issued_at, answered_at=answered_at, complete=True)
+            self._members = members
+            interval_s = self._settings.full_read_interval_s
+            self._full_due = issued_at + interval_s * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
+            return
+        watched = await self._table.read_some_workers(self._view.watched(WATCHED))
+        answered_at = self._clock.now()
+        for worker, row in watched.items():
+            if row is None:
+                self.rows.pop(worker, None)
+            else:
+                self.rows[worker] = row
+        self._view.saw_workers(watched, issued_at=issued_at, answered_at=answered_at, complete=False)
+
+    async def act(self) -> None:
+        """Announce this worker's own change; reap the watched workers found dead; tell of those found
+        in doubt, or no longer. Each moves the membership counter."""
+        moved = False
+        if self.announce:
+            moved = True
+            self.announce = False
+        watched = set(self._view.watched(WATCHED))
+        for worker in sorted(self._view.dead & watched):
+            beat = self._view.beat(worker)
+            if beat is not None and await self._table.reap_worker(worker, beat):
+                self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
+                moved = True
+        doubting = self._view.doubting & watched
+        if doubting != self._doubting & watched:
+            moved = True
+        self._doubting = doubting
+        if moved:
+            try:
+                await self._table.members_changed()
+            except BaseException:
+                self.announce = True  # tried again at the next cycle
+                raise
+
+    def next_death_at(self) -> float | None:
+        """When the first watched worker would turn dead if it does not beat before."""
+        return self._view.next_death_at(set(self._view.watched(WATCHED)))
