@@ -165,15 +165,17 @@ class LeaseSettings(_Section):
     sync_interval_s: float = Field(
         1.0,
         gt=0,
-        description="How often the lease cycle runs: one small Query of the heartbeats and the lease "
-        "version (the lease rows only when the version moved); leases taken by others are dropped, "
-        "free ones claimed, handovers and resets applied, shards balanced.",
+        description="How often the lease cycle runs: a strongly consistent read of the version row and "
+        "eventually consistent reads of two other workers' heartbeat rows (the lease rows only when a "
+        "version moved); leases taken by others are dropped, free ones claimed, handovers and resets "
+        "applied, shards balanced.",
     )
     full_read_interval_s: float = Field(
-        30.0,
+        300.0,
         gt=0,
-        description="Every lease row is read at least this often, even when the version did not move "
-        "(a safety net for a change whose version write was lost).",
+        description="Every lease row is read again about this often (at a random moment of its second "
+        "half), eventually consistent, even when its version did not move: a safety net for a change whose "
+        "version write was lost (its writer died in between).",
     )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(
@@ -200,7 +202,11 @@ class SubscriptionSettings(_Section):
 
 class ShardSettings(_Section):
     sync_interval_s: float = Field(
-        10.0, gt=0, description="How often ListShards looks for new shards (splits and merges)."
+        10.0,
+        gt=0,
+        description="How often one worker (the first live one by name) calls ListShards to look for new "
+        "shards; the others learn of splits and merges from the leases it writes, and any worker whose "
+        "shard ends writes its children's leases from the shard's last event.",
     )
 
 

@@ -135,6 +135,14 @@ class Coordinator:
         #: Why a bounded run is not complete: "stopped" (a stop was asked for), "max_duration"
         #: (run.max_duration_s reached) or "final_writes" (a final checkpoint or release did not land).
         self.incomplete: str | None = None
+        self.shards = ShardSync(
+            settings=settings,
+            stream=stream,
+            kinesis=kinesis,
+            table=table,
+            on_listed=lambda: self.cycle.run_now(),
+            clock=clock,
+        )
         self.runner = ShardRunner(
             settings=settings,
             stream=stream,
@@ -149,15 +157,8 @@ class Coordinator:
             stopping=self.stopping,
             lease_valid=lambda: self.liveness.valid,
             on_ended=self._on_change,
+            children=self.shards,
             bounds=self.bounds,
-            clock=clock,
-        )
-        self.shards = ShardSync(
-            settings=settings,
-            stream=stream,
-            kinesis=kinesis,
-            table=table,
-            on_listed=lambda: self.cycle.run_now(),
             clock=clock,
         )
         self.cycle = LeaseCycle(
@@ -175,6 +176,7 @@ class Coordinator:
         # What each part learns of another, wired here rather than inside either.
         self.owned.on_forget = self.checkpointer.apply_backlog_bound
         self.shards.leased = lambda: None if self.cycle.state is None else self.cycle.state.leases.keys()
+        self.shards.lists = lambda: self.bounds is not None or self.cycle.first_live
         self._heartbeat: asyncio.Task[None] | None = None
 
     # ---- start-up -------------------------------------------------------------------------

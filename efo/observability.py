@@ -88,8 +88,8 @@ SUBSCRIPTION_OUTCOMES = ("renewal", "shard_end", "error", "backpressure", "stopp
 LEASE_CHANGES = ("taken", "stolen", "released", "handed_over", "lost", "finished")
 #: ``efo_checkpoint_writes_total{outcome}``: written, fenced out (the lease moved on), failed.
 CHECKPOINT_OUTCOMES = ("ok", "conflict", "error")
-#: ``efo_lease_table_reads_total{rows}``: the control partition, or lease partitions.
-LEASE_READS = ("control", "leases")
+#: ``efo_lease_table_reads_total{rows}``: the version row, heartbeat rows, or lease partitions.
+LEASE_READS = ("control", "heartbeats", "leases")
 
 
 class BulkHistogram:
@@ -368,8 +368,10 @@ class Metrics:
             ),
             lease_reads=Counter(
                 "efo_lease_table_reads_total",
-                "Reads of the lease table by the lease cycle, by what they read: control (the heartbeats "
-                "and the versions, every cycle) or leases (one lease partition: when its version moved).",
+                "Reads of the lease table by the lease cycle, by what they read: control (the version row, "
+                "every cycle), heartbeats (the watched workers' rows, every cycle, or every row: when who is "
+                "alive changed, and about every minute) or leases (one lease partition: when its version "
+                "moved, and the safety net).",
                 [*stream, "rows"],
                 registry=registry,
             ),

@@ -44,6 +44,9 @@ START_TIMEOUT_CODE = "StartTimeout"  # the error code of a call that did not ans
 @dataclass(frozen=True, slots=True)
 class ShardEnded:
     child_shard_ids: tuple[str, ...]
+    #: Each child with its parents, as the shard's last event names them (a merge's child has two):
+    #: enough to create the children's leases without listing the stream.
+    child_parents: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 class ShardProgress(Protocol):
@@ -363,7 +366,10 @@ class ShardSubscription:
         if continuation is None:
             children = tuple(child["ShardId"] for child in event.child_shards)
             self._log.info("subscription.shard_end", children=list(children))
-            return ShardEnded(children)
+            parents = tuple(
+                (child["ShardId"], tuple(child.get("ParentShards") or (self.shard_id,))) for child in event.child_shards
+            )
+            return ShardEnded(children, parents)
         return None
 
     def _first_position(self, event: ShardEvent, continuation: str | None) -> Position | None:

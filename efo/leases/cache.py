@@ -4,18 +4,31 @@ Every read takes the version row (each lease partition's version and the members
 small, strongly consistent GetItem, so that a change is seen at the next cycle); a lease partition
 is read again only when its leases may have changed: its
 version moved, this worker changed a lease there (or a write found one not as read: both from
-:meth:`efo.leases.table.LeaseTable.take_changed`), it was found out of date (:meth:`LeaseCache.stale`),
-or the last read of every partition is ``full_read_interval_s`` old (a safety net for a change
-whose version write was lost). Checkpoints move no version, so a lease's checkpoint here may be
-old: a claim starts from the row it writes, never from this.
+:meth:`efo.leases.table.LeaseTable.take_changed`), it was found out of date (:meth:`LeaseCache.stale`):
+those reads are strongly consistent, since they follow a change. Besides, every partition is read
+again about every ``full_read_interval_s`` (at a random moment of its second half, so that workers
+that started together do not read together), eventually consistent: a safety net for a change
+whose version never moved (its writer died in between: a claim fenced on what this cache shows
+then fails and reads the partition again, and the lister writes again a lease it finds missing).
+Checkpoints move no version, so a lease's checkpoint here may be old: a claim starts from the row
+it writes, never from this.
 """
 
 from __future__ import annotations
+
+import random
+from collections.abc import Callable
 
 from efo.clock import SYSTEM_CLOCK, Clock
 from efo.errors import EfoError
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.observability import METRICS
+
+#: A lease partition read strongly this lately is left out of an eventually consistent read of every
+#: partition: that answer could be older than what this cache holds.
+STRONG_IS_FRESH_S = 10.0
+#: Every partition is read again at a random moment from this share of ``full_read_interval_s`` to all of it.
+JITTER_FROM = 0.5
 
 
 class LeaseCache:
@@ -26,15 +39,18 @@ class LeaseCache:
         clock: Clock = SYSTEM_CLOCK,
         *,
         stream: str = "",
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self._table = table
+        self._rng = rng
         self._stream = stream  # the stream's name, for the reads' metric
         self._full_read_interval_s = full_read_interval_s
         self._clock = clock
         self._leases: dict[int, dict[str, Lease]] = {}  # lease partition -> its rows, as last read
-        self._read_all_at = 0.0  # the last read of every partition
+        self._read_all_due = 0.0  # the next read of every partition
         self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
         self._stale: set[int] = set()  # lease partitions found out of date: read them next time
+        self._strong_at: dict[int, float] = {}  # lease partition -> its last strongly consistent read
         self.answered_at = 0.0  # when the last read's version row was answered
 
     def stale(self, shard_id: str) -> None:
@@ -49,23 +65,30 @@ class LeaseCache:
         now = self.answered_at = self._clock.now()
         stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
-        everything = not self._leases or now - self._read_all_at >= self._full_read_interval_s
-        if everything:
-            stale = set(range(await self._table.layout()))
         stale |= {p for p, version in control.versions.items() if version > self._versions.get(p, 0)}
-        if stale:
+        rest: set[int] = set()
+        everything = not self._leases or now >= self._read_all_due
+        if everything:  # but not what was read strongly so lately that a stale answer could be older
+            recent = {p for p, at in self._strong_at.items() if now - at < STRONG_IS_FRESH_S}
+            rest = set(range(await self._table.layout())) - stale - recent
+        if stale or rest:
             try:
-                fresh = (await self._table.read_leases(stale)).leases
+                fresh = (await self._table.read_leases(stale)).leases if stale else {}
+                if rest:
+                    fresh.update((await self._table.read_leases(rest, consistent=not self._leases)).leases)
             except EfoError:
-                self._stale |= stale  # still to be read: a failed read forgets nothing
+                self._stale |= stale | rest  # still to be read: a failed read forgets nothing
                 raise
+            for partition in stale:
+                self._strong_at[partition] = now
+            stale |= rest
             for partition in stale:
                 self._leases[partition] = {}
             for shard_id, lease in fresh.items():
                 self._leases[self._table.partition_of(shard_id)][shard_id] = lease
             METRICS.lease_reads.labels(stream=self._stream, rows="leases").inc(len(stale))
         if everything:
-            self._read_all_at = now
+            self._read_all_due = now + self._full_read_interval_s * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
         for partition, version in control.versions.items():  # an older answer never moves one back
             self._versions[partition] = max(self._versions.get(partition, 0), version)
         leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}

@@ -278,6 +278,7 @@ class LeaseTable:
         self._changed_partitions: set[int] = set()
         self._bumps_deferred = 0
         self._bumps_due: set[int] = set()
+        self._bumps_failed: set[int] = set()  # versions whose move did not land: moved with the next
 
     def _now(self) -> dict[str, Any]:
         return _stamp(self._clock.wall())
@@ -399,9 +400,8 @@ class LeaseTable:
             state.leases = (await self.read_leases()).leases
         return state
 
-    async def read_leases(self, partitions: Collection[int] | None = None) -> TableState:
-        """The lease rows of ``partitions`` (default: all), strongly consistent: one paginated Query
-        each, a few at once."""
+    async def read_leases(self, partitions: Collection[int] | None = None, *, consistent: bool = True) -> TableState:
+        """The lease rows of ``partitions`` (default: all): one paginated Query each, a few at once."""
         count = await self.layout()
         wanted = sorted(range(count) if partitions is None else partitions)
         state = TableState()
@@ -409,7 +409,8 @@ class LeaseTable:
 
         async def one(partition: int) -> TableState:
             async with slots:
-                return await self._read_state(self.lease_partition_key(partition), prefix=SHARD_PREFIX)
+                key = self.lease_partition_key(partition)
+                return await self._read_state(key, prefix=SHARD_PREFIX, consistent=consistent)
 
         for part in await asyncio.gather(*(one(partition) for partition in wanted)):
             state.leases.update(part.leases)
@@ -759,6 +760,11 @@ class LeaseTable:
 
     # ---- the version ------------------------------------------------------------------------
 
+    async def unseen_change(self, shard_id: str) -> None:
+        """``shard_id``'s lease changed, but its partition's version did not move (its writer died in
+        between): move it now, so that every worker reads that partition again."""
+        await self._changed(await self._partition(shard_id))
+
     def take_changed(self) -> set[int]:
         """The lease partitions changed through this client (or found not as read) since the last call."""
         changed, self._changed_partitions = self._changed_partitions, set()
@@ -787,9 +793,11 @@ class LeaseTable:
                 await self._bump(due)
 
     async def _bump(self, partitions: Collection[int]) -> None:
-        """The change itself has landed; if the version's write fails, the others learn of the change
-        at their next full read (``lease.full_read_interval_s``) or their next fenced write."""
-        names = sorted(partitions)
+        """The change itself has landed; if the version's write fails (throttled, an outage), it is
+        tried again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
+        release the others never learn of would leave its shard unread."""
+        names = sorted(set(partitions) | self._bumps_failed)
+        self._bumps_failed = set()
         try:
             await self._ddb.update_item(
                 TableName=self.table,
@@ -798,10 +806,16 @@ class LeaseTable:
                 ExpressionAttributeValues={":one": {"N": "1"}},
             )
         except Exception as exc:
+            self._bumps_failed.update(names)
             error = translate(exc, resource=self._resource())
             if not error.retriable:
                 raise error from None
             log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
+
+    async def bump_again(self) -> None:
+        """The versions whose move failed, moved now (if any)."""
+        if self._bumps_failed:
+            await self._bump(())
 
     async def heartbeat(self, *, in_doubt: bool = False) -> bool:
         """This worker's heartbeat row, its counter one more; ``in_doubt``: it does not trust its

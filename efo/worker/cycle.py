@@ -23,7 +23,7 @@ from efo.clock import SYSTEM_CLOCK, Clock, Timer
 from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
-from efo.kinesis.shards import ShardGraph
+from efo.kinesis.shards import Shard, ShardGraph
 from efo.leases import balance
 from efo.leases.cache import LeaseCache
 from efo.leases.lifecycle import OwnedShard, ShardPhase
@@ -82,7 +82,7 @@ class LeaseCycle:
         self._me = table.worker_id
         self._now = asyncio.Event()
         self.view = TableView(self._me, settings.lease.failover_s, settings.lease.heartbeat_interval_s, clock)
-        self.membership = Membership(table, self.view, settings.lease, clock)
+        self.membership = Membership(table, self.view, clock, stream=owned.stream)
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._ask_not_before = 0.0  # a request of this worker was declined: no other before this
@@ -115,11 +115,16 @@ class LeaseCycle:
             self.close()
 
     async def _turn(self) -> None:
-        graph = self._shards.graph
-        if graph is not None and not self._in_doubt():
+        if not self._in_doubt():
+            await self._table.bump_again()
             state = await self.read()
             async with self._table.changing():  # the cycle's changes move each partition's version once
-                await self.cycle(state, graph)
+                await self.cycle(state, table_graph(state))
+
+    @property
+    def first_live(self) -> bool:
+        """This worker comes first in name order among the live ones (it lists the stream)."""
+        return self.cycles > 0 and min(self.view.live) == self._me
 
     async def read(self) -> TableState:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
@@ -218,7 +223,8 @@ class LeaseCycle:
         for lease in moves.ask:
             await self._ask(lease)
         await self._take_overdue(state, asked_now={lease.shard_id for lease in moves.ask})
-        await self._finish_expired(state, graph)
+        if self._shards.graph is not None:  # this worker lists the stream
+            await self._finish_expired(state, self._shards.graph)
         self.cycles += 1
         self._after_cycle()
 
@@ -240,7 +246,7 @@ class LeaseCycle:
         alive: set[str] = set()
         for owner in sorted({owner for owner in owners if owner is not None and owner != self._me}):
             read_at = self._clock.now()
-            row = await self._table.read_worker(owner)
+            row = await self.membership.read_one(owner)
             if not self.view.confirm(
                 owner, None if row is None else row.heartbeat, row is not None and row.in_doubt, read_at=read_at
             ):
@@ -452,6 +458,12 @@ class LeaseCycle:
                 except LeaseLost:
                     continue
         return released
+
+
+def table_graph(state: TableState) -> ShardGraph:
+    """The shards and their parents, as the leases name them: a shard whose lease is missing is no
+    longer in the stream (or finished long ago), so it never holds its children back."""
+    return ShardGraph.of(Shard(lease.shard_id, lease.parents, 0, 0) for lease in state.leases.values())
 
 
 def parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:

@@ -14,8 +14,8 @@ second on one partition key at 256 workers. Instead:
   its row is deleted (if still as read: :meth:`~efo.leases.table.LeaseTable.reap_worker`) and the
   counter moved, so every worker reads the rows again, finds none for it, and takes its leases. One
   whose row says it is in doubt, or no longer, moves the counter too.
-- **The safety net.** Every row is read again at least every ``lease.full_read_interval_s``
-  (jittered): a death whose watchers died with it is found then.
+- **The safety net.** Every row is read again about every :data:`ALL_ROWS_EVERY_S` (at a random
+  moment of its second half): a death whose watchers died with it is found then.
 
 The watched rows are read eventually consistent: a stale answer can only make a worker look older
 (it is then read again strongly before any of its leases is taken: :meth:`efo.worker.cycle.LeaseCycle`),
@@ -31,15 +31,17 @@ from collections.abc import Callable
 import structlog
 
 from efo.clock import Clock
-from efo.config import LeaseSettings
 from efo.leases.table import LeaseTable, WorkerRow
 from efo.leases.view import TableView
+from efo.observability import METRICS
 
 log = structlog.get_logger("efo.worker.membership")
 
 #: How many workers after it in name order each worker reads every cycle.
 WATCHED = 2
-#: The safety net's interval is drawn from this share of full_read_interval_s up to all of it.
+#: Every heartbeat row is read again about this often (strongly consistent: a few hundred bytes a
+#: worker), from half of it to all of it.
+ALL_ROWS_EVERY_S = 60.0
 JITTER_FROM = 0.5
 
 
@@ -48,13 +50,14 @@ class Membership:
         self,
         table: LeaseTable,
         view: TableView,
-        settings: LeaseSettings,
         clock: Clock,
         rng: Callable[[], float] = random.random,
+        *,
+        stream: str = "",
     ) -> None:
         self._table = table
+        self._reads = METRICS.lease_reads.labels(stream=stream, rows="heartbeats")
         self._view = view
-        self._settings = settings
         self._clock = clock
         self._rng = rng
         self._members: int | None = None  # the counter as of the last read of every row
@@ -69,15 +72,17 @@ class Membership:
         due), else the watched ones."""
         issued_at = self._clock.now()
         if members != self._members or issued_at >= self._full_due:
+            self._reads.inc()
             rows = await self._table.read_workers(consistent=True)  # after a reap: that row is gone
             answered_at = self._clock.now()
             self.rows = dict(rows)
             self._view.saw_workers(rows, issued_at=issued_at, answered_at=answered_at, complete=True)
             self._members = members
-            interval_s = self._settings.full_read_interval_s
-            self._full_due = issued_at + interval_s * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
+            self._full_due = issued_at + ALL_ROWS_EVERY_S * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
             return
-        watched = await self._table.read_some_workers(self._view.watched(WATCHED))
+        asked = self._view.watched(WATCHED)
+        self._reads.inc(len(asked))
+        watched = await self._table.read_some_workers(asked)
         answered_at = self._clock.now()
         for worker, row in watched.items():
             if row is None:
@@ -85,6 +90,11 @@ class Membership:
             else:
                 self.rows[worker] = row
         self._view.saw_workers(watched, issued_at=issued_at, answered_at=answered_at, complete=False)
+
+    async def read_one(self, worker: str) -> WorkerRow | None:
+        """One worker's row, strongly consistent (None: it has none), to confirm a death before taking."""
+        self._reads.inc()
+        return await self._table.read_worker(worker)
 
     async def act(self) -> None:
         """Announce this worker's own change; reap the watched workers found dead; tell of those found

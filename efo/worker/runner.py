@@ -10,9 +10,9 @@ is the final checkpoint and release of a stop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import structlog
 
@@ -21,7 +21,7 @@ from efo.config import Settings
 from efo.errors import EfoError, LeaseLost, ResourceNotFound
 from efo.kinesis.registration import StreamInfo, describe_consumer
 from efo.kinesis.shards import list_shards
-from efo.kinesis.subscription import Backoff, ShardSubscription
+from efo.kinesis.subscription import Backoff, ShardEnded, ShardSubscription
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable
 from efo.observability import METRICS
@@ -43,6 +43,12 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 HANDOVER_POLL_S = 0.05
 
 
+class ChildLeases(Protocol):
+    """Where the leases of a closed shard's children are created (efo.worker.shardsync.ShardSync)."""
+
+    async def born(self, children: Mapping[str, tuple[str, ...]]) -> None: ...
+
+
 class ShardRunner:
     def __init__(
         self,
@@ -60,10 +66,12 @@ class ShardRunner:
         stopping: asyncio.Event,
         lease_valid: Callable[[], bool],
         on_ended: Callable[[OwnedShard], None] = lambda owned: None,
+        children: ChildLeases,
         bounds: RunEnd | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
+        self._children = children
         self._stream = stream
         self._consumer_arn = consumer_arn
         self._kinesis = kinesis
@@ -155,7 +163,19 @@ class ShardRunner:
             if owned.phase.reading:
                 owned.enter(ShardPhase.AT_BOUND)
             return
+        await self._children_born(ended)
         self.end(owned, ended.child_shard_ids)
+
+    async def _children_born(self, ended: ShardEnded) -> None:
+        """The children's leases, from the shard's last event, before its SHARD_END: they can be read
+        as soon as it is written, without a listing of the stream. A write that fails for a reason that
+        passes is left to the worker that lists the stream (efo.worker.shardsync)."""
+        try:
+            await self._children.born(dict(ended.child_parents))
+        except EfoError as exc:
+            if not exc.retriable:
+                raise
+            self._log.warning("shard.children_not_created", error=str(exc), code=exc.code)
 
     def end(self, owned: OwnedShard, children: tuple[str, ...]) -> None:
         """The shard's last event was handed on: SHARD_END once the sink committed it."""

@@ -1,15 +1,19 @@
 """The shards of the stream and their leases (KCL's ShardSyncTask).
 
-At the application's first start, a lease for every shard at the initial position; afterwards,
-every ``shards.sync_interval_s`` (and at once when a shard ends here), ListShards and a lease for
-every shard born since (a split or a merge), read from its own beginning. Which shards have a
+At the application's first start, a lease for every shard at the initial position. Afterwards a
+shard's children get their leases from its last event (ChildShards names them and their parents:
+:meth:`ShardSync.born`), written by the worker that read it to its end, before its SHARD_END; so no
+worker needs to list the stream to follow a reshard. One worker lists it all the same every
+``shards.sync_interval_s``: the first live worker in name order (a bounded run lists on every worker,
+for its end): it writes a lease for any shard that has none (the children of a worker that died
+before it wrote them) and finishes the leases of shards gone from the stream. Which shards have a
 lease is taken from the lease cycle's last read of the table, not from a read of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -59,6 +63,9 @@ class ShardSync:
         self._on_listed = on_listed
         self._clock = clock
         self._now = asyncio.Event()
+        #: Whether this worker lists the stream (wired by the coordinator: the first live worker by name,
+        #: or every worker of a bounded run).
+        self.lists: Callable[[], bool] = lambda: True
         self.graph: ShardGraph | None = None
         self.listed_at = 0.0  # when the listing behind ``graph`` was asked for
         #: The shards with a lease, as of the lease cycle's last read (None: not read yet).
@@ -185,18 +192,31 @@ class ShardSync:
         )
 
     async def sync(self) -> None:
+        """The listing and the leases it shows missing, on the worker that lists; nothing on the others."""
+        if not self.lists():
+            self.graph = None  # another worker lists: this one's last listing grows old
+            return
         asked_at = self._clock.now()
         graph = await list_shards(self._kinesis, self._stream.arn)
+        await self.born({shard_id: shard.parents for shard_id, shard in graph.shards.items()})
+        self.graph, self.listed_at = graph, asked_at
+        self._on_listed()
+
+    async def born(self, children: Mapping[str, tuple[str, ...]]) -> None:
+        """A lease, read from its own beginning, for each of these shards (with their parents) that has
+        none as of the lease cycle's last read. One found there already, though that read did not
+        show it (its writer died before it moved its partition's version), moves the version now,
+        so that every worker reads it."""
         known = self.leased()
         if known is None:
             known = set((await self._table.read()).leases)
-        for shard_id, shard in graph.shards.items():
-            if shard_id not in known and await self._table.create_lease(
-                shard_id, shard.parents, Position("TRIM_HORIZON")
-            ):
-                self._log.info("shard.discovered", shard_id=shard_id, parents=list(shard.parents))
-        self.graph, self.listed_at = graph, asked_at
-        self._on_listed()
+        for shard_id, parents in children.items():
+            if shard_id in known:
+                continue
+            if await self._table.create_lease(shard_id, parents, Position("TRIM_HORIZON")):
+                self._log.info("shard.discovered", shard_id=shard_id, parents=list(parents))
+            else:
+                await self._table.unseen_change(shard_id)
 
 
 def first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime) -> Position:

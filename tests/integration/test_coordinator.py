@@ -402,7 +402,12 @@ def test_a_shard_gone_past_the_retention_is_marked_finished_and_its_children_sta
             assert w.written("shard-000") == []
             assert (await w.table.read()).leases["shard-000"].checkpoint == SHARD_END
             assert all(w.written(c) == puts[c] for c in children)
-            assert ("shard-000", {"Type": "TRIM_HORIZON"}) not in kinesis.subscribe_calls
+            # Its lease may be claimed before a listing shows it gone (the worker that lists is chosen
+            # from the table's first read): its one subscription then finds it gone, and ends it.
+            assert [call for call in kinesis.subscribe_calls if call[0] == "shard-000"] in (
+                [],
+                [("shard-000", {"Type": "TRIM_HORIZON"})],
+            )
 
     run(scenario())
 

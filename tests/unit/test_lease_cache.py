@@ -28,6 +28,7 @@ class FakeTable:
         self.partitions_read: list[int] = []
         self.control_reads = 0
         self.owner: str | None = None
+        self.consistent: list[bool] = []  # of each read_leases
 
     async def layout(self) -> int:
         return self.lease_partitions
@@ -44,8 +45,9 @@ class FakeTable:
         self.control_reads += 1
         return TableState(versions=dict(self.versions), members=self.control_reads)
 
-    async def read_leases(self, partitions: Collection[int]) -> TableState:
+    async def read_leases(self, partitions: Collection[int], *, consistent: bool = True) -> TableState:
         self.partitions_read += sorted(partitions)
+        self.consistent.append(consistent)
         leases = {"shard-1": Lease("shard-1", (), self.owner, 1, Position("TRIM_HORIZON"))}
         return TableState(leases=leases if HOME in partitions else {})
 
@@ -64,7 +66,7 @@ class Clock(ManualClock):
 
 
 def _cache(table: FakeTable, clock: Clock) -> LeaseCache:
-    return LeaseCache(table, full_read_interval_s=30.0, clock=clock)  # type: ignore[arg-type]  # a fake table
+    return LeaseCache(table, full_read_interval_s=30.0, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
 
 
 def _read(cache: LeaseCache) -> TableState:
@@ -116,6 +118,32 @@ def test_the_lease_rows_are_read_at_least_every_full_read_interval() -> None:
     clock.t += 0.1
     _read(cache)
     assert table.lease_reads == 4
+    assert table.consistent == [True, False], "the first read strongly; the safety net eventually consistent"
+
+
+def test_the_safety_net_comes_at_a_random_moment_of_the_interval_s_second_half() -> None:
+    table, clock = FakeTable(), Clock()
+    cache = LeaseCache(table, full_read_interval_s=30.0, clock=clock, rng=lambda: 0.0)  # type: ignore[arg-type]
+    _read(cache)
+    clock.t += 14.9
+    _read(cache)
+    assert table.lease_reads == 2
+    clock.t += 0.1
+    _read(cache)
+    assert table.lease_reads == 4
+
+
+def test_the_safety_net_leaves_out_a_partition_read_strongly_moments_ago() -> None:
+    """An eventually consistent answer could be older than that read: it would undo a change there."""
+    table, clock = FakeTable(), Clock()
+    cache = _cache(table, clock)
+    _read(cache)
+    clock.t += 25.0
+    table.changed.add(HOME)
+    _read(cache)  # HOME, strongly
+    clock.t += 5.0
+    _read(cache)  # the safety net: OTHER only
+    assert table.partitions_read == [0, 1, HOME, OTHER] and table.consistent == [True, True, False]
 
 
 def test_a_failed_read_of_a_changed_partition_is_read_again_next_time() -> None:

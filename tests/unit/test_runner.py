@@ -91,11 +91,17 @@ class Parts:
             checkpointer=self.checkpointer,
             stopping=asyncio.Event(),
             lease_valid=lambda: valid,
+            children=self,
             bounds=bounds,
             clock=self.clock,
         )
         self.tasks: list[asyncio.Task[None]] = []
         self.runner.spawn = lambda coroutine, name: self._spawn(coroutine)
+        self.children_born: list[dict[str, tuple[str, ...]]] = []
+
+    async def born(self, children: dict[str, tuple[str, ...]]) -> None:
+        """The runner's ChildLeases: what a shard's end named."""
+        self.children_born.append(children)
 
     def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coroutine)

@@ -7,7 +7,6 @@ import pytest
 
 from efo.errors import STREAM_EXCEPTIONS, AccessDenied, EfoError, KmsUnusable, ResourceNotFound
 from efo.kinesis.decoder import _event_stream_shape, event_stream_error
-from efo.kinesis.subscription import ShardEnded
 
 from .test_subscription import FakeStream, event, harness, run, shard_end
 
@@ -50,7 +49,7 @@ def test_each_exception_event_is_retried_or_stops_with_its_own_error(code: str, 
         lease_check=lease_check,
     )
     if fatal is None:
-        assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+        assert run(h.subscription.run()).child_shard_ids == ("shardId-000000000002",)
         assert h.client.calls[1].start == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "1"}
     else:
         with pytest.raises(fatal) as info:

@@ -23,7 +23,7 @@ from efo.errors import (
     LeaseLost,
     ResourceNotFound,
 )
-from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, Backoff, ShardEnded, ShardSubscription
+from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, Backoff, ShardSubscription
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, after, shard_key
@@ -368,12 +368,13 @@ def test_records_already_handed_on_are_dropped_when_a_resubscribe_overlaps() -> 
 # ---- shard end --------------------------------------------------------------------------
 
 
-def test_shard_end_returns_shard_ended_with_the_child_shard_ids() -> None:
+def test_shard_end_returns_shard_ended_with_the_children_and_their_parents() -> None:
     h = harness(
         [[event("1", continuation="1"), shard_end("2", children=("shardId-000000000002", "shardId-000000000003"))]]
     )
     ended = run(h.subscription.run())
-    assert ended == ShardEnded(("shardId-000000000002", "shardId-000000000003"))
+    assert ended.child_shard_ids == ("shardId-000000000002", "shardId-000000000003")
+    assert ended.child_parents == (("shardId-000000000002", (SHARD,)), ("shardId-000000000003", (SHARD,)))
     assert h.delivered() == ["1", "2"]  # the last event's records still go through
     assert len(h.client.calls) == 1
     assert h.client.streams[0].closed
@@ -381,7 +382,7 @@ def test_shard_end_returns_shard_ended_with_the_child_shard_ids() -> None:
 
 def test_shard_end_of_a_merge_parent_lists_the_single_child() -> None:
     h = harness([[shard_end(children=("shardId-000000000009",))]])
-    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000009",))
+    assert run(h.subscription.run()).child_shard_ids == ("shardId-000000000009",)
 
 
 # ---- retries and backoff ----------------------------------------------------------------
@@ -401,7 +402,7 @@ RETRIABLE = [
 @pytest.mark.parametrize("error", RETRIABLE)
 def test_retriable_error_is_retried_after_a_backoff_within_bounds(error: BaseException) -> None:
     h = harness([error, [shard_end()]], rng=lambda: 0.5)
-    assert run(h.subscription.run()) == ShardEnded(("shardId-000000000002",))
+    assert run(h.subscription.run()).child_shard_ids == ("shardId-000000000002",)
     assert len(h.client.calls) == 2
     [delay] = h.backoff_delays()
     assert 0.15 <= delay <= 0.3
@@ -588,7 +589,7 @@ def test_budget_is_acquired_before_the_next_event_is_read() -> None:
         await settle()
         [third] = h.handoff.take_batch(10, 1 << 30, 0, idle_wait_s=0)
         pool.release(third.grant)
-        assert await task == ShardEnded(("shardId-000000000002",))
+        assert (await task).child_shard_ids == ("shardId-000000000002",)
         assert (pool.records, pool.bytes) == (0, 0)
 
     run(scenario())

@@ -1,0 +1,96 @@
+"""Shard sync alone, with fakes: who lists the stream, and which leases it writes for new shards."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from efo.config import Settings, load_settings
+from efo.kinesis.registration import StreamInfo
+from efo.pipeline.records import Position
+from efo.sim.clock import SimClock
+from efo.sim.loop import run
+from efo.worker.shardsync import ShardSync
+
+STREAM = StreamInfo("s", "arn:aws:kinesis:us-east-1:1:stream/s", datetime(2026, 1, 1, tzinfo=UTC), "ACTIVE", 2)
+
+
+class Kinesis:
+    def __init__(self, shards: dict[str, tuple[str, ...]]) -> None:
+        self.shards = shards
+        self.calls = 0
+
+    async def list_shards(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls += 1
+        return {
+            "Shards": [
+                {"ShardId": shard_id, **({"ParentShardId": parents[0]} if parents else {})}
+                for shard_id, parents in self.shards.items()
+            ]
+        }
+
+
+class Table:
+    worker_id = "me"
+
+    def __init__(self, existing: set[str]) -> None:
+        self.existing = existing
+        self.created: list[tuple[str, tuple[str, ...], Position]] = []
+        self.unseen: list[str] = []
+
+    async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
+        if shard_id in self.existing:
+            return False
+        self.existing.add(shard_id)
+        self.created.append((shard_id, parents, start))
+        return True
+
+    async def unseen_change(self, shard_id: str) -> None:
+        self.unseen.append(shard_id)
+
+
+@pytest.fixture
+def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    return load_settings(stream="s", app="a", sink="console")
+
+
+def _sync(settings: Settings, kinesis: Kinesis, table: Table, leased: set[str], lists: bool) -> ShardSync:
+    sync = ShardSync(settings=settings, stream=STREAM, kinesis=kinesis, table=table, clock=SimClock())  # type: ignore[arg-type]
+    sync.leased = lambda: leased
+    sync.lists = lambda: lists
+    return sync
+
+
+def test_only_the_worker_that_lists_calls_list_shards(settings: Settings) -> None:
+    kinesis, table = Kinesis({"a": (), "b": ()}), Table({"a", "b"})
+    others = _sync(settings, kinesis, table, {"a", "b"}, lists=False)
+    run(others.sync())
+    assert kinesis.calls == 0 and others.graph is None
+    lister = _sync(settings, kinesis, table, {"a", "b"}, lists=True)
+    run(lister.sync())
+    assert kinesis.calls == 1 and lister.graph is not None and set(lister.graph.shards) == {"a", "b"}
+
+
+def test_the_lister_writes_the_leases_a_listing_shows_missing_and_moves_the_version_of_one_unseen(
+    settings: Settings,
+) -> None:
+    """A child whose lease exists though this worker's read did not show it: its writer died before
+    moving its partition's version, so no other worker reads it either. The lister moves it."""
+    kinesis = Kinesis({"a": (), "b": (), "c": ("a",), "d": ("a",)})
+    table = Table({"a", "b", "d"})  # d was written, its version never moved
+    run(_sync(settings, kinesis, table, {"a", "b"}, lists=True).sync())
+    assert table.created == [("c", ("a",), Position("TRIM_HORIZON"))]
+    assert table.unseen == ["d"]
+
+
+def test_a_shard_s_children_get_their_leases_from_its_last_event(settings: Settings) -> None:
+    kinesis, table = Kinesis({}), Table({"a", "b"})
+    sync = _sync(settings, kinesis, table, {"a", "b"}, lists=False)
+    run(sync.born({"m": ("a", "b")}))
+    assert table.created == [("m", ("a", "b"), Position("TRIM_HORIZON"))] and kinesis.calls == 0
