@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from efo.leases.cost import WRITE_PRICE, steady_state
 from efo.sim import faults
 from efo.sim.fleet import Fleet, FleetConfig
 from efo.sim.invariants import Oracle, Trace, Violation
@@ -222,10 +223,13 @@ async def _measure(fleet: Fleet, window: tuple[float, float], into: dict[str, An
     into.update(usage_rates(before, fleet.db.usage.to_json(), end_s - start_s))
     into["list_shards_per_min"] = round(60 * (fleet.stream.list_calls - lists) / (end_s - start_s), 2)
     into["workers"] = len(fleet.live())
-
-
-#: On-demand list prices: a write unit costs five read units.
-WRITE_PRICE = 5.0
+    formula = steady_state(fleet.settings, workers=len(fleet.live()), shards=len(fleet.stream.shards))
+    into["formula"] = {
+        "read_units_per_s": round(formula.read_units_per_s, 3),
+        "write_units_per_s": round(formula.write_units_per_s, 3),
+        "cost_per_s": round(formula.per_s, 3),
+        "list_shards_per_min": round(formula.list_shards_per_min, 2),
+    }
 
 
 def usage_rates(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
