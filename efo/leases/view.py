@@ -100,21 +100,13 @@ class TableView:
         place = ring.index(self.me)
         return [ring[(place + step) % len(ring)] for step in range(1, min(count, len(ring) - 1) + 1)]
 
-    def confirm(self, worker: str, heartbeat: int | None, in_doubt: bool, *, read_at: float) -> bool:
+    def confirm(self, worker: str, row: WorkerRow | None, *, issued_at: float, answered_at: float) -> bool:
         """A fresh read of a worker thought dead (or in doubt): True if it still is. A counter that
-        moved makes it alive again, from ``read_at``."""
-        seen = self._seen.get(worker)
-        if heartbeat is None:
-            self._seen.pop(worker, None)
-            self._derive()
-            return True
-        if in_doubt:
-            return True
-        if seen is not None and seen.beat == heartbeat and worker in self.dead:
-            return True
-        self._seen[worker] = _Seen(heartbeat, read_at, read_at, in_doubt)
-        self._derive()
-        return False
+        moved makes it alive again, counted as any other read counts it (from the answer, unless the
+        previous read of that row was recent): a confirmation slowed by an outage may find a counter
+        written just before its answer."""
+        self.saw_workers({worker: row}, issued_at=issued_at, answered_at=answered_at, complete=False)
+        return worker not in self.live
 
     def next_death_at(self, among: set[str]) -> float | None:
         """When the first of ``among`` alive now would be dead, if its counter does not move before

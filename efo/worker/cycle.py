@@ -245,11 +245,9 @@ class LeaseCycle:
         claims only once a heartbeat of its landed) is seen beating here (race a of issue 37)."""
         alive: set[str] = set()
         for owner in sorted({owner for owner in owners if owner is not None and owner != self._me}):
-            read_at = self._clock.now()
+            issued_at = self._clock.now()
             row = await self.membership.read_one(owner)
-            if not self.view.confirm(
-                owner, None if row is None else row.heartbeat, row is not None and row.in_doubt, read_at=read_at
-            ):
+            if not self.view.confirm(owner, row, issued_at=issued_at, answered_at=self._clock.now()):
                 self._log.info("worker.alive_after_all", owner=owner)
                 alive.add(owner)
         return alive

@@ -91,8 +91,23 @@ def test_a_fresh_read_of_a_worker_thought_dead_brings_it_back_if_its_counter_mov
     view = _view()
     view.saw_workers(_rows({"me": 1, "other": 5}), issued_at=0.0, answered_at=0.0, complete=True)
     view.saw_workers(_rows({"me": 2, "other": 5}), issued_at=10.0, answered_at=10.0, complete=True)
-    assert view.confirm("other", 5, False, read_at=10.5), "the same counter: still dead"
-    assert not view.confirm("other", 6, False, read_at=11.0), "it beat since: alive"
-    assert "other" in view.live and view.next_death_at({"other"}) == 21.0
-    assert view.confirm("other", 7, True, read_at=12.0), "alive, but in doubt"
-    assert view.confirm("other", None, False, read_at=12.0), "no row any more"
+    assert view.confirm("other", _row("other", 5), issued_at=10.5, answered_at=10.5), "the same counter: still dead"
+    assert not view.confirm("other", _row("other", 6), issued_at=11.0, answered_at=11.0), "it beat since: alive"
+    assert "other" in view.live and view.next_death_at({"other"}) == 20.5  # it changed after the read at 10.5
+    assert view.confirm("other", _row("other", 7, in_doubt=True), issued_at=12.0, answered_at=12.0), "in doubt"
+    assert view.confirm("other", None, issued_at=12.0, answered_at=12.0), "no row any more"
+
+
+def test_a_slow_confirmation_read_counts_a_new_counter_from_its_answer_not_from_when_it_was_asked() -> None:
+    """Found by the simulation (seed 109 of 64 x 8, every fault): a confirmation read issued at 102 s
+    and answered at 120 s (an outage) found a counter written at 120 s, and counted it from 102 s; the
+    next read at 121.5 s found it unchanged, 19 s 'old', and the worker's leases were taken from it."""
+    view = _view()
+    view.saw_workers(_rows({"me": 1, "other": 34}), issued_at=66.0, answered_at=66.0, complete=True)
+    assert not view.confirm("other", _row("other", 61), issued_at=102.0, answered_at=120.0)
+    view.saw_workers(_rows({"me": 2, "other": 61}), issued_at=121.5, answered_at=121.5, complete=True)
+    assert "other" in view.live and not view.dead
+
+
+def _row(name: str, beat: int, *, in_doubt: bool = False) -> WorkerRow:
+    return WorkerRow(name, beat, None, in_doubt=in_doubt)
