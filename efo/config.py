@@ -177,6 +177,13 @@ class LeaseSettings(_Section):
         "half), eventually consistent, even when its version did not move: a safety net for a change whose "
         "version write was lost (its writer died in between).",
     )
+    delete_finished_after_s: float = Field(
+        300.0,
+        gt=0,
+        description="A finished shard's lease is deleted this long after it finished, once every child's "
+        "reading has begun and its parents' leases are gone (the KCL's rules), so the table does not grow "
+        "with the stream's resharding history.",
+    )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(
         1, ge=0, description="Handover requests a worker short of its share may have open at once (0: never steal)."

@@ -38,6 +38,7 @@ from efo.cli.common import (
 from efo.cli.status import LEASE_STYLES, duration, lag_text, lease_record
 from efo.config import InitialPosition
 from efo.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
+from efo.kinesis.shards import list_shards
 from efo.leases.table import LeaseTable, TableState
 from efo.pipeline.records import Position, after
 
@@ -191,11 +192,21 @@ def reset_command(
                 f"{conn.stream.name!r}; see 'efo checkpoints show'"
             )
         owners = {state.leases[shard].owner for shard in shards} - {None}
+        # Finished shards whose leases were deleted (efo.leases.cleanup) but are still in the stream:
+        # --all means them too, so they get a lease at the position, written before the resets, and
+        # their children (whose owners read their parents' rows again before applying one) wait for them.
+        graph = await list_shards(conn.kinesis, conn.stream.arn) if all_shards else None
+        unleased = [] if graph is None else sorted(set(graph.shards) - set(state.leases))
         confirm(
-            f"Reset {len(shards)} shard(s) of application {scope.app!r} on stream {conn.stream.name!r} to {position}? "
-            f"{len(owners)} worker(s) hold them and restart them there.",
+            f"Reset {len(shards) + len(unleased)} shard(s) of application {scope.app!r} on stream "
+            f"{conn.stream.name!r} to {position}? {len(owners)} worker(s) hold them and restart them there.",
             yes=yes,
         )
+        async with table.changing():
+            for shard_id in unleased:
+                assert graph is not None
+                await table.create_lease(shard_id, graph.shards[shard_id].parents, position)
+        shards = [*shards, *unleased]
         reset_id = await table.request_reset(shards, position)
         record: dict[str, Any] = {
             "reset_id": reset_id,

@@ -685,6 +685,25 @@ class LeaseTable:
         await self._changed(await self._partition(lease.shard_id))
         return replace(lease, owner=None, counter=lease.counter + 1, checkpoint=SHARD_END)
 
+    async def delete_finished(self, lease: Lease) -> bool:
+        """Delete a finished lease (:mod:`efo.leases.cleanup` says when), if it is still as read: the same
+        counter, no owner, SHARD_END, no pending reset. False if it changed (or is gone already)."""
+        try:
+            await self._ddb.delete_item(
+                TableName=self.table,
+                Key=await self._lease_key(lease.shard_id),
+                ConditionExpression="lease_counter = :counter AND attribute_not_exists(lease_owner) "
+                "AND position_kind = :end AND attribute_not_exists(reset_id)",
+                ExpressionAttributeValues={":counter": {"N": str(lease.counter)}, ":end": {"S": SHARD_END.kind}},
+            )
+        except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                self._changed_partitions.add(await self._partition(lease.shard_id))
+                return False
+            raise translate(exc, resource=self._resource()) from None
+        await self._changed(await self._partition(lease.shard_id))
+        return True
+
     async def release(self, lease: Lease) -> None:
         """Give the lease up (a clean stop, a handover), so the next worker takes it at once; a
         steal request stays, so the worker that asked takes it first."""

@@ -61,8 +61,12 @@ def worker_settings(config: FleetConfig, stream_arn: str) -> Settings:
         "sink": "console",
         "initial_position": "TRIM_HORIZON",
         "region": "us-east-1",
+        # Finished leases are deleted within the few minutes a run lasts (300 s in production).
+        "lease": {"delete_finished_after_s": 20.0},
     }
-    values.update(config.settings)
+    for section, fields in config.settings.items():
+        merged = isinstance(fields, dict) and isinstance(values.get(section), dict)
+        values[section] = {**values[section], **fields} if merged else fields
     return load_settings(**values)
 
 
@@ -282,8 +286,8 @@ class Fleet:
         self.oracle.subscribing(self.clock.now(), worker, shard_id, self.lease_rows)
 
     def finished(self, shard_id: str) -> bool:
-        row = self.lease_rows.get(shard_id)
-        return row is not None and row.get("position_kind", {}).get("S") == "SHARD_END"
+        """SHARD_END landed on the shard's lease (which may have been deleted since)."""
+        return self.oracle.finished(shard_id)
 
     def readable(self) -> set[str]:
         """Shards that must be read now: not finished, every parent finished."""

@@ -8,6 +8,8 @@ Checked at every change of a lease row (the simulated DynamoDB reports each one 
 - **nothing skipped**: when a checkpoint lands, every record of the shard before it was committed
   by a sink (some worker's, some claim's): what lies behind a checkpoint is never read again;
 - **parents first**: a subscription to a shard starts only once each of its parents is finished;
+- **finished stays finished**: a shard whose SHARD_END landed gets no new lease (after its lease was
+  deleted) and no subscription (the simulation makes no operator resets);
 - **no false death**: a lease goes straight from one owner to another only when the owner does not
   read the shard under that claim any more, or no longer trusts its leases (no heartbeat of its
   landed within the lease validity), or when the taker asked for it and waited ``failover_s``.
@@ -114,6 +116,7 @@ class _Shard:
     committed: set[int] = field(default_factory=set)  # sequence numbers some sink committed
     verified: int = 0  # records before this index are known committed
     checkpoint: int = 0  # the resume index of the checkpoint in the table
+    finished: bool = False  # SHARD_END landed
     unread_since: float | None = None
 
 
@@ -172,6 +175,11 @@ class Oracle:
                 state.committed.add(number)
                 self.committed_records += 1
 
+    def finished(self, shard_id: str) -> bool:
+        """SHARD_END landed on the shard's lease (which may have been deleted since)."""
+        state = self._shards.get(shard_id)
+        return state is not None and state.finished
+
     def unread_records(self) -> int:
         return sum(len(s.sequences) for s in self.stream.shards.values()) - self.committed_records
 
@@ -185,9 +193,16 @@ class Oracle:
         after: dict[str, Any] | None,
         request: dict[str, Any],
     ) -> None:
-        if after is None or before is None or "position_kind" not in after:
+        if after is None or "position_kind" not in after:
             return
         shard_id = after["sk"]["S"].removeprefix("shard|")
+        if before is None:
+            state = self._shard(shard_id)
+            if state.finished:
+                detail = f"{client} wrote a new lease of finished {shard_id}"
+                self.fail(now, "finished stays finished", detail, shard_id)
+            state.finished = after["position_kind"]["S"] == "SHARD_END"  # a closed shard at a LATEST start
+            return
         owner, taker = before.get("lease_owner", {}).get("S"), after.get("lease_owner", {}).get("S")
         if owner is not None and taker is not None and owner != taker:
             asked = before.get("wanted_by", {}).get("S") == taker
@@ -224,8 +239,10 @@ class Oracle:
                     f"{writer} moved the checkpoint of {shard_id} back from record {old} to {new}",
                     shard_id,
                 )
-        if after["position_kind"]["S"] == "SHARD_END" and not shard.closed:
-            self.fail(now, "nothing skipped", f"{writer} wrote SHARD_END on {shard_id}, which is open", shard_id)
+        if after["position_kind"]["S"] == "SHARD_END":
+            if not shard.closed:
+                self.fail(now, "nothing skipped", f"{writer} wrote SHARD_END on {shard_id}, which is open", shard_id)
+            state.finished = True
         state.checkpoint = new
         if new > state.verified:
             missing = [seq for seq in shard.sequences[state.verified : new] if seq not in state.committed]
@@ -241,6 +258,8 @@ class Oracle:
 
     def subscribing(self, now: float, worker: str, shard_id: str, table_rows: dict[str, dict[str, Any]]) -> None:
         shard = self.stream.shards[shard_id]
+        if self._shard(shard_id).finished:
+            self.fail(now, "finished stays finished", f"{worker} subscribed to finished {shard_id}", shard_id)
         for parent in shard.parents:
             row = table_rows.get(parent)
             if row is not None and row.get("position_kind", {}).get("S") != "SHARD_END":

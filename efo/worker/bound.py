@@ -384,7 +384,7 @@ class RunEnd:
             return False
         if listed_at < self._last_change_at or read_at < listed_at:
             return False  # a listing (and a table read after it) newer than the last change here
-        if any(shard_id not in state.leases for shard_id in graph.shards):
+        if graph.needing_leases(state.leases):
             return False  # a shard born since is about to get its lease
         short, _ = self.remaining()
         return not short

@@ -26,6 +26,7 @@ from efo.errors import LeaseLost
 from efo.kinesis.shards import Shard, ShardGraph
 from efo.leases import balance
 from efo.leases.cache import LeaseCache
+from efo.leases.cleanup import deletable
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.table import Lease, LeaseTable, TableState
 from efo.leases.view import TableView
@@ -52,6 +53,8 @@ STALE_FREE_CYCLES = 5
 QUIET_CYCLES = 60
 #: Claims of one cycle go out this many at once.
 CLAIM_CONCURRENCY = 16
+#: Finished leases deleted after one listing at most (each moves its partition's version once a cycle).
+DELETES_PER_LISTING = 64
 
 
 class LeaseCycle:
@@ -87,6 +90,7 @@ class LeaseCycle:
         self._short_since: float | None = None  # below its share, nothing free: since when
         self._ask_not_before = 0.0  # a request of this worker was declined: no other before this
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
+        self._cleaned_for = 0.0  # the listing (when it was asked for) the last deletion of finished leases followed
         self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
         self._quiet_until = 0.0  # no shedding to short workers before this (after a stale claim)
         self._gave_at: float | None = None  # when it last handed a lease over for balance (shed, asked, stranded)
@@ -225,6 +229,7 @@ class LeaseCycle:
         await self._take_overdue(state, asked_now={lease.shard_id for lease in moves.ask})
         if self._shards.graph is not None:  # this worker lists the stream
             await self._finish_expired(state, self._shards.graph)
+            await self._delete_finished(state, self._shards.graph)
         self.cycles += 1
         self._after_cycle()
 
@@ -442,6 +447,17 @@ class LeaseCycle:
             METRICS.shards_expired.labels(stream=self._owned.stream).inc()
             owned.log.warning("shard.expired", position=str(claimed.checkpoint))
             self._runner.end(owned, ())
+
+    async def _delete_finished(self, state: TableState, graph: ShardGraph) -> None:
+        """Delete the finished leases nothing can need any more (:mod:`efo.leases.cleanup`): once per
+        listing, at most :data:`DELETES_PER_LISTING` of them."""
+        if self._shards.listed_at <= self._cleaned_for:
+            return
+        self._cleaned_for = self._shards.listed_at
+        found = deletable(state, graph, self._clock.wall(), self._settings.lease.delete_finished_after_s)
+        for lease in found[:DELETES_PER_LISTING]:
+            if await self._table.delete_finished(lease):
+                self._log.info("lease.deleted", shard_id=lease.shard_id)
 
     async def release_untracked(self) -> int:
         """A stop's last sweep: a claim whose request was under way when the cycle was cancelled may

@@ -198,21 +198,35 @@ class ShardSync:
             return
         asked_at = self._clock.now()
         graph = await list_shards(self._kinesis, self._stream.arn)
-        await self.born({shard_id: shard.parents for shard_id, shard in graph.shards.items()})
+        known = await self._known()
+        await self._write({shard_id: graph.shards[shard_id].parents for shard_id in graph.needing_leases(known)})
         self.graph, self.listed_at = graph, asked_at
         self._on_listed()
 
     async def born(self, children: Mapping[str, tuple[str, ...]]) -> None:
-        """A lease, read from its own beginning, for each of these shards (with their parents) that has
-        none as of the lease cycle's last read. One found there already, though that read did not
-        show it (its writer died before it moved its partition's version), moves the version now,
-        so that every worker reads it."""
+        """A lease, read from its own beginning, for each of these new shards (with their parents) that
+        has none as of the lease cycle's last read, and whose parents all have one. A merge's other
+        parent may have none yet (born and merged between two listings): a child's lease written before
+        it would hide it for ever (:meth:`~efo.kinesis.shards.ShardGraph.needing_leases`), so the lister
+        writes that lineage, parents first; the child cannot be read before that parent anyway."""
+        known = await self._known()
+        await self._write(
+            {
+                shard_id: parents
+                for shard_id, parents in children.items()
+                if shard_id not in known and all(parent in known for parent in parents)
+            }
+        )
+
+    async def _known(self) -> Collection[str]:
         known = self.leased()
-        if known is None:
-            known = set((await self._table.read()).leases)
-        for shard_id, parents in children.items():
-            if shard_id in known:
-                continue
+        return set((await self._table.read()).leases) if known is None else known
+
+    async def _write(self, missing: Mapping[str, tuple[str, ...]]) -> None:
+        """A lease at TRIM_HORIZON for each shard. One found there already, though the lease cycle's
+        last read did not show it (its writer died before it moved its partition's version), moves
+        the version now, so that every worker reads it."""
+        for shard_id, parents in missing.items():
             if await self._table.create_lease(shard_id, parents, Position("TRIM_HORIZON")):
                 self._log.info("shard.discovered", shard_id=shard_id, parents=list(parents))
             else:

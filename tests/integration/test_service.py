@@ -5,6 +5,7 @@ arrow sink (no JVM start-up each)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import defaultdict
@@ -20,6 +21,7 @@ from .service import (
     arrow_env,
     assert_exactly,
     create_stream,
+    efo,
     keys,
     put_records,
     read_output,
@@ -152,17 +154,32 @@ def test_latest_restart_before_any_record_still_reads_what_was_written_while_dow
 def test_shard_split_during_consumption_loses_nothing_and_keeps_parent_before_child_order(
     local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
 ) -> None:
-    stream = unique("split")
+    stream, app = unique("split"), unique("app")
     create_stream(kinesis_client, stream, 2)
-    run = _run(local_stack, tmp_path, stream, unique("app"), "TRIM_HORIZON")
+    deleted_after = {"EFO_LEASE__DELETE_FINISHED_AFTER_S": "1"}
+    run = _run(local_stack, tmp_path, stream, app, "TRIM_HORIZON", **deleted_after)
     run.wait_for_event("service.ready")
     before = put_records(kinesis_client, stream, 300, keys=8, tag="parent")
     parent = split_first_shard(kinesis_client, stream)
     after = put_records(kinesis_client, stream, 300, keys=8, tag="child")
     rows = wait_for_rows(tmp_path / "out", 600, run)
+    # Once both children's reading began, the parent's finished lease is deleted; the parent is still in
+    # the stream, and a restart (which lists it) must not read it again.
+    assert run.wait_for_event("lease.deleted", timeout_s=60)["shard_id"] == parent
     assert run.stop() == 0
     rows = read_output(tmp_path / "out")
     assert_exactly(rows, before + after)
+    restarted = _run(local_stack, tmp_path, stream, app, "TRIM_HORIZON", **deleted_after)
+    restarted.wait_for_event("service.ready")
+    later = put_records(kinesis_client, stream, 60, keys=8, tag="later")
+    wait_for_rows(tmp_path / "out", 660, restarted)
+    assert restarted.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), before + after + later)
+    assert not [e for e in restarted.events() if e.get("shard_id") == parent and e["event"] == "shard.started"]
+    # Reading everything again means the parent too: its lease is written again, before the resets.
+    reset = efo(restarted.env, "checkpoints", "reset", "--all", "--to", "TRIM_HORIZON", "--yes", "--json")
+    assert reset.code == 0, reset.stderr
+    assert parent in json.loads(reset.stdout)["shard_ids"]
     children = {p.shard_id for p in after} - {p.shard_id for p in before}
     assert children, "the split produced no child shard that received records"
     # Per partition key, every parent record is committed no later than the first child record.

@@ -436,3 +436,17 @@ def test_a_cut_chunk_is_cut_at_one_record_in_every_column_and_its_budget_comes_b
     bound.enqueued(later.serial, after("13"))
     bound.put(later)
     assert later.grant is None and len(later) == 0 and later.data_bytes == 0
+
+
+def test_a_parent_whose_finished_lease_was_deleted_does_not_keep_the_run_from_ending() -> None:
+    """p is still listed (within its retention), but its lease was deleted once its children began
+    (efo.leases.cleanup): it has nothing left to read, so the run is done once c is caught up."""
+    clock = Clock()
+    view = View(clock)
+    end = view.run_end()
+    view.graph = ShardGraph.of([Shard("p", (), 0, 10), Shard("c", ("p",), 0, 10)])
+    view.owned["c"] = _owned("c")
+    _caught_up(end, view.owned["c"])
+    clock.t += 1
+    view.table(Lease("c", ("p",), "me", 1, Position("AFTER_SEQUENCE_NUMBER", "5")))
+    assert end.done()
