@@ -23,7 +23,7 @@ from efo.clock import SYSTEM_CLOCK, Clock, Timer
 from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
-from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.shards import ShardGraph
 from efo.leases import balance
 from efo.leases.cache import LeaseCache
 from efo.leases.cleanup import deletable
@@ -123,7 +123,7 @@ class LeaseCycle:
             await self._table.bump_again()
             state = await self.read()
             async with self._table.changing():  # the cycle's changes move each partition's version once
-                await self.cycle(state, table_graph(state))
+                await self.cycle(state)
 
     @property
     def first_live(self) -> bool:
@@ -140,19 +140,19 @@ class LeaseCycle:
         self.read_at = self._cache.answered_at
         return self.state
 
-    async def cycle(self, state: TableState, graph: ShardGraph) -> None:
+    async def cycle(self, state: TableState) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
         self._watch_deaths()
         if not self._in_doubt() and not self._stopping.is_set():
             await self.membership.act()
         METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
-        await self._apply_resets(state, graph)
+        await self._apply_resets(state)
         arn = self._table.stream_arn
         limit = self._settings.lease.max_leases_per_worker
         # Read once: another stream's cycle may publish while this one awaits its writes.
         rank_offset, room = self._shares.rank_offset(arn), self._shares.room(arn, limit)
-        readable_now = [lease for lease in state.leases.values() if self._readable(lease, state, graph)]
+        readable_now = [lease for lease in state.leases.values() if can_read(lease, state)]
         target = balance.target(
             self._me, len(readable_now), self.view.live, max_leases=limit or None, rank_offset=rank_offset, room=room
         )
@@ -262,10 +262,6 @@ class LeaseCycle:
             self._death_check.cancel()
             self._death_check = None
 
-    def _readable(self, lease: Lease, state: TableState, graph: ShardGraph) -> bool:
-        """Can be read now: not finished, still in the stream, its parents finished."""
-        return not lease.finished and lease.shard_id in graph.shards and parents_finished(lease, state, graph)
-
     def _check_owned(self, state: TableState) -> None:
         """A lease another worker took (or reset) is dropped now, not at the next failed write."""
         for owned in list(self._owned.values()):
@@ -274,18 +270,20 @@ class LeaseCycle:
                 holder = f"{lease.owner} (counter {lease.counter})" if lease is not None else "nobody (row gone)"
                 self._owned.lose(owned, f"the lease is now held by {holder}")
 
-    async def _apply_resets(self, state: TableState, graph: ShardGraph) -> None:
+    async def _apply_resets(self, state: TableState) -> None:
         """Operators' resets, of finished leases first (their children may have to wait again)."""
-        for lease in sorted(state.leases.values(), key=lambda lease: not lease.finished):
+        pending = [lease for lease in state.leases.values() if lease.reset is not None]
+        for lease in sorted(pending, key=lambda lease: not lease.finished):
+            assert lease.reset is not None
             owned = self._owned.get(lease.shard_id)
-            if lease.reset is not None and lease.finished and lease.owner is None:
+            if lease.finished and lease.owner is None:
                 try:
                     state.leases[lease.shard_id] = await self._table.apply_reset(lease)
                     self._log.info("shard.reset", shard_id=lease.shard_id, position=str(lease.reset.position))
                 except LeaseLost:
                     continue
-            elif lease.reset is not None and owned is not None and lease.counter == owned.epoch:
-                await self._apply_reset(owned, lease, state, graph)
+            elif owned is not None and lease.counter == owned.epoch:
+                await self._apply_reset(owned, lease, state)
 
     async def _apply_requests(self, readable: list[Lease], target: int) -> None:
         """Other workers' handover requests for leases read here, honoured or declined (cleared) as
@@ -328,7 +326,7 @@ class LeaseCycle:
         """This worker handed a lease over for balance (shed, asked, stranded) within ``failover_s``."""
         return self._gave_at is not None and self._clock.now() - self._gave_at < self._settings.lease.failover_s
 
-    async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState, graph: ShardGraph) -> None:
+    async def _apply_reset(self, owned: OwnedShard, lease: Lease, state: TableState) -> None:
         """Restart the shard at the reset position, here and now: a new claim (a new epoch), so what
         the old one handed on is committed but moves nothing."""
         assert lease.reset is not None
@@ -344,7 +342,7 @@ class LeaseCycle:
         self._owned.forget(owned)
         owned.log.info("shard.reset", position=str(lease.reset.position))
         state.leases[lease.shard_id] = reset
-        if self._readable(reset, state, graph) and await self._parents_finished_now(reset):
+        if can_read(reset, state) and await self._parents_finished_now(reset):
             self._runner.start(reset)
         else:  # its parents are to be read again first
             await self._table.release(reset)
@@ -474,10 +472,18 @@ class LeaseCycle:
         return released
 
 
-def table_graph(state: TableState) -> ShardGraph:
-    """The shards and their parents, as the leases name them: a shard whose lease is missing is no
-    longer in the stream (or finished long ago), so it never holds its children back."""
-    return ShardGraph.of(Shard(lease.shard_id, lease.parents, 0, 0) for lease in state.leases.values())
+def can_read(lease: Lease, state: TableState) -> bool:
+    """Can be read now: not finished, its parents finished. A parent without a lease is finished: it
+    is gone from the stream, or its lease was deleted once it finished (:mod:`efo.leases.cleanup`).
+    (Every lease cycle asks this of every lease.)"""
+    if lease.finished:
+        return False
+    leases = state.leases
+    for parent in lease.parents:
+        parent_lease = leases.get(parent)
+        if parent_lease is not None and not parent_lease.finished:
+            return False
+    return True
 
 
 def parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:

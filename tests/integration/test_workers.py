@@ -145,9 +145,9 @@ def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_su
                 asked = asyncio.Event()
                 cycle = a.coordinator.cycle.cycle
 
-                async def after_the_ask(state: Any, graph: Any) -> None:
+                async def after_the_ask(state: Any) -> None:
                     await asked.wait()  # w1 decides only once w2's request is in the table
-                    await cycle(await a.table.read(), graph)
+                    await cycle(await a.table.read())
 
                 a.coordinator.cycle.cycle = after_the_ask  # type: ignore[method-assign]
                 async with running(b) as stop_b:
@@ -181,12 +181,12 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
                 cycle = a.coordinator.cycle.cycle
                 held_back = True
 
-                async def before_the_ask(state: Any, graph: Any) -> None:
+                async def before_the_ask(state: Any) -> None:
                     nonlocal held_back
                     if held_back and "w2" in state.heartbeats:  # w1's first cycle to see w2: it will shed
                         held_back = False
                         await asked.wait()  # ... acting on this read, older than w2's request
-                    await cycle(state, graph)
+                    await cycle(state)
 
                 a.coordinator.cycle.cycle = before_the_ask  # type: ignore[method-assign]
                 wanted, declined = calls_of(b.table, "want"), calls_of(a.table, "decline")
@@ -323,14 +323,14 @@ def test_a_stopping_worker_declines_no_request_so_its_release_leaves_the_lease_t
                 answers, declined = answers_of(monkeypatch), calls_of(a.table, "decline")
                 cycle, read, answered = a.coordinator.cycle.cycle, asyncio.Event(), asyncio.Event()
 
-                async def as_the_stop_begins(state: Any, graph: Any) -> None:
+                async def as_the_stop_begins(state: Any) -> None:
                     if state.leases[kept].wanted_by == "w2" and not read.is_set():
                         read.set()
                         await a.coordinator.stopping.wait()  # the stop begins between the read and the answers
-                        await cycle(state, graph)
+                        await cycle(state)
                         answered.set()
                     else:
-                        await cycle(state, graph)
+                        await cycle(state)
 
                 a.coordinator.cycle.cycle = as_the_stop_begins  # type: ignore[method-assign]
                 await w2.want((await w2.read()).leases[kept])
@@ -365,14 +365,14 @@ def test_a_worker_whose_leases_are_in_doubt_declines_no_request(
                 sure = a.coordinator.cycle._in_doubt
                 a.coordinator.cycle._in_doubt = lambda: doubt or sure()
 
-                async def in_doubt_as_it_answers(state: Any, graph: Any) -> None:
+                async def in_doubt_as_it_answers(state: Any) -> None:
                     nonlocal doubt
                     if state.leases[kept].wanted_by == "w2" and not answered.is_set():
                         doubt = True  # for this cycle's answers, and no cycle runs after it
-                        await cycle(state, graph)
+                        await cycle(state)
                         answered.set()
                     else:
-                        await cycle(state, graph)
+                        await cycle(state)
 
                 a.coordinator.cycle.cycle = in_doubt_as_it_answers  # type: ignore[method-assign]
                 wanted = (await w2.read()).leases[kept]
