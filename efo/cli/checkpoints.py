@@ -39,7 +39,8 @@ from efo.cli.status import LEASE_STYLES, duration, lag_text, lease_record
 from efo.config import InitialPosition
 from efo.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
 from efo.kinesis.shards import list_shards
-from efo.leases.table import LeaseTable, TableState
+from efo.leases.model import TableState
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position, after
 
 DEFAULT_WAIT_S = 60.0

@@ -27,7 +27,8 @@ from efo.cli.status import worker_statuses
 from efo.config import Settings, load_settings, setting_sources, stream_name
 from efo.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound, translate
 from efo.kinesis.registration import StreamInfo, describe_stream
-from efo.leases.table import LeaseTable, TableState
+from efo.leases.model import TableState
+from efo.leases.table import LeaseTable
 
 T = TypeVar("T")
 Command = TypeVar("Command", bound=Callable[..., Any])

@@ -22,8 +22,9 @@ from efo.cli.common import (
     streams_text,
 )
 from efo.cli.status import LEASE_STYLES, hash_share, lag_text, lease_record, tree_order
-from efo.kinesis.shards import ShardGraph, list_shards
-from efo.leases.table import TableState
+from efo.kinesis.graph import ShardGraph
+from efo.kinesis.shards import list_shards
+from efo.leases.model import TableState
 
 
 def shard_records(stream: str, graph: ShardGraph, state: TableState | None, live: set[str]) -> list[dict[str, Any]]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from efo.kinesis.shards import ShardGraph
-from efo.leases.table import Lease, TableState, WorkerRow
+from efo.kinesis.graph import ShardGraph
+from efo.leases.model import Lease, TableState, WorkerRow
 
 HASH_KEY_SPACE = 2**128
 

@@ -23,7 +23,7 @@ from efo.cli.common import (
     streams_text,
 )
 from efo.cli.status import duration, worker_statuses
-from efo.leases.table import TableState
+from efo.leases.model import TableState
 
 
 def worker_records(stream: str, state: TableState, failover_s: float) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 
 
 @dataclass(frozen=True)

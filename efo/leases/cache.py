@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from efo.clock import SYSTEM_CLOCK, Clock
 from efo.errors import EfoError
-from efo.leases.table import Lease, LeaseTable, TableState
+from efo.leases.model import Lease, TableState
+from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 
 #: A lease partition read strongly this lately is left out of an eventually consistent read of every

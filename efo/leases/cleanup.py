@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from efo.kinesis.shards import ShardGraph
-from efo.leases.table import Lease, TableState
+from efo.kinesis.graph import ShardGraph
+from efo.leases.model import Lease, TableState
 
 
 def deletable(state: TableState, listing: ShardGraph, now: datetime, kept_s: float) -> list[Lease]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from efo.config import Settings
 from efo.leases import cache
-from efo.leases.table import lease_partitions_for
+from efo.leases.model import lease_partitions_for
 from efo.worker import membership
 
 #: Sizes of the rows read, as DynamoDB counts them (measured at the wire: a lease about 181 B).

@@ -36,7 +36,7 @@ import structlog
 
 from efo.clock import SYSTEM_CLOCK, Clock
 from efo.leases.ledger import CheckpointLedger
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.observability import METRICS, ShardSeries
 from efo.pipeline.pool import Grant
 from efo.pipeline.records import Position, RecordChunk

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from efo.clock import SYSTEM_CLOCK, Clock
-from efo.leases.table import Lease, WorkerRow
+from efo.leases.model import Lease, WorkerRow
 
 
 @dataclass(slots=True)

@@ -61,9 +61,9 @@ import structlog
 from efo.clock import SYSTEM_CLOCK, Clock, wall_ms
 from efo.config import RunSettings, Until
 from efo.errors import LeaseLost, ShardTimeout
-from efo.kinesis.shards import ShardGraph
+from efo.kinesis.graph import ShardGraph
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import TableState
+from efo.leases.model import TableState
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool

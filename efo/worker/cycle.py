@@ -23,12 +23,13 @@ from efo.clock import SYSTEM_CLOCK, Clock, Timer
 from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
-from efo.kinesis.shards import ShardGraph
+from efo.kinesis.graph import ShardGraph
 from efo.leases import balance
 from efo.leases.cache import LeaseCache
 from efo.leases.cleanup import deletable
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import Lease, LeaseTable, TableState
+from efo.leases.model import Lease, TableState
+from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
 from efo.observability import METRICS
 from efo.worker.membership import Membership

@@ -31,7 +31,8 @@ from collections.abc import Callable
 import structlog
 
 from efo.clock import Clock
-from efo.leases.table import LeaseTable, WorkerRow
+from efo.leases.model import WorkerRow
+from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
 from efo.observability import METRICS
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from efo.clock import SYSTEM_CLOCK, Clock
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.observability import METRICS
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, shard_key

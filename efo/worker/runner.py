@@ -23,7 +23,8 @@ from efo.kinesis.registration import StreamInfo, describe_consumer
 from efo.kinesis.shards import list_shards
 from efo.kinesis.subscription import Backoff, ShardEnded, ShardSubscription
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import Lease, LeaseTable
+from efo.leases.model import Lease
+from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool

@@ -24,10 +24,12 @@ from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded, periodically
 from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, StreamRecreated
+from efo.kinesis.graph import ShardGraph
 from efo.kinesis.registration import StreamInfo
-from efo.kinesis.shards import ShardGraph, list_shards
+from efo.kinesis.shards import list_shards
 from efo.kinesis.subscription import Backoff
-from efo.leases.table import LeaseTable, Meta, lease_partitions_for
+from efo.leases.model import Meta, lease_partitions_for
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.worker.shardsync")

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from efo.leases import balance
-from efo.leases.table import LeaseTable, TableState
+from efo.leases.model import TableState
+from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.records import Position, after
 from efo.worker.cycle import ASK_AFTER_CYCLES, SETTLE_CYCLES

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from efo.leases.balance import answer_requests, plan, target
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.pipeline.records import Position
 from efo.worker.streams import StreamShares
 

@@ -13,10 +13,10 @@ import pytest
 
 from efo.config import RunSettings, Until
 from efo.errors import ShardTimeout
-from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.graph import Shard, ShardGraph
 from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import OwnedShard, ShardPhase
-from efo.leases.table import Lease, TableState
+from efo.leases.model import Lease, TableState
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END, Position, RecordChunk, Row, after

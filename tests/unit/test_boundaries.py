@@ -15,3 +15,13 @@ def test_importing_efo_and_its_cli_loads_no_pyspark_module() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_lease_model_and_what_decides_on_it_load_no_aws_client() -> None:
+    """The lease model, balance, clean-up and the view are logic: no botocore, no aiobotocore."""
+    code = (
+        "import sys, efo.leases.model, efo.leases.balance, efo.leases.cleanup, efo.leases.view;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'aiobotocore', 'boto3')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ import pytest
 from efo.config import load_settings
 from efo.errors import Retriable
 from efo.leases.lifecycle import Commit, OwnedShard
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, after
 from efo.sim.clock import SimClock

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from efo.cli.status import duration, hash_share, lease_record, lease_state, tree_order, worker_statuses
-from efo.kinesis.shards import Shard, ShardGraph
-from efo.leases.table import Lease, TableState, WorkerRow
+from efo.kinesis.graph import Shard, ShardGraph
+from efo.leases.model import Lease, TableState, WorkerRow
 from efo.pipeline.records import SHARD_END, Position
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

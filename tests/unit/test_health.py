@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from efo.config import load_settings
 from efo.health import Health, HealthServer, loop_answers
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.observability import LONG_BUCKETS_S, METRICS, BulkHistogram, Metrics, metrics_table
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position

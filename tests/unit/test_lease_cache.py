@@ -11,7 +11,7 @@ import pytest
 
 from efo.errors import Retriable
 from efo.leases.cache import LeaseCache
-from efo.leases.table import Lease, TableState, lease_partition_of
+from efo.leases.model import Lease, TableState, lease_partition_of
 from efo.pipeline.records import Position
 from efo.sim.clock import ManualClock
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.graph import Shard, ShardGraph
 from efo.leases.cleanup import deletable
-from efo.leases.table import Lease, PendingReset, TableState
+from efo.leases.model import Lease, PendingReset, TableState
 from efo.pipeline.records import SHARD_END, Position
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import pytest
 
 from efo.config import InitialPosition
-from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.graph import Shard, ShardGraph
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.lifecycle import TRANSITIONS, Commit, IllegalTransition, OwnedShard, ShardPhase
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.pipeline.records import SHARD_END, Position, after
 from efo.worker.shardsync import first_start_position
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.pipeline.records import MAX_SUB_SEQUENCE, SHARD_END, Position, after
 
 SHARD = "shard-0"

@@ -29,7 +29,7 @@ from efo.errors import (
     Retriable,
     translate,
 )
-from efo.kinesis.shards import Shard, ShardGraph
+from efo.kinesis.graph import Shard, ShardGraph
 from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, Row, after
 from sparkbridge.arrow import SCHEMA, to_table
 

@@ -17,7 +17,7 @@ from efo.config import RunSettings, Settings, Until, load_settings
 from efo.errors import Retriable
 from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, Row, after

@@ -11,7 +11,7 @@ import pytest
 
 from efo.config import load_settings
 from efo.leases.lifecycle import Commit
-from efo.leases.table import Lease
+from efo.leases.model import Lease
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, after
 from efo.service import Service

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from efo.leases.table import WorkerRow
+from efo.leases.model import WorkerRow
 from efo.leases.view import TableView
 from efo.sim.clock import ManualClock
 
