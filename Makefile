@@ -18,10 +18,13 @@ EFO_CHAOS_ITERATIONS ?= 3
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
+# editable_mode=compat: the project's directory on sys.path (a .pth line), as a wheel's files would be,
+# so that Spark's lookup of Python data sources (pkgutil.iter_modules) finds pyspark_efo; setuptools'
+# default editable install is an import hook that iter_modules does not see.
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev,bench]' --config-settings editable_mode=compat
 	touch $@
 
 $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
