@@ -62,8 +62,10 @@ class _Planner(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
         raise NotImplementedError("the efo source plans through EfoStreamReader.latestOffset")
 
     def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        from efo.observability import configure_logging
         from efo.source.replay import read_between
 
+        configure_logging()  # an executor's Python worker: its log lines as the reader process's
         chunks = read_between(self.options, SourceOffset.from_json(start), SourceOffset.from_json(end))
         return iter(to_batches(chunks))
 
