@@ -142,9 +142,10 @@ class EfoStreamReader(_SimpleStreamReaderWrapper):  # type: ignore[misc]
         """The batches ``latestOffset`` kept for this range; None (Spark's executor reads it again)
         for a range planned before this process started."""
         first, last = positions_of(start), positions_of(end)
-        for kept in self._kept:
+        for index, kept in enumerate(self._kept):
             if kept.start == first and kept.end == last:
-                return iter(list(kept.batches))
+                del self._kept[index]  # the JVM has them from here on: not held twice
+                return iter(kept.batches)
         return None
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -235,8 +235,10 @@ class Engine:
             self._thread.join(10.0)
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        self._raise_error()
-        assert self._loop is not None, "start() first"
+        if self.error is not None or self._loop is None:
+            coroutine.close()
+            self._raise_error()
+            raise EfoError("efo source: the engine was not started")
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return future.result(timeout_s)

@@ -52,8 +52,9 @@ class ShardRange:
 
 
 def ranges(start: SourceOffset, end: SourceOffset) -> list[ShardRange]:
-    """Each shard's rows between ``start`` and ``end``. A shard the start does not know (or knew
-    from another origin: reading began again elsewhere) is read from its origin in the end offset."""
+    """Each shard's rows between ``start`` and ``end``. A shard the start does not know, or knew
+    with another origin (reading began again elsewhere: skipOlderThan), is read from its origin in
+    the end offset; its rows are counted since the query began either way."""
     out: list[ShardRange] = []
     for arn, stream in end.streams.items():
         before = start.streams.get(arn)
@@ -61,14 +62,12 @@ def ranges(start: SourceOffset, end: SourceOffset) -> list[ShardRange]:
             before = None
         for shard_id, last in stream.shards.items():
             first: ShardOffset | None = before.shards.get(shard_id) if before is not None else None
-            if first is not None and first.origin != last.origin:
-                first = None
-            rows = last.rows - (first.rows if first is not None else 0)
+            rows = last.rows - (first.rows if first is not None else 0)  # counted since the query began
             if rows <= 0:
                 continue
             through = last.delivered_through()
             assert through is not None, f"shard {shard_id}: rows without a last record"
-            if first is not None and first.sequence_number is not None:
+            if first is not None and first.origin == last.origin and first.sequence_number is not None:
                 position, delivered = first.resume(), first.delivered_through()
             else:
                 position, delivered = origin_position(last.origin), None

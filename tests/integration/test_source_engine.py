@@ -296,3 +296,107 @@ def test_a_batch_whose_records_kinesis_no_longer_has_is_data_loss_naming_the_sha
         options_of(local_stack, stream, failOnDataLoss="false"), SourceOffset(), SourceOffset.from_json(end)
     )
     assert sum(len(c) for c in lenient) == 5
+
+
+def test_several_streams_in_one_source_each_with_its_offsets_and_how_far_behind(
+    local_stack: StackEndpoints, kinesis_client: Any, engines: list[Engine]
+) -> None:
+    orders, clicks = unique("src-orders"), unique("src-clicks")
+    create_stream(kinesis_client, orders, 1)
+    create_stream(kinesis_client, clicks, 2)
+    puts = {
+        orders: put_keyed(kinesis_client, orders, 20, tag="o"),
+        clicks: put_keyed(kinesis_client, clicks, 30, tag="c"),
+    }
+    engine = engine_of(local_stack, f"{orders},{clicks}")
+    engines.append(engine)
+    batches = plan_until(engine, 50, max_rows=20)
+    rows = rows_of(batches)
+    for name, put in puts.items():  # shard ids, and sequence numbers too, repeat across streams
+        result = verdict(put, [r for r in rows if r.stream == name])
+        assert result.ok, (name, result)
+    streams = batches[-1].end["streams"]
+    assert sorted(s["stream"] for s in streams.values()) == sorted([orders, clicks])
+    assert all(isinstance(s.get("behindMs"), int) for s in streams.values()), "no MillisBehindLatest reported"
+    assert sum(len(s["shards"]) for s in streams.values()) == 3
+
+
+def test_skip_older_than_starts_a_shard_whose_next_record_is_older_at_now_minus_it_on_a_restart(
+    local_stack: StackEndpoints, kinesis_client: Any, engines: list[Engine]
+) -> None:
+    stream = unique("src-skip")
+    create_stream(kinesis_client, stream, 1)
+    put_keyed(kinesis_client, stream, 10, tag="a")
+    first = engine_of(local_stack, stream)
+    engines.append(first)
+    checkpoint = plan_until(first, 10)[-1].end
+    first.close()
+    old = put_keyed(kinesis_client, stream, 10, tag="old")  # written while the query is down ...
+    time.sleep(3)
+    new = put_keyed(kinesis_client, stream, 10, tag="new")  # ... and these within the last 2 s
+    second = engine_of(local_stack, stream, skipOlderThan="2s")
+    engines.append(second)
+    batches = plan_until(second, 10, start=checkpoint)
+    time.sleep(2)  # nothing more comes
+    more = second.plan(batches[-1].end)
+    rows = rows_of([*batches, Batch(batches[-1].end, more.end, more)])
+    assert verdict(new, rows).ok, "the records within skipOlderThan were not read"
+    assert not {p.sequence_number for p in old} & {r.sequence_number for r in rows}, "older records were read"
+    (entry,) = batches[-1].end["streams"].values()
+    assert entry["shards"]["shardId-000000000000"]["from"].startswith("AT_TIMESTAMP:")
+    # The batch that skipped, read again between its offsets, is the same rows.
+    for batch in batches:
+        assert replayed(local_stack, stream, batch) == planned_keys(batch)
+
+
+def test_throttled_subscriptions_are_retried_and_access_denied_fails_naming_the_shard(
+    local_stack: StackEndpoints, kinesis_client: Any, engines: list[Engine]
+) -> None:
+    from efo.devstack.faults import FaultClient
+    from efo.errors import AccessDenied
+
+    stream = unique("src-faults")
+    create_stream(kinesis_client, stream, 1)
+    puts = put_keyed(kinesis_client, stream, 20, tag="a")
+    faults = FaultClient(local_stack.kinesis_endpoint)
+    faults.clear()
+    try:
+        throttled = {"action": "error", "status": 400, "error_code": "LimitExceededException"}
+        faults.add(operation="SubscribeToShard", count=3, **throttled)
+        engine = engine_of(local_stack, stream)
+        engines.append(engine)
+        batches = plan_until(engine, 20)
+        assert verdict(puts, rows_of(batches)).ok
+        assert not faults.pending(), "the throttling was never met"
+        engine.close()
+        denied_rule = {"action": "error", "status": 400, "error_code": "AccessDeniedException"}
+        faults.add(operation="SubscribeToShard", count=100, **denied_rule)
+        denied = engine_of(local_stack, stream)
+        engines.append(denied)
+        start = batches[-1].end
+        deadline = time.monotonic() + 30
+        with pytest.raises(AccessDenied, match=r"access to shard shardId-000000000000 of stream .* denied"):
+            while time.monotonic() < deadline:
+                start = denied.plan(start).end
+                time.sleep(0.2)
+    finally:
+        faults.clear()
+
+
+def test_metrics_port_serves_efos_metrics_of_the_querys_subscriptions(
+    local_stack: StackEndpoints, kinesis_client: Any, engines: list[Engine]
+) -> None:
+    import urllib.request
+
+    from efo.devstack.stack import free_port
+
+    stream = unique("src-metrics")
+    create_stream(kinesis_client, stream, 1)
+    put_keyed(kinesis_client, stream, 5, tag="a")
+    port = free_port()
+    engine = engine_of(local_stack, stream, metricsPort=str(port))
+    engines.append(engine)
+    plan_until(engine, 5)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert f'efo_records_received_total{{shard_id="shardId-000000000000",stream="{stream}"}} 5.0' in text
+    assert f'efo_shard_lag_seconds{{shard_id="shardId-000000000000",stream="{stream}"}}' in text
