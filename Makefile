@@ -14,7 +14,7 @@ TEST_PROCESSES ?= 2
 XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 EFO_CHAOS_ITERATIONS ?= 3
 
-.PHONY: install demo test test-unit test-integration chaos lint format clean bench bench-quick
+.PHONY: install demo demo-stream test test-unit test-integration chaos lint format clean bench bench-quick
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
@@ -33,6 +33,11 @@ $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
 
 demo: install
 	$(BIN)/python devstack/demo.py
+
+# efo as a Spark Structured Streaming source (spark.readStream.format("efo")) on the local stack: a
+# query into Parquet and a windowed count while a shard splits, then Trigger.AvailableNow.
+demo-stream: install
+	$(BIN)/python examples/stream_query.py
 
 # Every benchmark in one run (about 15 minutes here, and the fleet section as long again or more: its
 # larger sizes are bounded by per-phase timeouts), written to docs/benchmarks.md; the quick one
