@@ -34,6 +34,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from efo.errors import EfoError
+from efo.kinesis.columns import ReusableBlocks
 from efo.source.engine import Engine, initial_offset, positions_of
 from efo.source.offsets import SourceOffset
 from efo.source.options import SourceOptions
@@ -88,6 +89,7 @@ class EfoStreamReader(_SimpleStreamReaderWrapper):  # type: ignore[misc]
         self.options = options
         self._engine: Engine | None = None
         self._kept: list[_Kept] = []
+        self._blocks: ReusableBlocks | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "planner": self.simple_reader}
@@ -98,6 +100,7 @@ class EfoStreamReader(_SimpleStreamReaderWrapper):  # type: ignore[misc]
         self.cache = []
         self._engine = None
         self._kept = []
+        self._blocks = None
 
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset()
@@ -113,7 +116,12 @@ class EfoStreamReader(_SimpleStreamReaderWrapper):  # type: ignore[misc]
         max_rows, max_bytes = self._limits(limit)
         planned = self._started().plan(start, max_rows, max_bytes)
         if planned.advanced:
-            self._kept.append(_Kept(positions_of(start), positions_of(planned.end), to_batches(planned.chunks)))
+            if self._blocks is None:
+                # Payloads copied into blocks kept from batch to batch (their pages stay mapped): the
+                # batch kept for Spark, the one planned after it, and one free (efo.kinesis.columns).
+                self._blocks = ReusableBlocks(3)
+            batches = to_batches(planned.chunks, self._blocks)
+            self._kept.append(_Kept(positions_of(start), positions_of(planned.end), batches))
         return planned.end
 
     def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:

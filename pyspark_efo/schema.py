@@ -16,6 +16,7 @@ from pyspark.sql.types import (
 )
 
 from efo.errors import ConfigError
+from efo.kinesis.columns import ReusableBlocks
 from efo.pipeline.records import RecordChunk
 from sparkbridge.arrow import SCHEMA as BRIDGE_SCHEMA
 from sparkbridge.arrow import to_table
@@ -71,12 +72,13 @@ def check_schema(schema: StructType) -> None:
         )
 
 
-def to_batches(chunks: Sequence[RecordChunk]) -> list[pa.RecordBatch]:
+def to_batches(chunks: Sequence[RecordChunk], blocks: ReusableBlocks | None = None) -> list[pa.RecordBatch]:
     """The chunks' rows as Arrow record batches of :data:`ARROW_SCHEMA` (the bridge's table, renamed,
-    its arrival times widened to microseconds)."""
+    its arrival times widened to microseconds); the payloads copied into one of ``blocks`` when one
+    is free, as the bridge does."""
     if not chunks:
         return []
-    table = to_table(chunks)
+    table = to_table(chunks, blocks)
     columns = list(table.columns)
     at = BRIDGE_NAMES.index("approximate_arrival_timestamp")
     columns[at] = columns[at].cast(ARROW_SCHEMA.field(at).type)

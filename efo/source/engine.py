@@ -115,6 +115,7 @@ class _Shard:
     serial: int = 0
     cut: bool = False  # AvailableNow: a record at or after the query's start was seen
     caught_up_at: float | None = None  # AvailableNow: an event at 0 ms behind was handed on then
+    caught_up_queued: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -164,8 +165,10 @@ class _Intake:
         self._after_event()
 
     def _after_event(self) -> None:
-        if self._engine.available_now_at_ms is not None and self._shard.lag_ms == 0:
-            self._engine._enqueue(_Marker("caught_up", self._shard.key))
+        shard = self._shard
+        if self._engine.available_now_at_ms is not None and shard.lag_ms == 0 and not shard.caught_up_queued:
+            shard.caught_up_queued = True  # once: an idle shard's events (one a second) would each add one
+            self._engine._enqueue(_Marker("caught_up", shard.key))
 
 
 class Engine:

@@ -25,6 +25,7 @@ SECTIONS = {
     "## 8. A bounded run over a backlog": "bench/bounded.py",
     "## 9. The whole service's CPU per record": "bench/service_cpu.py",
     "## 10. The peer, side by side: async-kinesis and efo": "bench/peer.py",
+    "## 12. The Spark source beside efo run": "bench/spark_source.py",
 }
 
 
