@@ -400,3 +400,26 @@ def test_metrics_port_serves_efos_metrics_of_the_querys_subscriptions(
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert f'efo_records_received_total{{shard_id="shardId-000000000000",stream="{stream}"}} 5.0' in text
     assert f'efo_shard_lag_seconds{{shard_id="shardId-000000000000",stream="{stream}"}}' in text
+
+
+def test_available_now_fails_naming_a_shard_that_gives_nothing_for_shard_timeout(
+    local_stack: StackEndpoints, kinesis_client: Any, engines: list[Engine]
+) -> None:
+    from efo.devstack.faults import FaultClient
+    from efo.errors import ShardTimeout
+
+    stream = unique("src-silent")
+    create_stream(kinesis_client, stream, 1)
+    put_keyed(kinesis_client, stream, 5, tag="a")
+    faults = FaultClient(local_stack.kinesis_endpoint)
+    faults.clear()
+    faults.add(operation="SubscribeToShard", action="stall", count=100)  # silent until the client goes away
+    try:
+        engine = engine_of(local_stack, stream, available_now_at_ms=int(time.time() * 1000), shardTimeout="3s")
+        engines.append(engine)
+        started = time.monotonic()
+        with pytest.raises(ShardTimeout, match=rf"option shardTimeout.*{stream}/shardId-000000000000"):
+            engine.plan(initial_offset())
+        assert time.monotonic() - started < 30, "the wait was not bounded by shardTimeout"
+    finally:
+        faults.clear()

@@ -1,0 +1,91 @@
+"""How the source's engine cuts micro-batches out of what its subscriptions read (efo.source.engine
+``_take``), with no network: read limits in rows and bytes, a KPL aggregate split between batches,
+AvailableNow's cut at the query's start, shard ends, and the pool budget given back."""
+
+from __future__ import annotations
+
+from efo.pipeline.records import RecordChunk, Row
+from efo.source.engine import Engine, _Marker, _Shard, _Stream
+from efo.source.offsets import ShardOffset
+from efo.source.options import parse
+
+ARN = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+
+
+def engine(available_now_at_ms: int | None = None) -> tuple[Engine, _Shard]:
+    e = Engine(parse({"streams": "orders", "consumerName": "c"}), available_now_at_ms=available_now_at_ms)
+    stream = _Stream("orders", ARN, 1, "consumer")
+    shard = _Shard(stream, "shardId-000000000000", ShardOffset("TRIM_HORIZON"))
+    stream.shards[shard.shard_id] = shard
+    e._streams[ARN] = stream
+    return e, shard
+
+
+def put(e: Engine, *rows: Row) -> RecordChunk:
+    chunk = RecordChunk.of_rows("orders", "shardId-000000000000", 0, rows)
+    chunk.grant = e._pool.try_acquire(len(chunk), chunk.data_bytes, "orders/shardId-000000000000")
+    assert chunk.grant is not None
+    e._queue.append(chunk)
+    return chunk
+
+
+def plain(seq: int, size: int = 10, arrival_ms: int = 1000) -> Row:
+    return Row(str(seq), b"x" * size, f"k{seq}", arrival_ms)
+
+
+def sub(seq: int, index: int) -> Row:
+    return Row(str(seq), b"s", "k", 1000, sub_sequence_number=index)
+
+
+def taken(chunks: list[RecordChunk]) -> list[tuple[str, int | None]]:
+    return [(s, n) for c in chunks for s, n in zip(c.sequence_numbers, c.sub_sequence_numbers, strict=True)]
+
+
+def test_a_row_limit_splits_a_chunk_and_the_rest_waits_with_its_budget() -> None:
+    e, shard = engine()
+    put(e, *(plain(i) for i in range(1, 6)))
+    first = e._take(3, None)
+    assert taken(first) == [("1", None), ("2", None), ("3", None)]
+    assert shard.offset.sequence_number == "3" and shard.offset.rows == 3
+    assert e._pool.records == 5, "the budget of a chunk not wholly taken is kept"
+    second = e._take(3, None)
+    assert taken(second) == [("4", None), ("5", None)]
+    assert e._pool.records == 0 and shard.offset.rows == 5
+
+
+def test_a_byte_limit_takes_at_least_one_row_and_never_more_than_fits_after_it() -> None:
+    e, _ = engine()
+    put(e, plain(1, 50), plain(2, 50), plain(3, 50))
+    assert taken(e._take(None, 20)) == [("1", None)]  # larger than the limit alone: a batch of its own
+    assert taken(e._take(None, 120)) == [("2", None), ("3", None)]
+
+
+def test_a_kpl_aggregate_split_by_the_limit_keeps_its_sub_sequence_in_the_offset() -> None:
+    e, shard = engine()
+    put(e, sub(7, 0), sub(7, 1), sub(7, 2), plain(8))
+    e._take(2, None)
+    assert (shard.offset.sequence_number, shard.offset.sub_sequence_number) == ("7", 1)
+    assert str(shard.offset.resume()) == "AT_SEQUENCE_NUMBER:7/1", "the aggregate is read again from after sub 1"
+    e._take(1, None)
+    assert (shard.offset.sequence_number, shard.offset.sub_sequence_number) == ("7", None), "the whole record is in"
+    assert str(shard.offset.resume()) == "AFTER_SEQUENCE_NUMBER:7"
+
+
+def test_available_now_cuts_a_shard_at_the_first_record_of_the_querys_start_and_drops_the_rest() -> None:
+    e, shard = engine(available_now_at_ms=2000)
+    put(e, plain(1, arrival_ms=1000), plain(2, arrival_ms=1999), plain(3, arrival_ms=2000), plain(4, arrival_ms=2500))
+    put(e, plain(5, arrival_ms=3000))
+    assert taken(e._take(None, None)) == [("1", None), ("2", None)]
+    assert shard.cut and shard.offset.sequence_number == "2"
+    assert not e._queue and e._pool.records == 0, "what lies past the cut is dropped and its budget returned"
+    assert e._shard_done(shard)
+
+
+def test_a_shard_end_comes_into_the_offset_with_its_last_record_never_before() -> None:
+    e, shard = engine()
+    put(e, plain(1), plain(2))
+    e._queue.append(_Marker("end", shard.key))
+    e._take(1, None)
+    assert not shard.offset.ended, "ended while a record of it is not handed on"
+    e._take(1, None)  # its last record, and its end with it: the children start after this offset
+    assert shard.offset.ended and shard.offset.rows == 2
