@@ -423,3 +423,30 @@ def test_available_now_fails_naming_a_shard_that_gives_nothing_for_shard_timeout
         assert time.monotonic() - started < 30, "the wait was not bounded by shardTimeout"
     finally:
         faults.clear()
+
+
+def test_a_corrupt_kpl_aggregate_is_passed_through_marked_or_fails_the_query_naming_the_shard(
+    local_stack: StackEndpoints, kinesis_client: Any, engines: list[Engine]
+) -> None:
+    from efo.kinesis.kpl import CORRUPT_AGGREGATE, MAGIC, CorruptAggregate
+
+    stream = unique("src-corrupt")
+    create_stream(kinesis_client, stream, 1)
+    corrupt = MAGIC + b"\x0a\xff not a protobuf" + bytes(16)
+    kinesis_client.put_record(StreamName=stream, Data=corrupt, PartitionKey="k")
+    puts = put_keyed(kinesis_client, stream, 3, tag="a")
+    engine = engine_of(local_stack, stream)
+    engines.append(engine)
+    batches = plan_until(engine, 4)
+    rows = [(bytes(d), e) for b in batches for c in b.planned.chunks for d, e in zip(c.data, c.errors, strict=True)]
+    assert rows[0] == (corrupt, CORRUPT_AGGREGATE) and [e for _, e in rows[1:]] == [None] * len(puts)
+    for batch in batches:
+        assert replayed(local_stack, stream, batch) == planned_keys(batch)
+    engine.close()
+    strict = engine_of(local_stack, stream, onCorruptAggregate="fail")
+    engines.append(strict)
+    start, deadline = initial_offset(), time.monotonic() + 30
+    with pytest.raises(CorruptAggregate, match=rf"in shard shardId-000000000000 of stream '{stream}'"):
+        while time.monotonic() < deadline:
+            start = strict.plan(start).end
+            time.sleep(0.2)
