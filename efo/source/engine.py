@@ -41,6 +41,7 @@ import structlog
 from efo.aws import Clients, Endpoints
 from efo.config import InitialPosition, SubscriptionSettings
 from efo.errors import EfoError, ResourceNotFound, ShardTimeout, StreamRecreated, translate
+from efo.health import Health, HealthServer
 from efo.kinesis.registration import describe_stream, ensure_consumer
 from efo.kinesis.shards import ShardGraph, list_shards
 from efo.kinesis.subscription import ShardSubscription
@@ -50,6 +51,7 @@ from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, shard_key
 from efo.source.offsets import ShardOffset, SourceOffset, StreamOffset, canonical, origin_of
 from efo.source.options import SourceOptions
+from efo.worker.shardsync import first_start_position  # LATEST and AT_TIMESTAMP as efo run's first start
 
 log = structlog.get_logger("efo.source")
 
@@ -209,6 +211,7 @@ class Engine:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._thread_main, name="efo-source", daemon=True)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._http: HealthServer | None = None  # /metrics with metricsPort, for as long as the engine runs
 
     # ---- the planning thread's side -----------------------------------------------------------
 
@@ -289,6 +292,8 @@ class Engine:
                 raise
         finally:
             self._group = None
+            if self._http is not None:
+                self._http.close()
             if self._wake is not None:
                 self._wake.set()
 
@@ -485,9 +490,7 @@ class Engine:
         o = self.options
         now_ms = self._wall_ms()
         if o.metrics_port:
-            from efo.health import Health, HealthServer
-
-            HealthServer(Health(), port=o.metrics_port).start()
+            self._http = HealthServer(Health(), port=o.metrics_port).start()
         for ref in o.streams:
             stream = await self._open_stream(ref)
             prior = start.streams.get(stream.arn)
@@ -548,8 +551,6 @@ class Engine:
     def _first_start(self, stream: _Stream, initial: InitialPosition, now_ms: int) -> None:
         """Every shard of the listing at the starting position; LATEST is this moment, and a shard
         already closed holds nothing after it (it is ended at once)."""
-        from efo.worker.shardsync import first_start_position
-
         graph = stream.graph
         assert graph is not None
         moment = datetime.fromtimestamp(now_ms / 1000, UTC)
