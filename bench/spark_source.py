@@ -220,6 +220,16 @@ def batches(variant: str, path: Path) -> list[tuple[float, int]]:
     return out
 
 
+def next_window(window: tuple[float, float], ends: list[float], now: float) -> tuple[tuple[float, float], bool]:
+    """The window, and whether it is closed: a second after its end (a batch's end is noted up to
+    0.2 s late), once at least two batches ended in it; else it grows to now, however slow they are."""
+    if now <= window[1] + 1.0:
+        return window, False
+    if len([t for t in ends if window[0] <= t <= window[1]]) >= 2:
+        return window, True
+    return (window[0], now), False
+
+
 def run_once(
     variant: str, sink: str, args: argparse.Namespace, kinesis: str, dynamodb: str, workdir: Path, name: str
 ) -> Result:
@@ -236,10 +246,10 @@ def run_once(
             if window is None and done:
                 first = done[0][0] + args.warmup
                 window = (first, first + args.seconds)
-            if window is not None and time.time() > window[1] + 1.0:
-                if len([t for t, _ in done if window[0] <= t]) >= 2:
+            if window is not None:
+                window, closed = next_window(window, [t for t, _ in done], time.time())
+                if closed:
                     break
-                window = (window[0], time.time())  # at least two batches end in it, however slow they are
             time.sleep(0.25)
         else:
             raise RuntimeError(f"{variant} did not finish its window within {RUN_TIMEOUT_S:g} s")
