@@ -623,7 +623,8 @@ class Engine:
         shard.series = METRICS.shard(stream.name, shard.shard_id)
         owner = shard_key(stream.name, shard.shard_id)
         self._pool.register(owner)
-        reading = sum(1 for s in stream.shards.values() if s.task is not None)
+        # One connection per open subscription, of every stream's shards: the pool is the engine's.
+        reading = sum(1 for each in self._streams.values() for s in each.shards.values() if s.task is not None)
         intake = _Intake(self, shard)
         try:
             await self._subscriber.ensure_room(reading)

@@ -4,6 +4,10 @@ AvailableNow's cut at the query's start, shard ends, and the pool budget given b
 
 from __future__ import annotations
 
+from typing import Any, cast
+
+import pytest
+
 from efo.pipeline.records import RecordChunk, Row
 from efo.source.engine import Engine, _Marker, _Shard, _Stream
 from efo.source.offsets import ShardOffset
@@ -89,3 +93,34 @@ def test_a_shard_end_comes_into_the_offset_with_its_last_record_never_before() -
     assert not shard.offset.ended, "ended while a record of it is not handed on"
     e._take(1, None)  # its last record, and its end with it: the children start after this offset
     assert shard.offset.ended and shard.offset.rows == 2
+
+
+def test_the_subscribers_connections_are_sized_for_the_shards_of_every_stream_read() -> None:
+    """Each open subscription holds a connection of the subscriber's pool: with several streams the
+    pool must grow for all their shards, not for the largest stream's (the others' subscriptions
+    would wait for a connection, time out and retry, and their shards be read in turns)."""
+    import asyncio
+
+    from efo.errors import EfoError
+
+    class Subscriber:
+        def __init__(self) -> None:
+            self.rooms: list[int] = []
+
+        async def ensure_room(self, shards: int) -> None:
+            self.rooms.append(shards)
+            raise EfoError("no further: the subscription is not what this test is about")
+
+    e = Engine(parse({"streams": "orders,clicks", "consumerName": "c"}))
+    for name in ("orders", "clicks"):
+        stream = _Stream(name, f"arn:aws:kinesis:eu-west-1:123456789012:stream/{name}", 1, "consumer")
+        for index in range(3):
+            shard = _Shard(stream, f"shardId-00000000000{index}", ShardOffset("TRIM_HORIZON"))
+            shard.task = cast(Any, object())  # started, as _start_ready does before the subscription runs
+            stream.shards[shard.shard_id] = shard
+        e._streams[stream.arn] = stream
+    e._subscriber = subscriber = Subscriber()
+    last = e._streams["arn:aws:kinesis:eu-west-1:123456789012:stream/clicks"].shards["shardId-000000000002"]
+    with pytest.raises(EfoError):
+        asyncio.run(e._read(last))
+    assert subscriber.rooms == [6]
