@@ -354,7 +354,8 @@ class Engine:
 
     def _take(self, max_rows: int | None, max_bytes: int | None) -> list[RecordChunk]:
         """Chunks off the queue, in order, up to the limits (a chunk is split at the row limit, and
-        at the byte limit unless it would be the batch's first row); each moves its shard's offset."""
+        at the byte limit unless it would be the batch's first row); each moves its shard's offset.
+        Returned shard by shard, the order a replay of the batch gives."""
         taken: list[RecordChunk] = []
         rows = nbytes = 0
         until_ms = self.available_now_at_ms
@@ -401,7 +402,15 @@ class Engine:
             else:
                 self._queue[0] = item.rows(room)  # the rest of the chunk, with its budget, waits
                 break
+        # Shard after shard (by stream ARN, then shard id), each in its own order: the rows a replay of
+        # the batch reads again, in the same order (efo.source.replay.ranges). A sort that keeps order.
+        taken.sort(key=lambda part: (self._arn_of(part), part.shard_id))
         return taken
+
+    def _arn_of(self, chunk: RecordChunk) -> str:
+        shard = self._shard_of(chunk)
+        assert shard is not None, "a chunk taken is of a shard read"
+        return shard.stream.arn
 
     def _shard_of(self, chunk: RecordChunk) -> _Shard | None:
         for stream in self._streams.values():

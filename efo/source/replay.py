@@ -52,15 +52,18 @@ class ShardRange:
 
 
 def ranges(start: SourceOffset, end: SourceOffset) -> list[ShardRange]:
-    """Each shard's rows between ``start`` and ``end``. A shard the start does not know, or knew
+    """Each shard's rows between ``start`` and ``end``, by stream ARN and then shard id, the order in
+    which the batch held them. A shard the start does not know, or knew
     with another origin (reading began again elsewhere: skipOlderThan), is read from its origin in
     the end offset; its rows are counted since the query began either way."""
     out: list[ShardRange] = []
-    for arn, stream in end.streams.items():
+    for arn in sorted(end.streams):  # the order of a batch's rows (efo.source.engine): streams, then shards
+        stream = end.streams[arn]
         before = start.streams.get(arn)
         if before is not None and before.created_ms != stream.created_ms:
             before = None
-        for shard_id, last in stream.shards.items():
+        for shard_id in sorted(stream.shards):
+            last = stream.shards[shard_id]
             first: ShardOffset | None = before.shards.get(shard_id) if before is not None else None
             rows = last.rows - (first.rows if first is not None else 0)  # counted since the query began
             if rows <= 0:

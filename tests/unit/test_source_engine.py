@@ -4,6 +4,7 @@ AvailableNow's cut at the query's start, shard ends, and the pool budget given b
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any, cast
 
 import pytest
@@ -124,3 +125,31 @@ def test_the_subscribers_connections_are_sized_for_the_shards_of_every_stream_re
     with pytest.raises(EfoError):
         asyncio.run(e._read(last))
     assert subscriber.rooms == [6]
+
+
+def test_a_batch_holds_its_rows_in_the_order_a_replay_of_it_reads_them() -> None:
+    """A replay reads shard after shard (efo.source.replay.ranges); the batch must be the same rows
+    in the same order, not its shards' chunks as they arrived, or a sink that writes rows in order
+    (a file, foreachBatch) gets another batch when Spark plans it again after a restart."""
+    from efo.source.offsets import SourceOffset
+    from efo.source.replay import ranges
+
+    e, first = engine()
+    stream = first.stream
+    second = _Shard(stream, "shardId-000000000001", ShardOffset("TRIM_HORIZON"))
+    stream.shards[second.shard_id] = second
+    start = e._offset().to_json()
+    for shard_id, seqs in (
+        ("shardId-000000000001", (21, 22)),
+        ("shardId-000000000000", (1, 2)),
+        ("shardId-000000000001", (23,)),
+    ):
+        chunk = RecordChunk.of_rows("orders", shard_id, 0, [plain(seq) for seq in seqs])
+        chunk.grant = e._pool.try_acquire(len(chunk), chunk.data_bytes, f"orders/{shard_id}")
+        e._queue.append(chunk)
+    batch = [(c.shard_id, s) for c in e._take(None, None) for s in c.sequence_numbers]
+    replay = ranges(SourceOffset.from_json(start), SourceOffset.from_json(e._offset().to_json()))
+    assert [shard for shard, _ in groupby(shard for shard, _ in batch)] == [r.shard_id for r in replay]
+    assert batch == [("shardId-000000000000", "1"), ("shardId-000000000000", "2")] + [
+        ("shardId-000000000001", seq) for seq in ("21", "22", "23")
+    ]
