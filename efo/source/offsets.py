@@ -8,8 +8,9 @@ recreated under the same name is told apart), per shard:
   ``AT_TIMESTAMP:<epoch ms>`` (LATEST is kept as the moment it was resolved, never as the word,
   so that a restart never skips what was written in between). A shard born after the query began
   (a split or a merge) starts at TRIM_HORIZON, whatever the starting position. It changes only
-  when reading starts again elsewhere on purpose (``skipOlderThan``, or records lost to retention
-  with ``failOnDataLoss=false``), and then ``seq`` is cleared.
+  when reading starts again elsewhere on purpose (``skipOlderThan``), and then ``seq`` is cleared.
+  (A ``seq`` past the stream's retention with ``failOnDataLoss=false`` keeps the origin: reading
+  goes on from the oldest record left, and so does a replay of that batch.)
 - ``seq`` and ``sub``: the last record handed to Spark (``sub`` set for a KPL sub-record; without
   it the whole record was handed on), ``arrival`` its ApproximateArrivalTimestamp (epoch ms);
 - ``rows``: rows handed to Spark from this shard since the query began, so that a batch read again

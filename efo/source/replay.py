@@ -167,24 +167,33 @@ class ShardReplay:
 
     async def _iterator(self) -> str | None:
         start = self._shard.start
-        args: dict[str, Any] = {
-            "StreamARN": self._shard.stream_arn,
-            "ShardId": self._shard.shard_id,
-            "ShardIteratorType": start.kind,
-        }
-        if start.sequence_number is not None:
-            args["StartingSequenceNumber"] = start.sequence_number
-        if start.timestamp is not None:
-            args["Timestamp"] = start.timestamp
-        try:
-            response = await self._kinesis.get_shard_iterator(**args)
-        except Exception as exc:
-            error = translate(exc, resource=self._where())
-            if error.code in ("ResourceNotFoundException", "InvalidArgumentException"):
-                self._short(0, f"GetShardIterator refused {start}: {error.code}")
-                return None
-            raise error from None
-        return response.get("ShardIterator")  # type: ignore[no-any-return]
+        while True:
+            args: dict[str, Any] = {
+                "StreamARN": self._shard.stream_arn,
+                "ShardId": self._shard.shard_id,
+                "ShardIteratorType": start.kind,
+            }
+            if start.sequence_number is not None:
+                args["StartingSequenceNumber"] = start.sequence_number
+            if start.timestamp is not None:
+                args["Timestamp"] = start.timestamp
+            try:
+                response = await self._kinesis.get_shard_iterator(**args)
+            except Exception as exc:
+                error = translate(exc, resource=self._where())
+                expired = error.code == "InvalidArgumentException" and start.sequence_number is not None
+                if expired and not self._options.fail_on_data_loss:
+                    # Past the stream's retention: the query's subscription read on from the oldest
+                    # record left (ShardSubscription's restart_expired), and so does the batch's replay;
+                    # the rows at or below the start stay dropped (delivered).
+                    log.warning("source.replay_position_expired", shard_id=self._shard.shard_id, position=str(start))
+                    start = Position("TRIM_HORIZON")
+                    continue
+                if error.code in ("ResourceNotFoundException", "InvalidArgumentException"):
+                    self._short(0, f"GetShardIterator refused {start}: {error.code}")
+                    return None
+                raise error from None
+            return response.get("ShardIterator")  # type: ignore[no-any-return]
 
     async def _get_records(self, iterator: str) -> dict[str, Any]:
         attempts = 0
