@@ -26,7 +26,7 @@ API asks for), written here with sorted keys so that equal offsets have equal JS
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -156,13 +156,6 @@ class SourceOffset:
         return cls(
             {arn: StreamOffset.from_json(item, f"stream {arn}") for arn, item in value["streams"].items()},
         )
-
-    def rows(self) -> int:
-        return sum(shard.rows for stream in self.streams.values() for shard in stream.shards.values())
-
-    def without_report(self) -> SourceOffset:
-        """The same positions without what is only reported (how far behind): equal positions compare equal."""
-        return SourceOffset({arn: replace(stream, behind_ms=None) for arn, stream in self.streams.items()})
 
 
 def canonical(offset: dict[str, Any]) -> str:
