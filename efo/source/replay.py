@@ -80,16 +80,19 @@ def ranges(start: SourceOffset, end: SourceOffset) -> list[ShardRange]:
 
 def read_between(options: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[RecordChunk]:
     """The batch's records, in each shard's order (shards one after another)."""
-    wanted = ranges(start, end)
-    if not wanted:
+    if not ranges(start, end):
         return []
-    return asyncio.run(_read_all(options, wanted))
+    return asyncio.run(_read_all(options, start, end))
 
 
-async def _read_all(options: SourceOptions, wanted: list[ShardRange]) -> list[RecordChunk]:
+async def _read_all(options: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[RecordChunk]:
     async with Clients(Endpoints(options.region, options.endpoint, None)) as clients:
-        kinesis = await clients.kinesis()
-        results = await asyncio.gather(*(ShardReplay(kinesis, options, r).read() for r in wanted))
+        return await read_with(await clients.kinesis(), options, start, end)
+
+
+async def read_with(kinesis: Any, options: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[RecordChunk]:
+    """:func:`read_between` on a Kinesis client of the caller's: the shards read at once."""
+    results = await asyncio.gather(*(ShardReplay(kinesis, options, r).read() for r in ranges(start, end)))
     return [chunk for chunks in results for chunk in chunks]
 
 
@@ -249,4 +252,4 @@ def _through(chunk: RecordChunk, last: tuple[int, int]) -> int:
     return len(chunk)
 
 
-__all__ = ["ShardRange", "ShardReplay", "ranges", "read_between"]
+__all__ = ["ShardRange", "ShardReplay", "ranges", "read_between", "read_with"]

@@ -1,5 +1,6 @@
-"""Helpers for tests of the Spark source (efo.source, pyspark_efo) on the local stack: streams,
-keyed records, and the verdict on what a query read (nothing lost, per-key order, duplicates)."""
+"""Helpers for tests of the Spark source (efo.source, pyspark_efo) on the local stack: its options,
+micro-batches planned as Spark plans them, and the verdict on what a query read (nothing lost,
+per-key order, duplicates). Records are put with tests.integration.service.put_records."""
 
 from __future__ import annotations
 
@@ -9,20 +10,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from efo.devstack.producer import Put, put_all
+from efo.devstack.producer import Put, wait_active
 from efo.devstack.stack import StackEndpoints
 from efo.source.engine import Engine, Planned, initial_offset
 from efo.source.options import SourceOptions, parse
 
 #: Every wait of these tests has this deadline: a hang guard, not a measurement.
 WITHIN_S = 90.0
-
-
-def put_keyed(kinesis: Any, stream: str, count: int, *, tag: str, keys: int = 8) -> list[Put]:
-    """``count`` records ``<tag>-<i>`` under keys ``k0..``; what Kinesis acknowledged, in order."""
-    return put_all(
-        kinesis, stream, ({"Data": f"{tag}-{i}".encode(), "PartitionKey": f"k{i % keys}"} for i in range(count))
-    )
 
 
 def source_options(stack: StackEndpoints, stream: str, **options: str) -> dict[str, str]:
@@ -139,3 +133,46 @@ def plan_until(
 
 def options_of(stack: StackEndpoints, stream: str, **options: str) -> SourceOptions:
     return parse(source_options(stack, stream, **options))
+
+
+def split(kinesis: Any, stream: str, shard_id: str) -> None:
+    """Split ``shard_id`` in two halves of its hash key range (tests.integration.service.split_first_shard
+    splits the first listed shard, closed after a first split)."""
+    (shard,) = [s for s in kinesis.list_shards(StreamName=stream)["Shards"] if s["ShardId"] == shard_id]
+    low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
+    kinesis.split_shard(StreamName=stream, ShardToSplit=shard_id, NewStartingHashKey=str((low + high) // 2))
+    wait_active(kinesis, stream)
+
+
+def merge_children(kinesis: Any, stream: str, parent: str) -> str:
+    """Merge the two children of ``parent`` (adjacent by construction); returns the merged shard's id."""
+    children = sorted(
+        s["ShardId"] for s in kinesis.list_shards(StreamName=stream)["Shards"] if s.get("ParentShardId") == parent
+    )
+    kinesis.merge_shards(StreamName=stream, ShardToMerge=children[0], AdjacentShardToMerge=children[1])
+    wait_active(kinesis, stream)
+    shards = kinesis.list_shards(StreamName=stream)["Shards"]
+    return str(
+        next(s["ShardId"] for s in shards if s.get("ParentShardId") in children and s.get("AdjacentParentShardId"))
+    )
+
+
+def parents_of(kinesis: Any, stream: str) -> dict[str, list[str]]:
+    """Each shard's parents (a split's one, a merge's two), as ListShards gives them."""
+    return {
+        s["ShardId"]: [p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p]
+        for s in kinesis.list_shards(StreamName=stream)["Shards"]
+    }
+
+
+def parents_first(rows: Sequence[Row], parents: dict[str, list[str]]) -> list[str]:
+    """Each child shard whose rows came in a micro-batch no later than one of its parents' rows."""
+    batches: dict[str, list[int]] = defaultdict(list)
+    for row in rows:
+        batches[row.shard_id].append(row.batch)
+    return [
+        f"{child} read in the batch of its parent {parent}"
+        for child, of in parents.items()
+        for parent in of
+        if batches.get(child) and batches.get(parent) and max(batches[parent]) >= min(batches[child])
+    ]

@@ -153,3 +153,52 @@ def test_a_batch_holds_its_rows_in_the_order_a_replay_of_it_reads_them() -> None
     assert batch == [("shardId-000000000000", "1"), ("shardId-000000000000", "2")] + [
         ("shardId-000000000001", seq) for seq in ("21", "22", "23")
     ]
+
+
+def test_skip_older_than_moves_only_shards_whose_next_record_is_older_than_the_cutoff() -> None:
+    e, _ = engine()
+    stream = next(iter(e._streams.values()))
+    stream.shards.clear()
+    offsets = {
+        "behind": ShardOffset("TRIM_HORIZON", sequence_number="40", rows=10, arrival_ms=1_000),
+        "recent": ShardOffset("TRIM_HORIZON", sequence_number="50", rows=4, arrival_ms=95_000),
+        "ended": ShardOffset("TRIM_HORIZON", sequence_number="60", rows=2, arrival_ms=1_000, ended=True),
+        "unread": ShardOffset("TRIM_HORIZON", ("behind",)),
+        "from_later": ShardOffset("AT_TIMESTAMP:92000"),
+    }
+    for shard_id, offset in offsets.items():
+        stream.shards[shard_id] = _Shard(stream, shard_id, offset)
+    e._skip_old(stream, 90_000)
+    moved = {shard_id: shard.offset for shard_id, shard in stream.shards.items() if shard.offset != offsets[shard_id]}
+    assert set(moved) == {"behind", "unread"}
+    assert moved["behind"] == ShardOffset("AT_TIMESTAMP:90000", rows=10, arrival_ms=1_000), "rows kept, record cleared"
+    assert moved["unread"] == ShardOffset("AT_TIMESTAMP:90000", ("behind",))
+
+
+def test_available_now_fails_naming_the_shards_short_of_their_bound_after_shard_timeout_of_nothing() -> None:
+    import asyncio
+
+    from efo.errors import ShardTimeout
+
+    now = [100.0]
+    e = Engine(
+        parse({"streams": "orders", "consumerName": "c", "shardTimeout": "30s"}),
+        available_now_at_ms=2000,
+        monotonic=lambda: now[0],
+    )
+    stream = _Stream("orders", ARN, 1, "consumer")
+    stream.shards["shardId-000000000000"] = _Shard(stream, "shardId-000000000000", ShardOffset("TRIM_HORIZON"))
+    e._streams[ARN] = stream
+
+    async def wait() -> None:
+        e._wake = asyncio.Event()
+        now[0] += 29.0
+        with pytest.raises(TimeoutError):  # 29 s without anything: still waiting
+            await asyncio.wait_for(e._wait_for_records(), 0.05)
+        now[0] += 1.0
+        await e._wait_for_records()
+
+    with pytest.raises(
+        ShardTimeout, match=r"nothing arrived for 30 s \(option shardTimeout\).*orders/shardId-000000000000"
+    ):
+        asyncio.run(wait())
