@@ -8,12 +8,14 @@ per shard, never within 5 s of a success); its events are decoded by efo.kinesis
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
+from botocore.session import Session
 
 from efo import __version__
 
@@ -57,6 +59,20 @@ def dynamodb_config() -> AioConfig:
         # (bench/dynamodb_client.py).
         parameter_validation=False,
     )
+
+
+def sdk_region() -> tuple[str | None, str | None]:
+    """The region the AWS SDK picks when ``region`` (EFO_REGION) is not set, and where it found it:
+    ``AWS_DEFAULT_REGION``, else the profile of the AWS config file. botocore does not read
+    ``AWS_REGION``. Reads the environment and local files only: no AWS call."""
+    session = Session()
+    region = session.get_config_variable("region")
+    if not region:
+        return None, None
+    if os.environ.get("AWS_DEFAULT_REGION"):
+        return str(region), "AWS_DEFAULT_REGION"
+    config_file = os.path.expanduser(str(session.get_config_variable("config_file")))
+    return str(region), f"AWS profile in {config_file}"
 
 
 class Clients:

@@ -195,7 +195,7 @@ def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
             "AWS_SECRET_ACCESS_KEY or a web identity (IRSA)"
         )
     if isinstance(exc, botocore.exceptions.NoRegionError):
-        return ConfigError("no AWS region: set EFO_REGION (or AWS_REGION)")
+        return ConfigError("no AWS region: set EFO_REGION (or AWS_DEFAULT_REGION, which the AWS CLI reads too)")
     if isinstance(
         exc,
         TimeoutError

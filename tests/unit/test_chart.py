@@ -246,6 +246,9 @@ def test_monitoring_objects_select_this_release_and_embed_the_generated_dashboar
         ("terminationGracePeriodSeconds: 35", "terminationGracePeriodSeconds = 35 must be at least"),
         ("config: {EFO_SHUTDOWN_TIMEOUT_S: 120}", "shutdown_timeout_s + 10 = 130"),
         ("settings: {shutdown_timeout_s: 55}", "shutdown_timeout_s + 10 = 65"),
+        # A duration with its unit, as efo reads it (efo.config.duration_s).
+        ("config: {EFO_SHUTDOWN_TIMEOUT_S: 2m}", "shutdown_timeout_s + 10 = 130"),
+        ("settings: {shutdown_timeout_s: 1.5m}", "shutdown_timeout_s + 10 = 100"),
         ("extraEnv: [{name: EFO_METRICS_PORT, value: '1'}]", "EFO_METRICS_PORT is set by the chart from metrics.port"),
     ],
 )
@@ -255,6 +258,8 @@ def test_render_refuses_what_the_schema_cannot_see(chart: helm.Chart, extra: str
 
 def test_a_long_enough_grace_period_for_a_longer_shutdown_renders() -> None:
     docs = rendered(minimal_with("{terminationGracePeriodSeconds: 130, settings: {shutdown_timeout_s: 120}}"))
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 130
+    docs = rendered(minimal_with("{terminationGracePeriodSeconds: 130, config: {EFO_SHUTDOWN_TIMEOUT_S: 2m}}"))
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 130
 
 
