@@ -58,9 +58,10 @@ def run_with_session(
     service = Service(settings)
     with _serving(settings, service):
         service.preflight()
+        own = sink is not None  # the caller's sink: its errors are not named after EFO_SINK
         sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
         service.health.ready_check("spark", lambda: session_problem(spark))
-        return _drive(_driver(spark, sink, settings, service), install_signals=install_signals)
+        return _drive(_driver(spark, sink, settings, service, own_sink=own), install_signals=install_signals)
 
 
 @contextmanager
@@ -86,7 +87,9 @@ def session_problem(spark: SparkSession) -> str | None:
     return None
 
 
-def _driver(spark: SparkSession | None, sink: Sink, settings: Settings, service: Service) -> Driver:
+def _driver(
+    spark: SparkSession | None, sink: Sink, settings: Settings, service: Service, *, own_sink: bool = False
+) -> Driver:
     runner = BatchRunner(
         spark,
         sink,
@@ -94,6 +97,10 @@ def _driver(spark: SparkSession | None, sink: Sink, settings: Settings, service:
         retry_backoff_s=settings.sink_retry.retry_backoff_s,
         decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs a session
         dead_letter_sink=make_sink(SinkSpec.parse(settings.dead_letter_sink)) if settings.dead_letter_sink else None,
+        labels={
+            "sink": f"sink {type(sink).__name__}" if own_sink else f"sink (EFO_SINK) = {settings.sink!r}",
+            "dead_letter_sink": f"dead_letter_sink (EFO_DEAD_LETTER_SINK) = {settings.dead_letter_sink!r}",
+        },
     )
     return Driver(runner, settings, service)
 

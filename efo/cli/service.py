@@ -12,7 +12,7 @@ from efo.cli.common import examples, load_for_stream, settings_options
     short_help="Consume the stream into the sink.",
     epilog=examples(
         "efo run --config efo.yaml",
-        "EFO_SINK=parquet:s3://bucket/orders efo run --stream orders --app billing",
+        "EFO_SINK=parquet:s3a://bucket/orders efo run --stream orders --app billing",
         "efo run --config efo.yaml --until caught-up",
         "efo run --config efo.yaml --until 2026-01-31T00:00:00Z",
     ),

@@ -42,6 +42,12 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
     assert "Examples:\n  efo " in result.output or "Examples:\n    efo " in result.output
 
 
+@pytest.mark.parametrize("path", [p for p in every_command(cli) if p != ("dev",)], ids=" ".join)
+def test_no_help_example_names_a_sink_scheme_hadoop_has_no_file_system_for(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert "parquet:s3://" not in result.output and "parquet:s3n://" not in result.output  # s3a://
+
+
 @pytest.mark.parametrize("path", OPERATOR_COMMANDS, ids=" ".join)
 def test_every_operator_command_takes_stream_app_config_and_json(path: tuple[str, ...]) -> None:
     command: click.Command = cli
