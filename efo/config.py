@@ -467,6 +467,8 @@ def _stream_entries(value: object) -> list[StreamEntry]:
     return entries
 
 
+#: An AWS region's name: partition prefix, then words, then a number (eu-west-1, us-gov-west-1, us-isob-east-1).
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 #: Stands for ``stream`` when neither it nor ``streams`` is set: validation reports it missing.
 _NO_STREAM: Final = "\0no stream"
 #: Command-line flags of the ``load_settings`` call being validated: they win over the environment.
@@ -621,6 +623,13 @@ class Settings(BaseSettings):
     @classmethod
     def _sink(cls, value: str) -> str:
         return str(SinkSpec.parse(value))
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is not None and not _REGION.fullmatch(value):
+            raise ValueError("allowed: an AWS region such as eu-west-1, us-east-1 or us-gov-west-1")
+        return value
 
     @field_validator("kinesis_endpoint", "dynamodb_endpoint")
     @classmethod

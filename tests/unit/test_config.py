@@ -521,3 +521,15 @@ def test_a_key_far_from_every_setting_gets_no_suggestion(monkeypatch: pytest.Mon
 def test_a_misspelt_key_of_a_streams_entry_is_told_the_nearest_one(monkeypatch: pytest.MonkeyPatch) -> None:
     message = _streams_error(monkeypatch, streams=[{"stream": "orders", "initial_positon": "LATEST"}])
     assert "entry 1 has 'initial_positon'" in message and "did you mean 'initial_position'?" in message
+
+
+@pytest.mark.parametrize("region", ["eu-west-1", "us-gov-west-1", "cn-north-1", "ap-southeast-5", "us-isob-east-1"])
+def test_a_region_of_aws_form_is_taken(monkeypatch: pytest.MonkeyPatch, region: str) -> None:
+    _env(monkeypatch, **REQUIRED, EFO_REGION=region)
+    assert load_settings().region == region
+
+
+@pytest.mark.parametrize("region", ["bad", "eu-west", "EU-WEST-1", "eu_west_1", "eu-west-1a"])
+def test_a_region_not_of_aws_form_is_refused_naming_the_form(monkeypatch: pytest.MonkeyPatch, region: str) -> None:
+    message = _config_error(monkeypatch, EFO_REGION=region)
+    assert f"region (EFO_REGION) = {region!r}: allowed: an AWS region such as eu-west-1" in message
