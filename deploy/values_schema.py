@@ -208,6 +208,16 @@ def values_schema() -> dict[str, Any]:
                     "failedJobsHistoryLimit": {"type": "integer", "minimum": 0},
                 },
             },
+            "doctor": {
+                "type": "object",
+                "additionalProperties": False,
+                "description": "efo doctor as a Job of helm test, in the pod's place.",
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "write": {"type": "boolean"},
+                    "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+                },
+            },
             "podDisruptionBudget": _kubernetes_object("The spec of a PodDisruptionBudget; empty: none."),
             "nodeSelector": _STRING_MAP,
             "tolerations": {"type": "array"},

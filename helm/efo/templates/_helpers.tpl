@@ -274,3 +274,13 @@ or a number with its unit s, m, h or d ("2m" is 120). The schema has checked its
 {{- end -}}
 {{- mulf (float64 $text) $unit -}}
 {{- end -}}
+
+{{/* The doctor Job's labels: the release's, but a name of its own, so no selector of the workers matches it. */}}
+{{- define "efo.doctorLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ include "efo.name" . }}-doctor
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: doctor
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
