@@ -26,6 +26,7 @@ from efo.cli.common import Group, examples
 from efo.cli.configuration import config
 from efo.cli.consumers import consumers
 from efo.cli.doctor import doctor_command
+from efo.cli.selftest import selftest_command
 from efo.cli.service import dev_command, run_command
 from efo.cli.shards import shards_command
 from efo.cli.workers import workers_command
@@ -55,6 +56,7 @@ def cli() -> None:
 for command in (
     run_command,
     doctor_command,
+    selftest_command,
     consumers,
     shards_command,
     workers_command,

@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aws_kinesis_agg.aggregator import RecordAggregator
-
 from efo.errors import EfoError, translate
 
 PUT_RECORDS_MAX = 500  # records per PutRecords call
@@ -90,6 +88,9 @@ def entries(traffic: Traffic) -> Iterator[Entry]:
         for key, data in traffic.records():
             yield Entry({"Data": data, "PartitionKey": key}, 1)
         return
+    # The reference aggregator is a development dependency (make install): only --aggregate needs it.
+    from aws_kinesis_agg.aggregator import RecordAggregator
+
     aggregator = RecordAggregator(max_size=RECORD_MAX_BYTES - 1024)
     for key, data in traffic.records():
         full = aggregator.add_user_record(key, data)
