@@ -16,6 +16,7 @@ import boto3
 import pytest
 
 from efo.devstack.faults import FaultClient
+from efo.devstack.producer import wait_active
 from efo.devstack.stack import StackEndpoints
 from efo.doctor.table import DOCTOR_PARTITION
 from efo.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
@@ -188,10 +189,14 @@ def test_what_is_missing_is_found_and_what_the_first_start_makes_is_named(
 ) -> None:
     stream, app = unique("fresh"), unique("fresh-app")
     create_stream(kinesis_client, stream, 2)
+    kinesis_client.start_stream_encryption(StreamName=stream, EncryptionType="KMS", KeyId="alias/aws/kinesis")
+    wait_active(kinesis_client, stream)
     env = arrow_env(local_stack, stream=stream, app=app, sink_dir=tmp_path / "out", initial_position="LATEST")
     result, report = doctor({**env, "EFO_LEASE__MAX_LEASES_PER_WORKER": "1"})
     assert result.code == EXIT_RUNTIME  # two shards, one worker of at most one lease
     assert "leaves 1 shard(s) unread" in found(report, "stream.shards")[0]["detail"]
+    [kms] = found(report, "kms:Decrypt", "alias/aws/kinesis")
+    assert kms["status"] == "warn" and "the role needs kms:Decrypt on it" in kms["detail"]
     assert (
         status(report, "consumer") == "warn" and "the first start registers" in found(report, "consumer")[0]["detail"]
     )
@@ -246,7 +251,7 @@ def test_the_sinks_paths_are_checked_with_spark_both_ways_leaving_nothing(ran: R
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe's directories are gone
 
 
-def test_without_credentials_no_aws_check_runs_and_it_says_why(ran: Ran, tmp_path: Path) -> None:
+def test_without_credentials_or_region_no_aws_check_runs_and_it_says_why(ran: Ran, tmp_path: Path) -> None:
     env = {k: v for k, v in ran.env.items() if not k.startswith("AWS_")}
     env.update(
         {
@@ -255,9 +260,12 @@ def test_without_credentials_no_aws_check_runs_and_it_says_why(ran: Ran, tmp_pat
             "AWS_EC2_METADATA_DISABLED": "true",  # nothing beyond loopback is asked
         }
     )
+    env.pop("EFO_REGION")
     result, report = doctor(env)
     assert result.code == EXIT_RUNTIME
-    assert status(report, "credentials") == "fail" and status(report, "aws") == "skip"
+    assert status(report, "credentials") == "fail" and status(report, "region") == "fail"
+    assert "set EFO_REGION (or AWS_DEFAULT_REGION)" in found(report, "region")[0]["detail"]
+    assert status(report, "aws") == "skip"
     assert not found(report, "kinesis:DescribeStreamSummary")
 
 

@@ -108,3 +108,31 @@ def test_the_exit_code_is_1_only_when_a_check_fails() -> None:
     assert report.exit_code == EXIT_OK and report.to_json()["ok"] is True
     report.add("d", "r", "fail", "")
     assert report.exit_code == EXIT_RUNTIME and [f.check for f in report.failed] == ["d"]
+
+
+def test_a_stream_being_deleted_fails_and_one_being_created_warns() -> None:
+    for status, expected in (("DELETING", "fail"), ("CREATING", "warn"), ("UPDATING", "ok")):
+        report = Report()
+        info = StreamInfo("orders", "arn:s", datetime.now(UTC), status, 1)
+        _stream_state(report, settings(), {}, info, 1)
+        assert [f.status for f in report.findings if f.check == "stream.status"] == [expected]
+
+
+class NoConsumer:
+    async def describe_stream_consumer(self, **_: Any) -> Any:
+        import botocore.exceptions
+
+        error = {"Error": {"Code": "ResourceNotFoundException", "Message": "no such consumer"}}
+        raise botocore.exceptions.ClientError(error, "DescribeStreamConsumer")
+
+
+@pytest.mark.parametrize(("registered", "expected"), [(19, "warn"), (20, "fail")])
+def test_a_consumer_to_register_needs_room_under_the_limit_of_20(registered: int, expected: str) -> None:
+    import asyncio
+
+    from efo.doctor.stream import _consumer
+
+    report = Report()
+    asyncio.run(_consumer(report, settings(), NoConsumer(), facts(2).info, registered))
+    [consumer] = [f for f in report.findings if f.check == "consumer"]
+    assert consumer.status == expected and f"{registered} " in consumer.detail
