@@ -5,7 +5,8 @@ Exit codes of every command:
 
 - 0: success
 - 1: a runtime failure (an AWS error, a wait that timed out, a refusal because a live worker uses the
-  consumer, a confirmation answered no, a check of ``efo doctor`` that failed)
+  consumer, a confirmation answered no, a check of ``efo doctor`` that failed, an ``efo selftest``
+  that failed or was interrupted)
 - 2: usage or configuration (a bad flag or setting, or ``--yes`` missing without a terminal to ask on)
 - 3: a named resource not found (stream, consumer, lease table, application, shard); a listing of
   several streams still shows the others
