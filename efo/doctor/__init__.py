@@ -5,7 +5,8 @@ the settings and where each came from; credentials and region; per stream, every
 efo calls on the resource IAM authorises it on, by a harmless call of each (efo/doctor/stream.py),
 the stream and its consumer; the lease table and its rows (efo/doctor/table.py); the sinks
 (efo/doctor/sink.py). It changes nothing but its own temporary objects: one DynamoDB item and one
-file under the sink's path, each deleted again, and a subscription closed at its first answer.
+file under the sink's path, each deleted again. (Its SubscribeToShard names a shard no stream has:
+a worker's subscription is never taken over.)
 """
 
 from __future__ import annotations

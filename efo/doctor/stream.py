@@ -18,6 +18,11 @@ from efo.kinesis.registration import StreamInfo
 CONSUMERS_PER_STREAM = 20
 #: How long the SubscribeToShard probe waits for its answer.
 SUBSCRIBE_TIMEOUT_S = 15.0
+#: The shard the SubscribeToShard probe names: one no stream has (shards are numbered from 0). IAM
+#: authorises the call on the consumer's ARN before Kinesis looks for the shard, so a permitted call
+#: is answered ResourceNotFoundException and a refused one AccessDeniedException; a shard of the
+#: stream would be taken over from the worker reading it (a call 5 s or more after its own).
+PROBE_SHARD_ID = "shardId-999999999999"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +65,15 @@ async def check_stream(
         status=str(summary["StreamStatus"]),
         open_shards=int(summary.get("OpenShardCount") or 0),
     )
-    _, listed = await probe(
+    await probe(
         report,
         "kinesis:ListShards",
         arn,
         lambda: kinesis.list_shards(StreamARN=arn, ShardFilter={"Type": "AT_LATEST"}),
     )
-    open_shards = None if listed is None else [str(s["ShardId"]) for s in listed.get("Shards", [])]
     _stream_state(report, settings, summary, info, workers)
     consumer_arn, active = await _consumer(report, settings, kinesis, info, int(summary.get("ConsumerCount") or 0))
-    await _subscribe(report, subscriber, consumer_arn if active else None, open_shards)
+    await _subscribe(report, subscriber, consumer_arn if active else None)
     _encryption(report, summary, arn)
     return StreamFacts(info, int(summary.get("RetentionPeriodHours") or 24), consumer_arn)
 
@@ -176,23 +180,24 @@ async def _consumer(
     return arn, False
 
 
-async def _subscribe(report: Report, subscriber: Any, consumer_arn: str | None, open_shards: list[str] | None) -> None:
-    """kinesis:SubscribeToShard, authorised on the consumer's ARN: one subscription to one shard at
-    LATEST, closed at its first answer (nothing is read). A shard already read through the consumer
-    answers ResourceInUseException, which only a permitted call gets."""
-    if consumer_arn is None or not open_shards:
-        if consumer_arn is None:
-            why = "no ACTIVE consumer to subscribe through yet"
-        else:
-            why = "no shard to subscribe to (ListShards failed)" if open_shards is None else "no open shard"
-        report.add("kinesis:SubscribeToShard", consumer_arn or "the consumer", "skip", f"not checked: {why}")
+async def _subscribe(report: Report, subscriber: Any, consumer_arn: str | None) -> None:
+    """kinesis:SubscribeToShard, authorised on the consumer's ARN: one call naming a shard the
+    stream does not have (:data:`PROBE_SHARD_ID`), so no worker's subscription is taken over and
+    nothing is read. ResourceNotFoundException (AWS) or a subscription (closed at once: the local
+    stack) answers a permitted call."""
+    if consumer_arn is None:
+        report.add(
+            "kinesis:SubscribeToShard",
+            "the consumer",
+            "skip",
+            "not checked: no ACTIVE consumer to subscribe through yet",
+        )
         return
-    shard = open_shards[0]
 
     async def call() -> None:
         async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
             response = await subscriber.subscribe_to_shard(
-                ConsumerARN=consumer_arn, ShardId=shard, StartingPosition={"Type": "LATEST"}
+                ConsumerARN=consumer_arn, ShardId=PROBE_SHARD_ID, StartingPosition={"Type": "LATEST"}
             )
         response["EventStream"].close()
 
@@ -201,8 +206,8 @@ async def _subscribe(report: Report, subscriber: Any, consumer_arn: str | None, 
         "kinesis:SubscribeToShard",
         consumer_arn,
         call,
-        allowed=frozenset({"ResourceInUseException"}),
-        holds=f"allowed (one subscription to {shard} at LATEST, closed at once)",
+        allowed=frozenset({"ResourceNotFoundException"}),
+        holds=f"allowed (asked for {PROBE_SHARD_ID}, a shard no stream has: no subscription taken over)",
     )
 
 

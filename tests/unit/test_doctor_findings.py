@@ -136,3 +136,35 @@ def test_a_consumer_to_register_needs_room_under_the_limit_of_20(registered: int
     asyncio.run(_consumer(report, settings(), NoConsumer(), facts(2).info, registered))
     [consumer] = [f for f in report.findings if f.check == "consumer"]
     assert consumer.status == expected and f"{registered} " in consumer.detail
+
+
+class Subscriber:
+    """SubscribeToShard as AWS answers it for a shard the stream does not have (after IAM allowed
+    the call on the consumer's ARN); records every shard asked for."""
+
+    def __init__(self) -> None:
+        self.shards: list[str] = []
+
+    async def subscribe_to_shard(self, *, ConsumerARN: str, ShardId: str, StartingPosition: Any) -> Any:
+        import botocore.exceptions
+
+        self.shards.append(ShardId)
+        error = {"Error": {"Code": "ResourceNotFoundException", "Message": f"Shard {ShardId} does not exist"}}
+        raise botocore.exceptions.ClientError(error, "SubscribeToShard")
+
+
+def test_the_subscribe_check_never_takes_over_a_shard_a_running_worker_reads() -> None:
+    """On AWS a SubscribeToShard 5 s or more after another one on the same consumer and shard takes
+    the subscription over (the worker's fails with ResourceInUseException): the check must not name
+    a shard of the stream, and a shard not found is an answer only a permitted call gets."""
+    import asyncio
+
+    from efo.doctor.stream import _subscribe
+
+    report = Report()
+    subscriber = Subscriber()
+    open_shards = [f"shardId-{n:012d}" for n in range(4)]
+    asyncio.run(_subscribe(report, subscriber, "arn:aws:kinesis:eu-west-1:1:stream/orders/consumer/c:1"))
+    assert subscriber.shards and not set(subscriber.shards) & set(open_shards)
+    [finding] = report.findings
+    assert (finding.check, finding.status) == ("kinesis:SubscribeToShard", "ok"), finding
