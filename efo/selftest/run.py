@@ -40,6 +40,9 @@ TEST_INTERRUPT_VARIABLE = "EFO_TEST_SELFTEST_INTERRUPT"
 PREFIX = "efo-selftest-"
 STREAM_ACTIVE_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 60.0
+#: How long the clean-up waits for a stream or table that may not be deleted yet: AWS refuses to
+#: delete a stream still CREATING or UPDATING (a split) and a table still CREATING.
+CLEAN_UP_TIMEOUT_S = 120.0
 POLL_INTERVAL_S = 0.5
 #: The worker's settings: small batches and quick checkpoints and listings, so a run takes seconds.
 WORKER_SETTINGS = {
@@ -297,9 +300,10 @@ class SelfTest:
         files; each whether or not it was made (the names are this run's alone)."""
         self._stop_worker()
         name = self.plan.name
+        deadline = self._clock() + CLEAN_UP_TIMEOUT_S
         deleted = []
         try:
-            self.kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
+            self._delete(lambda: self.kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True), deadline)
             deleted.append(f"stream {name} (with its consumer)")
         except Exception as exc:
             if error_code(exc) != "ResourceNotFoundException":
@@ -308,7 +312,7 @@ class SelfTest:
                     f"delete-stream --stream-name {name} --enforce-consumer-deletion"
                 )
         try:
-            self.dynamodb.delete_table(TableName=name)
+            self._delete(lambda: self.dynamodb.delete_table(TableName=name), deadline)
             deleted.append(f"table {name}")
         except Exception as exc:
             if error_code(exc) != "ResourceNotFoundException":
@@ -318,6 +322,17 @@ class SelfTest:
                 )
         shutil.rmtree(self.work_dir, ignore_errors=True)
         outcome.lines.append("deleted " + (", ".join(deleted) if deleted else "nothing (nothing was made)"))
+
+    def _delete(self, delete: Callable[[], Any], deadline: float) -> None:
+        """``delete()``, again while AWS refuses it with ResourceInUseException (not ACTIVE yet), until ``deadline``."""
+        while True:
+            try:
+                delete()
+                return
+            except Exception as exc:
+                if error_code(exc) != "ResourceInUseException" or self._clock() > deadline:
+                    raise
+            self._sleep(POLL_INTERVAL_S)
 
 
 @contextmanager

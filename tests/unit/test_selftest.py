@@ -1,5 +1,7 @@
-"""``efo selftest``'s plan and its verdict without a server: what it says it creates and costs, and
-that a record missing or out of order per key fails the verification."""
+"""``efo selftest`` without a server: what it says it creates and costs, that a record missing or
+out of order per key fails the verification, and its clean-up, on a fake account (FakeAccount:
+Kinesis and DynamoDB as far as the selftest calls them, with AWS's refusal to delete a stream or a
+table that is not ACTIVE yet) and a fake worker."""
 
 from __future__ import annotations
 
@@ -7,12 +9,15 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
 import pytest
 
 from efo.config import load_settings
+from efo.errors import EXIT_RUNTIME
 from efo.selftest.run import PREFIX, Outcome, Plan, SelfTest, SelfTestFailed
 from efo.selftest.sink import ROWS_FILE
 
@@ -73,3 +78,194 @@ def test_the_workers_last_efo_line_is_its_cause(selftest: SelfTest) -> None:
     log: Any = selftest.work_dir / "worker.log"
     Path(log).write_text('{"event": "service.ready"}\n{"level": "error", "event": "efo: access to table denied"}\n')
     assert selftest._worker_tail() == "efo: access to table denied"
+
+
+# ---- the clean-up, on a fake account -----------------------------------------------------------
+
+
+def aws_error(code: str, operation: str) -> botocore.exceptions.ClientError:
+    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": code}}, operation)
+
+
+@dataclass
+class Stream:
+    status: str = "CREATING"
+    polls: int = 0  # calls on a CREATING or UPDATING stream until it is ACTIVE (time passing)
+    shards: list[str] = field(default_factory=lambda: ["shardId-000000000000", "shardId-000000000001"])
+
+
+class FakeAccount:
+    """Kinesis and DynamoDB as the selftest calls them. A stream is CREATING (after a split
+    UPDATING) for ``polls`` descriptions, and, as on AWS, not deleted before it is ACTIVE; a table
+    the fake worker creates is CREATING for ``table_polls`` DeleteTable calls, refused meanwhile.
+    ``interrupt_on`` raises KeyboardInterrupt (a Ctrl-C) at the first call of that operation,
+    ``interrupt_after`` once its first call is done."""
+
+    def __init__(
+        self,
+        *,
+        polls: int = 0,
+        table_polls: int = 0,
+        interrupt_on: str | None = None,
+        interrupt_after: str | None = None,
+    ) -> None:
+        self.streams: dict[str, Stream] = {}
+        self.tables: dict[str, int] = {}  # name: DeleteTable calls it still refuses (CREATING)
+        self.polls, self.table_polls = polls, table_polls
+        self.interrupt_on, self.interrupt_after = interrupt_on, interrupt_after
+        self.records: list[tuple[int, str, str]] = []
+        self.rows_to: Path | None = None  # the worker's output once it reads
+
+    def _call(self, operation: str) -> None:
+        if operation == self.interrupt_on:
+            self.interrupt_on = None
+            raise KeyboardInterrupt
+
+    def _done(self, operation: str) -> None:
+        if operation == self.interrupt_after:
+            self.interrupt_after = None
+            raise KeyboardInterrupt
+
+    def _stream(self, name: str, operation: str) -> Stream:
+        if name not in self.streams:
+            raise aws_error("ResourceNotFoundException", operation)
+        return self.streams[name]
+
+    def create_stream(self, StreamName: str, ShardCount: int) -> None:
+        self._call("CreateStream")
+        self.streams[StreamName] = Stream("CREATING", self.polls, [f"shardId-{n:012d}" for n in range(ShardCount)])
+        self._done("CreateStream")
+
+    def describe_stream_summary(self, StreamName: str) -> dict[str, Any]:
+        self._call("DescribeStreamSummary")
+        stream = self._tick(self._stream(StreamName, "DescribeStreamSummary"))
+        return {"StreamDescriptionSummary": {"StreamStatus": stream.status}}
+
+    @staticmethod
+    def _tick(stream: Stream) -> Stream:
+        if stream.status != "ACTIVE":
+            stream.polls -= 1
+            stream.status = "ACTIVE" if stream.polls < 0 else stream.status
+        return stream
+
+    def put_records(self, StreamName: str, Records: list[dict[str, Any]]) -> dict[str, Any]:
+        self._call("PutRecords")
+        stream = self._stream(StreamName, "PutRecords")
+        results = []
+        for record in Records:
+            shard = stream.shards[hash(record["PartitionKey"]) % len(stream.shards)]
+            self.records.append((json.loads(record["Data"])["n"], record["PartitionKey"], shard))
+            results.append({"ShardId": shard, "SequenceNumber": str(len(self.records))})
+        self.deliver()
+        return {"FailedRecordCount": 0, "Records": results}
+
+    def deliver(self) -> None:
+        """The worker's sink: every record put so far, once the worker reads."""
+        if self.rows_to is not None:
+            lines = [json.dumps({"n": n, "key": key, "shard": shard, "seq": "1"}) for n, key, shard in self.records]
+            (self.rows_to / ROWS_FILE).write_text("".join(line + "\n" for line in lines))
+
+    def list_shards(self, StreamName: str, ShardFilter: Any) -> dict[str, Any]:
+        shards = self._stream(StreamName, "ListShards").shards
+        return {
+            "Shards": [{"ShardId": s, "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "9"}} for s in shards]
+        }
+
+    def split_shard(self, StreamName: str, ShardToSplit: str, NewStartingHashKey: str) -> None:
+        self._call("SplitShard")
+        stream = self._stream(StreamName, "SplitShard")
+        stream.status, stream.polls = "UPDATING", self.polls
+        stream.shards = [s for s in stream.shards if s != ShardToSplit] + [
+            "shardId-000000000008",
+            "shardId-000000000009",
+        ]
+        self._done("SplitShard")
+
+    def delete_stream(self, StreamName: str, EnforceConsumerDeletion: bool) -> None:
+        stream = self._stream(StreamName, "DeleteStream")
+        if stream.status != "ACTIVE":
+            self._tick(stream)
+            raise aws_error("ResourceInUseException", "DeleteStream")  # "... is not currently ACTIVE"
+        del self.streams[StreamName]
+
+    def delete_table(self, TableName: str) -> None:
+        if TableName not in self.tables:
+            raise aws_error("ResourceNotFoundException", "DeleteTable")
+        if self.tables[TableName] > 0:
+            self.tables[TableName] -= 1
+            raise aws_error("ResourceInUseException", "DeleteTable")  # "Table is being created"
+        del self.tables[TableName]
+
+
+class FakeWorker:
+    """``efo run`` as the selftest sees it: running until a signal, then exit 0."""
+
+    def __init__(self) -> None:
+        self.pid = 4242
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.returncode = 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.returncode is not None, "waited for a worker that was never stopped"
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+
+class OnFakeAccount(SelfTest):
+    """The selftest with the fake account's clients, a fake clock, and the fake worker in place of
+    ``efo run`` (which registers the consumer, creates the table and reads)."""
+
+    def __init__(self, account: FakeAccount, plan: Plan, settings: Any) -> None:
+        self.now = 0.0
+        super().__init__(plan, settings, say=lambda line: None, clock=lambda: self.now, sleep=self._advance)
+        self.kinesis = self.dynamodb = account
+        self.account = account
+
+    def _advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def _start_worker(self, outcome: Outcome) -> None:
+        self.worker = FakeWorker()  # type: ignore[assignment]
+        self.account.tables[self.plan.name] = self.account.table_polls
+        self.account.rows_to = self.work_dir
+        self.account.deliver()
+
+
+@pytest.fixture
+def on_account(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """``on_account(account)``: a selftest of 40 records on ``account``, its files under tmp_path."""
+    for name in list(os.environ):
+        if name.upper().startswith("EFO_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    settings = load_settings(stream="s", app="a", sink="console", region="eu-west-1")
+
+    def make(account: FakeAccount) -> OnFakeAccount:
+        return OnFakeAccount(account, Plan.new("eu-west-1", records=40, keys=4), settings)
+
+    return make
+
+
+def test_a_stream_or_table_not_yet_active_when_interrupted_is_deleted_once_it_may_be(
+    on_account: Any, tmp_path: Path
+) -> None:
+    """DeleteStream refuses a stream still CREATING or UPDATING (a split), DeleteTable a table still
+    CREATING (ResourceInUseException): a Ctrl-C in either wait must not leave them behind."""
+    for account in (
+        FakeAccount(polls=3, interrupt_after="CreateStream"),  # Ctrl-C while the stream is CREATING
+        FakeAccount(polls=3, interrupt_after="SplitShard"),  # ... while it is being split (UPDATING)
+        FakeAccount(table_polls=2, interrupt_after="SplitShard"),  # ... while the worker's table is CREATING
+    ):
+        test = on_account(account)
+        outcome = test.run()
+        assert outcome.exit_code == EXIT_RUNTIME and outcome.lines[0].startswith("interrupted at step ")
+        assert outcome.left == [] and account.streams == {} and account.tables == {}, outcome
+        assert outcome.lines[-1].startswith(f"deleted stream {test.plan.name}")
+        assert not test.work_dir.exists()
