@@ -105,7 +105,7 @@ def _duration_parser(minimum_s: float, *, inclusive: bool) -> Callable[[object],
             seconds = duration_s(value)
         except ValueError:
             raise ValueError(allowed) from None
-        if seconds < minimum_s or (seconds == minimum_s and not inclusive):
+        if not (seconds >= minimum_s if inclusive else seconds > minimum_s):  # NaN is neither
             raise ValueError(allowed)
         return seconds
 

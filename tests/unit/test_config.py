@@ -534,3 +534,14 @@ def test_a_region_of_aws_form_is_taken(monkeypatch: pytest.MonkeyPatch, region: 
 def test_a_region_not_of_aws_form_is_refused_naming_the_form(monkeypatch: pytest.MonkeyPatch, region: str) -> None:
     message = _config_error(monkeypatch, EFO_REGION=region)
     assert f"region (EFO_REGION) = {region!r}: allowed: an AWS region such as eu-west-1" in message
+
+
+def test_a_duration_that_is_not_a_number_is_refused_as_before_units(tmp_path: Path) -> None:
+    # YAML's .nan is a float: gt=0 refused it before durations took units (NaN > 0 is false).
+    config = tmp_path / "efo.yaml"
+    required = {k.removeprefix("EFO_").lower(): v for k, v in REQUIRED.items()}
+    for text in ("batch: {max_wait_s: .nan}", "sink_retry: {retry_backoff_s: .nan}"):
+        config.write_text(text + "\n")
+        with pytest.raises(ConfigError) as refused:
+            load_settings(config, **required)
+        assert "= nan: allowed: a duration" in str(refused.value)
