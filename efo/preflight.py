@@ -21,15 +21,19 @@ import structlog
 
 from efo.aws import Clients, Endpoints
 from efo.config import Settings
-from efo.errors import AccessDenied, EfoError, ResourceNotFound
-from efo.kinesis.registration import CONSUMER_LIMITS, StreamInfo, describe_consumer, describe_stream, list_consumers
+from efo.errors import EfoError, ResourceNotFound
+from efo.kinesis.registration import (
+    CONSUMER_LIMITS,
+    CONSUMERS_PER_STREAM,
+    StreamInfo,
+    describe_consumer,
+    describe_stream,
+)
 from efo.leases.table import LeaseTable
 from efo.worker.shardsync import ShardSync
 
 log = structlog.get_logger("efo.preflight")
 
-#: Kinesis's limit of consumers registered on one stream.
-CONSUMERS_PER_STREAM = 20
 #: How long the look after a failed start may take (it describes the consumers it was to register).
 AFTER_FAILURE_TIMEOUT_S = 10.0
 
@@ -118,8 +122,7 @@ async def _inspect(settings: Settings) -> Plan:
 
 async def _check_consumer(kinesis: Any, settings: Settings, stream: StreamInfo, plan: Plan) -> None:
     """A consumer ARN must be registered; a consumer name is registered, or will be: then the stream
-    must have room for one more (when the consumers may be listed: the service's policy need not
-    allow kinesis:ListStreamConsumers)."""
+    must have room for one more (its ConsumerCount, from the description already made)."""
     if settings.consumer_arn:
         if await describe_consumer(kinesis, stream_arn=stream.arn, arn=settings.consumer_arn) is None:
             raise ResourceNotFound(
@@ -130,13 +133,9 @@ async def _check_consumer(kinesis: Any, settings: Settings, stream: StreamInfo, 
     name = settings.consumer
     if await describe_consumer(kinesis, stream_arn=stream.arn, name=name) is not None:
         return
-    try:
-        registered = await list_consumers(kinesis, stream.arn)
-    except AccessDenied:
-        registered = None
-    if registered is not None and len(registered) >= CONSUMERS_PER_STREAM:
+    if stream.consumers >= CONSUMERS_PER_STREAM:
         raise EfoError(
-            f"stream {stream.name!r} has {len(registered)} consumers, Kinesis's limit: consumer {name!r} cannot be "
+            f"stream {stream.name!r} has {stream.consumers} consumers, Kinesis's limit: consumer {name!r} cannot be "
             f"registered; {CONSUMER_LIMITS}"
         )
     plan.register.append(ToRegister(stream, name))

@@ -7,15 +7,12 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from efo.config import Settings
 from efo.doctor.findings import POLICY, Report, probe
-from efo.kinesis.registration import StreamInfo
+from efo.kinesis.registration import CONSUMERS_PER_STREAM, StreamInfo, stream_info
 
-#: Kinesis's limit of consumers registered on one stream.
-CONSUMERS_PER_STREAM = 20
 #: How long the SubscribeToShard probe waits for its answer.
 SUBSCRIBE_TIMEOUT_S = 15.0
 #: The shard the SubscribeToShard probe names: one no stream has (shards are numbered from 0). IAM
@@ -56,15 +53,8 @@ async def check_stream(
         report.add("stream", stream_resource(settings), "skip", "not checked: the stream could not be described")
         return None
     summary = described["StreamDescriptionSummary"]
-    arn = str(summary["StreamARN"])
-    created = summary["StreamCreationTimestamp"]
-    info = StreamInfo(
-        name=str(summary["StreamName"]),
-        arn=arn,
-        created_at=created.astimezone(UTC) if isinstance(created, datetime) else datetime.fromtimestamp(created, UTC),
-        status=str(summary["StreamStatus"]),
-        open_shards=int(summary.get("OpenShardCount") or 0),
-    )
+    info = stream_info(summary)
+    arn = info.arn
     await probe(
         report,
         "kinesis:ListShards",
@@ -72,7 +62,7 @@ async def check_stream(
         lambda: kinesis.list_shards(StreamARN=arn, ShardFilter={"Type": "AT_LATEST"}),
     )
     _stream_state(report, settings, summary, info, workers)
-    consumer_arn, active = await _consumer(report, settings, kinesis, info, int(summary.get("ConsumerCount") or 0))
+    consumer_arn, active = await _consumer(report, settings, kinesis, info)
     await _subscribe(report, subscriber, consumer_arn if active else None)
     _encryption(report, summary, arn)
     return StreamFacts(info, int(summary.get("RetentionPeriodHours") or 24), consumer_arn)
@@ -123,11 +113,10 @@ def _stream_state(report: Report, settings: Settings, summary: dict[str, Any], i
         report.add("stream.shards", info.arn, "ok", f"{facts}; the pool keeps every shard's reserve")
 
 
-async def _consumer(
-    report: Report, settings: Settings, kinesis: Any, info: StreamInfo, consumers: int
-) -> tuple[str | None, bool]:
+async def _consumer(report: Report, settings: Settings, kinesis: Any, info: StreamInfo) -> tuple[str | None, bool]:
     """The consumer: registered and ACTIVE; or to be registered at the first start, with room for it.
     Returns its ARN (None: not registered) and whether it is ACTIVE."""
+    consumers = info.consumers
     by_arn = settings.consumer_arn
     resource = by_arn or f"{info.arn}/consumer/{settings.consumer}"
     args: dict[str, Any] = (

@@ -133,7 +133,10 @@ def test_a_consumer_to_register_needs_room_under_the_limit_of_20(registered: int
     from efo.doctor.stream import _consumer
 
     report = Report()
-    asyncio.run(_consumer(report, settings(), NoConsumer(), facts(2).info, registered))
+    import dataclasses
+
+    info = dataclasses.replace(facts(2).info, consumers=registered)  # the stream's ConsumerCount
+    asyncio.run(_consumer(report, settings(), NoConsumer(), info))
     [consumer] = [f for f in report.findings if f.check == "consumer"]
     assert consumer.status == expected and f"{registered} " in consumer.detail
 
