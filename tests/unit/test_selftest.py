@@ -5,9 +5,11 @@ table that is not ACTIVE yet) and a fake worker."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +19,15 @@ import botocore.exceptions
 import pytest
 
 from efo.config import load_settings
-from efo.errors import EXIT_RUNTIME
-from efo.selftest.run import PREFIX, Outcome, Plan, SelfTest, SelfTestFailed
+from efo.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from efo.selftest.run import PREFIX, STEPS, TEST_INTERRUPT_VARIABLE, Outcome, Plan, SelfTest, SelfTestFailed
 from efo.selftest.sink import ROWS_FILE
+
+
+@pytest.fixture(autouse=True)
+def no_aws_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No botocore client is made (a third of a second each): no test here reaches AWS."""
+    monkeypatch.setattr("efo.selftest.run._client", lambda service, settings: None)
 
 
 @pytest.fixture
@@ -269,3 +277,59 @@ def test_a_stream_or_table_not_yet_active_when_interrupted_is_deleted_once_it_ma
         assert outcome.left == [] and account.streams == {} and account.tables == {}, outcome
         assert outcome.lines[-1].startswith(f"deleted stream {test.plan.name}")
         assert not test.work_dir.exists()
+
+
+class Interrupts:
+    """Ctrl-C as a terminal delivers it: SIGINT raises KeyboardInterrupt (Python's own handler)."""
+
+    def __enter__(self) -> None:
+        self.previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *_: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+
+def test_the_whole_path_on_the_fake_account_is_verified_and_everything_is_deleted(on_account: Any) -> None:
+    account = FakeAccount(polls=2)
+    test = on_account(account)
+    outcome = test.run()
+    assert outcome.exit_code == EXIT_OK and outcome.left == [], outcome
+    assert outcome.lines[0].startswith("verified: 40 records put, 40 delivered (0 twice)")
+    assert outcome.lines[-1] == f"deleted stream {test.plan.name} (with its consumer), table {test.plan.name}"
+    assert account.streams == {} and account.tables == {} and not test.work_dir.exists()
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_interrupted_at_each_step_by_its_hook_it_deletes_what_it_made(
+    on_account: Any, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Every step, at its start, by the hook the integration tests use on the local stack
+    (TEST_INTERRUPT_VARIABLE: a real SIGINT): the worker stopped, the stream and the table deleted
+    if they were made, the local files gone, exit 1."""
+    monkeypatch.setenv(TEST_INTERRUPT_VARIABLE, step)
+    account = FakeAccount(polls=1)
+    with Interrupts():
+        test = on_account(account)
+        outcome = test.run()
+    assert outcome.exit_code == EXIT_RUNTIME and outcome.lines[0] == f"interrupted at step {step}", outcome
+    assert outcome.left == [] and account.streams == {} and account.tables == {}
+    assert test.worker is None and not test.work_dir.exists()  # stopped, and its files removed
+    name = test.plan.name
+    made = {
+        "create-stream": "nothing (nothing was made)",
+        "put": f"stream {name} (with its consumer)",
+        "start-worker": f"stream {name} (with its consumer)",
+    }.get(step, f"stream {name} (with its consumer), table {name}")
+    assert outcome.lines[-1] == f"deleted {made}"
+
+
+def test_without_a_terminal_and_without_yes_it_refuses_before_it_makes_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from efo.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    monkeypatch.setattr("efo.cli.selftest.SelfTest", None)  # a selftest made would fail the command (TypeError)
+    assert main(["selftest"]) == EXIT_CONFIG
+    out, err = capsys.readouterr()
+    assert out == "" and "--yes" in err and err.startswith("efo: refusing to create a stream")
