@@ -5,13 +5,16 @@ efo itself never imports pyspark."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from efo.config import Settings, SinkSpec
 from efo.doctor.findings import Report
 from efo.errors import EfoError
 
 
-def check_sinks(report: Report, settings: Settings, *, write: bool) -> None:
-    """Each sink of the settings (the sink, and the dead-letter sink if set)."""
+def check_sinks(report: Report, settings: Settings, *, write: bool, spark: Any = None) -> None:
+    """Each sink of the settings (the sink, and the dead-letter sink if set). A ``parquet:`` sink is
+    checked on ``spark``, or on a session started as ``efo run`` starts it (and stopped again)."""
     sinks = {"sink": settings.sink, "dead_letter_sink": settings.dead_letter_sink}
     parquet: list[tuple[str, str]] = []
     for setting, text in sinks.items():
@@ -38,15 +41,18 @@ def check_sinks(report: Report, settings: Settings, *, write: bool) -> None:
         for label, _ in parquet:
             report.add("sink.write", label, "skip", "not checked: the Spark Connect cluster writes, not this process")
         return
-    _check_paths(report, settings, parquet, write=write)
+    _check_paths(report, settings, parquet, write=write, spark=spark)
 
 
-def _check_paths(report: Report, settings: Settings, parquet: list[tuple[str, str]], *, write: bool) -> None:
+def _check_paths(
+    report: Report, settings: Settings, parquet: list[tuple[str, str]], *, write: bool, spark: Any
+) -> None:
     from sparkbridge.filesystems import require_filesystems, require_writable
     from sparkbridge.session import build_session
 
+    own = spark is None
     try:
-        spark = build_session(settings, app_name="efo-doctor")
+        spark = build_session(settings, app_name="efo-doctor") if own else spark
     except Exception as exc:  # a JVM that does not start: no path can be checked
         for label, _ in parquet:
             report.add("sink.filesystem", label, "fail", f"Spark did not start ({type(exc).__name__}: {exc})")
@@ -69,4 +75,5 @@ def _check_paths(report: Report, settings: Settings, parquet: list[tuple[str, st
             else:
                 report.add("sink.write", label, "ok", f"wrote and deleted a file under {path}/_efo_write_check-*")
     finally:
-        spark.stop()
+        if own:
+            spark.stop()

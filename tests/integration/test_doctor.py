@@ -1,20 +1,30 @@
 """``efo doctor`` against the local stack, each check both ways: holding on an application that ran
 once, failing where the conformance proxy and the local DynamoDB refuse chosen actions on chosen
 resources with AccessDeniedException (as a role without them would), and where a stream,
-consumer, table, sink or credential is missing or wrong. Each case is the real CLI in a
-subprocess: the exit code, and the finding that names the action and the resource."""
+consumer, table, sink or credential is missing or wrong: the exit code, and the finding that
+names the action and the resource.
+
+Each case runs efo's CLI (its ``main``: parsing, settings, exit code, last line) in this process,
+with the case's environment alone; one runs it as a process, as a pod does. The parquet sink's
+checks (Spark, the file system, the test write) are tests/spark/test_filesystems.py's, on the
+session of the Spark tests: they call no AWS, and a JVM of their own here would cost 10 s or more."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+import structlog
 
+from efo.cli import main
 from efo.devstack.faults import FaultClient
 from efo.devstack.producer import wait_active
 from efo.devstack.stack import StackEndpoints
@@ -66,10 +76,33 @@ def faults(local_stack: StackEndpoints) -> Iterator[tuple[FaultClient, FaultClie
         dynamodb.clear()
 
 
-def doctor(env: dict[str, str], *args: str) -> tuple[Result, dict[str, Any]]:
-    result = efo(env, "doctor", "--json", *args, timeout_s=180)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result, json.loads(result.stdout)
+Doctor = Callable[..., tuple[Result, dict[str, Any]]]
+
+
+@pytest.fixture
+def doctor(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Doctor:
+    """``doctor(env, *args)``: ``efo doctor --json *args`` in this process, in the environment
+    ``env`` alone (as a process would have it); its exit code, output and report. The logging it
+    configures for an operator (efo.cli.common.operator_logging) is put back afterwards."""
+
+    def run(env: dict[str, str], *args: str) -> tuple[Result, dict[str, Any]]:
+        logging_config, handlers = structlog.get_config(), logging.root.handlers[:]
+        started = time.monotonic()
+        with monkeypatch.context() as patch:
+            for name in set(os.environ) - set(env):
+                patch.delenv(name)
+            for name, value in env.items():
+                patch.setenv(name, value)
+            try:
+                code = main(["doctor", "--json", *args])
+            finally:
+                structlog.configure(**logging_config)
+                logging.root.handlers[:] = handlers
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err, err
+        return Result(code, out, err, time.monotonic() - started), json.loads(out) if out else {}
+
+    return run
 
 
 def found(report: dict[str, Any], check: str, resource: str | None = None) -> list[dict[str, str]]:
@@ -108,7 +141,9 @@ HOLDING = (
 )
 
 
-def test_everything_a_deployment_needs_holds_for_an_application_that_ran(ran: Ran, dynamodb_client: Any) -> None:
+def test_everything_a_deployment_needs_holds_for_an_application_that_ran(
+    ran: Ran, dynamodb_client: Any, doctor: Doctor
+) -> None:
     result, report = doctor(ran.env, "--workers", "2")
     assert result.code == EXIT_OK, result.stdout + result.stderr
     assert report["ok"] is True
@@ -127,14 +162,18 @@ def test_everything_a_deployment_needs_holds_for_an_application_that_ran(ran: Ra
         ExpressionAttributeValues={":p": {"S": DOCTOR_PARTITION}},
     )
     assert probe["Items"] == []
-    table = efo(ran.env, "doctor")
+    # As a pod runs it: a process of its own, and the table.
+    table = efo(ran.env, "doctor", timeout_s=180)
     assert table.code == EXIT_OK and table.stdout.splitlines()[0].split() == ["CHECK", "RESOURCE", "RESULT", "DETAIL"]
 
 
-#: Groups of actions refused at once (each group one run), each on the resource IAM would refuse it on.
+#: Groups of actions refused at once (each group one run), each on the resource IAM would refuse it
+#: on; none refuses what another check of its group needs to run (a refused DescribeStreamConsumer
+#: leaves no consumer to subscribe through: SubscribeToShard is refused in another group).
 REFUSALS = {
-    "list-get-put-delete": [
+    "list-consumer-get-put-delete": [
         ("kinesis", "ListShards", "stream_arn"),
+        ("kinesis", "DescribeStreamConsumer", "stream_arn"),
         ("dynamodb", "GetItem", "table"),
         ("dynamodb", "PutItem", "table"),
         ("dynamodb", "DeleteItem", "table"),
@@ -144,14 +183,13 @@ REFUSALS = {
         ("dynamodb", "Query", "table"),
         ("dynamodb", "UpdateItem", "table"),
     ],
-    "consumer": [("kinesis", "DescribeStreamConsumer", "stream_arn")],
     "describe": [("kinesis", "DescribeStreamSummary", "stream"), ("dynamodb", "DescribeTable", "table")],
 }
 
 
 @pytest.mark.parametrize("group", list(REFUSALS))
 def test_each_refused_action_is_found_naming_the_action_and_its_resource(
-    ran: Ran, faults: tuple[FaultClient, FaultClient], group: str
+    ran: Ran, faults: tuple[FaultClient, FaultClient], doctor: Doctor, group: str
 ) -> None:
     names = {"stream": ran.stream, "stream_arn": ran.stream_arn, "consumer_arn": ran.consumer_arn, "table": ran.app}
     kinesis, dynamodb = faults
@@ -178,14 +216,13 @@ def test_each_refused_action_is_found_naming_the_action_and_its_resource(
         assert status(report, "stream") == "skip" and status(report, "table") == "skip"
     else:
         assert status(report, "kinesis:DescribeStreamSummary") == "ok" and status(report, "table.keys") == "ok"
-    if group == "list-get-put-delete":  # the subscribe check names no shard of the stream: it needs no listing
-        assert status(report, "kinesis:SubscribeToShard") == "ok"
-    if group == "consumer":
-        assert status(report, "consumer") == "skip"
+    if group == "list-consumer-get-put-delete":  # the consumer unknown: what needs it says so
+        assert status(report, "consumer") == "skip" and status(report, "kinesis:SubscribeToShard") == "skip"
+        assert status(report, "table.layout") == "skip"  # its rows could not be read
 
 
 def test_what_is_missing_is_found_and_what_the_first_start_makes_is_named(
-    ran: Ran, local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+    ran: Ran, local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, doctor: Doctor, tmp_path: Path
 ) -> None:
     stream, app = unique("fresh"), unique("fresh-app")
     create_stream(kinesis_client, stream, 2)
@@ -206,17 +243,12 @@ def test_what_is_missing_is_found_and_what_the_first_start_makes_is_named(
     stream_arn = kinesis_client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
     assert kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"] == []
 
-    missing, report = doctor({**env, "EFO_STREAM": f"{stream}-gone"})
-    assert missing.code == EXIT_RUNTIME
-    assert (
-        status(report, "kinesis:DescribeStreamSummary") == "fail"
-        and "not found" in found(report, "kinesis:DescribeStreamSummary")[0]["detail"]
-    )
-
     ghost = f"{ran.stream_arn}/consumer/ghost:1700000000"
     unregistered, report = doctor({**ran.env, "EFO_CONSUMER_ARN": ghost})
     assert unregistered.code == EXIT_RUNTIME and status(report, "consumer", ghost) == "fail"
 
+    # A stream that does not exist, a table keyed for something else and a sink module that does not
+    # import, found in one run: none of these checks needs what another finds missing.
     other = unique("kcl")
     dynamodb_client.create_table(
         TableName=other,
@@ -225,33 +257,22 @@ def test_what_is_missing_is_found_and_what_the_first_start_makes_is_named(
         AttributeDefinitions=[{"AttributeName": "leaseKey", "AttributeType": "S"}],
         KeySchema=[{"AttributeName": "leaseKey", "KeyType": "HASH"}],
     )
-    keyed, report = doctor({**ran.env, "EFO_TABLE": other})
-    assert keyed.code == EXIT_RUNTIME and status(report, "table.keys") == "fail"
+    wrong = {"EFO_STREAM": f"{stream}-gone", "EFO_TABLE": other, "EFO_SINK": "handler:no_such_module:write"}
+    missing, report = doctor({**env, **wrong})
+    assert missing.code == EXIT_RUNTIME
+    assert (
+        status(report, "kinesis:DescribeStreamSummary") == "fail"
+        and "not found" in found(report, "kinesis:DescribeStreamSummary")[0]["detail"]
+    )
+    assert status(report, "table.keys") == "fail"
     assert "keyed leaseKey (HASH, S)" in found(report, "table.keys")[0]["detail"]
-
-    module, report = doctor({**ran.env, "EFO_SINK": "handler:no_such_module:write"})
-    assert module.code == EXIT_RUNTIME and status(report, "sink.module") == "fail"
-
-
-def test_the_sinks_paths_are_checked_with_spark_both_ways_leaving_nothing(ran: Ran, tmp_path: Path) -> None:
-    (tmp_path / "afile").write_text("a file")
-    env = {
-        **ran.env,
-        "EFO_SINK": f"parquet:{tmp_path}/lake/orders",
-        "EFO_ON_CORRUPT_AGGREGATE": "dead_letter",
-        "EFO_DEAD_LETTER_SINK": f"parquet:{tmp_path}/afile/dead",
-        "EFO_SPARK__MASTER": "local[1]",
-    }
-    result, report = doctor(env)
-    assert result.code == EXIT_RUNTIME
-    good, bad = f"sink = 'parquet:{tmp_path}/lake/orders'", f"dead_letter_sink = 'parquet:{tmp_path}/afile/dead'"
-    assert status(report, "sink.filesystem", good) == status(report, "sink.write", good) == "ok"
-    assert status(report, "sink.filesystem", bad) == "ok" and status(report, "sink.write", bad) == "fail"
-    assert "ParentNotDirectoryException" in found(report, "sink.write", bad)[0]["detail"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe's directories are gone
+    assert status(report, "sink.module") == "fail" and "no_such_module" in found(report, "sink.module")[0]["detail"]
+    assert missing.stderr.strip().splitlines()[-1].startswith("efo: 3 of ")
 
 
-def test_without_credentials_or_region_no_aws_check_runs_and_it_says_why(ran: Ran, tmp_path: Path) -> None:
+def test_without_credentials_or_region_no_aws_check_runs_and_it_says_why(
+    ran: Ran, doctor: Doctor, tmp_path: Path
+) -> None:
     env = {k: v for k, v in ran.env.items() if not k.startswith("AWS_")}
     env.update(
         {
@@ -269,7 +290,7 @@ def test_without_credentials_or_region_no_aws_check_runs_and_it_says_why(ran: Ra
     assert not found(report, "kinesis:DescribeStreamSummary")
 
 
-def test_settings_that_do_not_validate_are_refused_before_any_check(ran: Ran) -> None:
-    result = efo({**ran.env, "EFO_BATCH__MAX_WAIT_S": "soon"}, "doctor")
+def test_settings_that_do_not_validate_are_refused_before_any_check(ran: Ran, doctor: Doctor) -> None:
+    result, _ = doctor({**ran.env, "EFO_BATCH__MAX_WAIT_S": "soon"})
     assert result.code == EXIT_CONFIG
     assert result.stdout == "" and "batch.max_wait_s (EFO_BATCH__MAX_WAIT_S) = 'soon'" in result.stderr

@@ -101,3 +101,34 @@ def test_a_writable_path_passes_and_is_left_as_it_was(spark: SparkSession, tmp_p
     (existing / "efo_batch_id=1").mkdir()
     require_writable(spark, sink_paths(settings(f"parquet:file://{existing}")))
     assert [p.name for p in existing.iterdir()] == ["efo_batch_id=1"]
+
+
+# ---- efo doctor's sink checks (efo/doctor/sink.py), on the session of the tests -----------------
+
+
+def test_the_doctors_sink_checks_hold_and_fail_each_way_and_leave_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    from efo.doctor.findings import Report
+    from efo.doctor.sink import check_sinks
+
+    def checked(sinks: Settings, *, write: bool = True) -> dict[tuple[str, str], tuple[str, str]]:
+        report = Report()
+        check_sinks(report, sinks, write=write, spark=spark)
+        return {(f.check, f.resource): (f.status, f.detail) for f in report.findings}
+
+    (tmp_path / "afile").write_text("a file")
+    good, bad = f"parquet:{tmp_path}/lake/orders", f"parquet:{tmp_path}/afile/dead"
+    found = checked(settings(good, on_corrupt_aggregate="dead_letter", dead_letter_sink=bad))
+    main, dead = f"sink = '{good}'", f"dead_letter_sink = '{bad}'"
+    assert found[("sink.filesystem", main)][0] == found[("sink.write", main)][0] == "ok"
+    assert found[("sink.filesystem", dead)][0] == "ok"
+    status, detail = found[("sink.write", dead)]
+    assert status == "fail" and "org.apache.hadoop.fs.ParentNotDirectoryException" in detail
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe's directories are gone
+
+    status, detail = checked(settings("parquet:s3://lake/orders"))[
+        ("sink.filesystem", "sink = 'parquet:s3://lake/orders'")
+    ]
+    assert status == "fail" and 'No FileSystem for scheme "s3"' in detail and "s3a://" in detail
+
+    assert checked(settings(good), write=False)[("sink.write", main)] == ("skip", "not checked: --no-write")
+    assert not spark.sparkContext._jsc.sc().isStopped()  # a session it was given, it leaves running
