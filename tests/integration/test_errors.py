@@ -321,24 +321,6 @@ def test_unreachable_dynamodb_endpoint_exits_1_naming_the_table_and_registers_no
     assert kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"] == []
 
 
-def test_a_sink_path_that_cannot_be_written_exits_2_before_a_consumer_or_table_is_made(
-    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
-) -> None:
-    stream, app = unique("unwritable"), unique("app")
-    create_stream(kinesis_client, stream, 1)
-    (tmp_path / "afile").write_text("a file, not a directory")
-    sink = f"parquet:{tmp_path}/afile/orders"
-    result = efo(_env(local_stack, tmp_path, stream, app, EFO_SINK=sink), "run")
-    assert result.code == EXIT_CONFIG, result.stderr
-    assert "Traceback" not in result.stderr
-    [line] = result.error_lines
-    assert line.startswith(f"efo: sink (EFO_SINK) = {sink!r}: cannot write under {tmp_path}/afile/orders: ")
-    assert "org.apache.hadoop.fs.ParentNotDirectoryException" in line and "a part of the path is a file" in line
-    stream_arn = kinesis_client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
-    assert kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"] == []
-    assert app not in dynamodb_client.list_tables()["TableNames"]
-
-
 def test_a_start_that_fails_after_registering_the_consumer_says_so_and_how_to_remove_it(
     local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
 ) -> None:

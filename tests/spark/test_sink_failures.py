@@ -102,3 +102,45 @@ def test_a_job_that_aborts_is_named_by_its_innermost_java_cause(spark: SparkSess
         pytest.fail("a write under /proc succeeded")
     assert cause.kind == "java.io.IOException" and cause.message.startswith("Mkdirs failed to create")
     assert not cause.permanent
+
+
+@pytest.mark.integration
+def test_a_sink_path_that_cannot_be_written_is_refused_before_a_consumer_or_table_is_made(
+    spark: SparkSession,
+    local_stack: Any,
+    kinesis_client: Any,
+    dynamodb_client: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start on a real session and the local stack: the stream is there, the consumer and the
+    table are not; a sink under a file is refused (exit 2) and neither is made. (efo run's own
+    order, Spark started after the read-only checks, is tests/unit/test_app_start.py's.)"""
+    from efo.config import load_settings
+    from efo.errors import EXIT_CONFIG, ConfigError
+    from sparkbridge.app import run_with_session
+    from tests.integration.service import create_stream, unique
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # the local stack's dummy credentials
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    stream, app = unique("unwritable"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    (tmp_path / "afile").write_text("a file, not a directory")
+    sink = f"parquet:{tmp_path}/afile/orders"
+    settings = load_settings(
+        stream=stream,
+        app=app,
+        sink=sink,
+        region=local_stack.region,
+        kinesis_endpoint=local_stack.kinesis_endpoint,
+        dynamodb_endpoint=local_stack.dynamodb_endpoint,
+    )
+    with pytest.raises(ConfigError) as refused:
+        run_with_session(spark, settings)
+    message = str(refused.value)
+    assert refused.value.exit_code == EXIT_CONFIG and "\n" not in message
+    assert message.startswith(f"sink (EFO_SINK) = {sink!r}: cannot write under {tmp_path}/afile/orders: ")
+    assert "org.apache.hadoop.fs.ParentNotDirectoryException" in message and "a part of the path is a file" in message
+    stream_arn = kinesis_client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
+    assert kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"] == []
+    assert app not in dynamodb_client.list_tables()["TableNames"]
