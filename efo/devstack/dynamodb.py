@@ -361,13 +361,14 @@ class Serialized:
             if rule is not None:
                 self.usage.record(operation, [])  # throttled or failed: AWS bills nothing
                 return _dynamodb_error(start_response, rule)
-            return self._metered(operation, environ, start_response)
+            return self._metered(operation, body, environ, start_response)
 
-    def _metered(self, operation: str, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        """Serve the request and record its cost. Metering never fails a request: if it cannot
-        make sense of one, the request counts at no cost and the server's log says why."""
-        body = _body(environ)
-        environ["wsgi.input"] = io.BytesIO(body)  # for moto, which reads it again
+    def _metered(
+        self, operation: str, body: bytes, environ: dict[str, Any], start_response: StartResponse
+    ) -> list[bytes]:
+        """Serve the request (``body``, which ``environ`` holds again for moto) and record its cost.
+        Metering never fails a request: if it cannot make sense of one, the request counts at no
+        cost and the server's log says why."""
         meter: _Meter | None = None
         try:
             request = json.loads(body or b"{}")
