@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from efo.devstack.cli import SHELL_VARIABLES, default_state_dir, main
+from efo.devstack.cli import SHELL_VARIABLES, add_dev_commands, default_state_dir, main
 
 
 def test_the_state_lives_per_user_unless_a_variable_says_otherwise() -> None:
@@ -31,6 +32,11 @@ def test_a_command_without_a_stack_says_where_it_looked(capsys: pytest.CaptureFi
 
 
 def test_a_duration_option_takes_its_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_dev_commands(parser.add_subparsers())
+    assert parser.parse_args(["dev", "stream", "create", "orders", "--wait-s", "2m"]).wait_s == 120.0
+    assert parser.parse_args(["dev", "up", "--subscription-lifetime-s", "90s"]).subscription_lifetime_s == 90.0
+    assert parser.parse_args(["dev", "stream", "create", "orders", "--wait-s", "45"]).wait_s == 45.0
     with pytest.raises(SystemExit) as exited:
         main(["dev", "stream", "create", "orders", "--wait-s", "soon"])
     assert exited.value.code == 2
