@@ -267,7 +267,9 @@ class SelfTest:
             if self.worker is not None and self.worker.poll() is not None:
                 raise SelfTestFailed(f"the worker exited {self.worker.returncode} before {what}: {self._worker_tail()}")
             if self._clock() > deadline:
-                raise SelfTestFailed(f"no {what} within {self.timeout_s:g} s (--timeout-s): {self._worker_tail()}")
+                raise SelfTestFailed(
+                    f"waited {self.timeout_s:g} s (--wait-s) for {what}, in vain: {self._worker_tail()}"
+                )
             self._sleep(POLL_INTERVAL_S)
 
     def _worker_tail(self) -> str:

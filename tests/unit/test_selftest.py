@@ -333,3 +333,14 @@ def test_without_a_terminal_and_without_yes_it_refuses_before_it_makes_anything(
     assert main(["selftest"]) == EXIT_CONFIG
     out, err = capsys.readouterr()
     assert out == "" and "--yes" in err and err.startswith("efo: refusing to create a stream")
+
+
+def test_a_worker_that_never_delivers_times_out_naming_the_option_that_sets_the_wait(on_account: Any) -> None:
+    account = FakeAccount()
+    test = on_account(account)
+    test.timeout_s = 30.0
+    test._start_worker = lambda outcome: setattr(test, "worker", FakeWorker())  # runs, delivers nothing
+    outcome = test.run()
+    assert outcome.exit_code == EXIT_RUNTIME and outcome.left == [] and account.streams == {}
+    expected = "step caught-up failed: waited 30 s (--wait-s) for all 40 records delivered, in vain: "
+    assert outcome.lines[0].startswith(expected), outcome.lines
