@@ -15,9 +15,10 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+from botocore.exceptions import ProfileNotFound
 from botocore.session import Session
 
-from efo.aws import Clients, Endpoints, sdk_region
+from efo.aws import Clients, Endpoints, profile_not_found, sdk_region
 from efo.config import Settings
 from efo.doctor.findings import Finding, Report
 from efo.doctor.sink import check_sinks
@@ -52,20 +53,26 @@ def _settings(report: Report, records: list[dict[str, Any]]) -> None:
 
 def _identity(report: Report, settings: Settings) -> bool:
     """Credentials (how the SDK found them; never their values) and the region. False: no AWS check can run."""
-    credentials = Session().get_credentials()
-    if credentials is None:
-        report.add(
-            "credentials",
-            "AWS SDK",
-            "fail",
-            "none found: on EKS give the pod a role (IRSA: the chart's serviceAccount.annotations), elsewhere "
-            "AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an instance profile",
-        )
+    credentials: Any = None
+    try:
+        credentials = Session().get_credentials()
+    except ProfileNotFound as exc:
+        report.add("credentials", "AWS SDK", "fail", profile_not_found(exc))
     else:
-        report.add("credentials", "AWS SDK", "ok", f"found ({credentials.method})")
+        if credentials is None:
+            report.add(
+                "credentials",
+                "AWS SDK",
+                "fail",
+                "none found: on EKS give the pod a role (IRSA: the chart's serviceAccount.annotations), elsewhere "
+                "AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an instance profile",
+            )
+        else:
+            report.add("credentials", "AWS SDK", "ok", f"found ({credentials.method})")
     region, origin = (settings.region, "EFO_REGION") if settings.region else sdk_region()
     if region is None:
-        report.add("region", "AWS SDK", "fail", "none: set EFO_REGION (or AWS_DEFAULT_REGION)")
+        why = f" ({origin.removeprefix('none: ')})" if origin else ""
+        report.add("region", "AWS SDK", "fail", f"none: set EFO_REGION (or AWS_DEFAULT_REGION){why}")
     else:
         endpoints = [e for e in (settings.kinesis_endpoint, settings.dynamodb_endpoint) if e]
         where = f"; endpoints {', '.join(endpoints)}" if endpoints else ""

@@ -86,3 +86,11 @@ def test_the_table_printed_says_missing_and_where_a_default_comes_from() -> None
     assert rows["table"] == ["orders-app", "default", "(app)"]
     assert rows["consumer_name"] == ["orders-app", "default", "(app)"]
     assert rows["batch.max_records"] == ["50000", "default"]
+
+
+def test_an_aws_profile_that_does_not_exist_is_said_not_raised(clean_env: pytest.MonkeyPatch) -> None:
+    # config show makes no AWS call and reads no credentials: a profile botocore cannot find (AWS_PROFILE)
+    # leaves the region unknown, and says why, instead of a ProfileNotFound traceback.
+    clean_env.setenv("AWS_PROFILE", "no-such-profile")
+    value, source, origin = shown(settings_records(None, None, None), "region")
+    assert (value, source) == (None, "default") and origin is not None and "'no-such-profile'" in origin

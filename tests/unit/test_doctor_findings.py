@@ -171,3 +171,20 @@ def test_the_subscribe_check_never_takes_over_a_shard_a_running_worker_reads() -
     assert subscriber.shards and not set(subscriber.shards) & set(open_shards)
     [finding] = report.findings
     assert (finding.check, finding.status) == ("kinesis:SubscribeToShard", "ok"), finding
+
+
+def test_an_aws_profile_that_does_not_exist_fails_the_credentials_check_and_no_aws_check_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from efo.doctor import _identity
+
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    report = Report()
+    assert _identity(report, settings(region="eu-west-1")) is False
+    [credentials] = [f for f in report.findings if f.check == "credentials"]
+    assert (
+        credentials.status == "fail" and "AWS_PROFILE" in credentials.detail and "no-such-profile" in credentials.detail
+    )
+    assert [f.status for f in report.findings if f.check == "aws"] == ["skip"]
