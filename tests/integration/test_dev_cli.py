@@ -33,16 +33,6 @@ DUMMY = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dev(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "efo.devstack.cli", "dev", *args, "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def dev_from(directory: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``efo dev`` as a user runs it: from ``directory``, with no --state-dir nor EFO_DEV_STATE_DIR
     (its state is per user: under XDG_STATE_HOME, here ``home``)."""
@@ -61,14 +51,26 @@ def dev_from(directory: Path, home: Path, *args: str) -> subprocess.CompletedPro
 
 
 def test_up_status_env_down_round_trip_finds_the_stack_from_any_directory(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``up`` and ``down`` are processes of their own started from two directories, as a user's
+    shells run them; the commands between them run efo dev's main in this process, from other
+    directories (the state is found by XDG_STATE_HOME alone, whatever the directory)."""
     home = tmp_path / "state-home"
     state_file = home / "efo" / "dev" / "stack.json"
-    assert main(["dev", "up", "--shard-limit", "0", "--state-dir", str(state_file.parent)]) == 2  # nothing started
-    assert "--shard-limit must be >= 1" in capsys.readouterr().err
-    absent = dev_from(tmp_path / "elsewhere", home, "status")
-    assert absent.returncode == 1 and f"no stack state in {state_file}" in absent.stdout
+    monkeypatch.delenv("EFO_DEV_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+
+    def dev_in(directory: Path, *args: str) -> tuple[int, str, str]:
+        directory.mkdir(parents=True, exist_ok=True)
+        monkeypatch.chdir(directory)
+        code = main(["dev", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert dev_in(tmp_path / "a", "up", "--shard-limit", "0")[0] == 2  # refused before anything starts
+    code, out, _ = dev_in(tmp_path / "elsewhere", "status")
+    assert code == 1 and f"no stack state in {state_file}" in out
     up = dev_from(tmp_path / "a", home, "up", "--shard-limit", "4")
     assert up.returncode == 0, up.stderr
     processes: list[ProcessRecord] = []
@@ -80,44 +82,38 @@ def test_up_status_env_down_round_trip_finds_the_stack_from_any_directory(
         assert endpoints.shard_limit == 4
         assert {p.name for p in processes} == {"kinesis-local", "efo-proxy", "moto-dynamodb"}
         assert all(is_running(p) for p in processes)
-        again = dev_from(tmp_path / "b", home, "up")
-        assert again.returncode == 2 and "already running" in again.stderr
+        code, _, err = dev_in(tmp_path / "b", "up")
+        assert code == 2 and "already running" in err
 
-        env = dev_from(tmp_path / "b", home, "env")
-        assert env.returncode == 0, env.stderr
-        assert up.stdout.rstrip().endswith(env.stdout.rstrip())  # up printed the same export lines
-        exported = dict(line.removeprefix("export ").split("=", 1) for line in env.stdout.splitlines())
+        code, out, err = dev_in(tmp_path / "b", "env")
+        assert code == 0, err
+        assert up.stdout.rstrip().endswith(out.rstrip())  # up printed the same export lines
+        exported = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines())
         assert list(exported) == list(SHELL_VARIABLES)  # what env --unset takes away (tests/unit/test_dev_state.py)
         assert exported["AWS_DEFAULT_REGION"] == exported["EFO_REGION"] == "us-east-1"
         assert exported["AWS_ENDPOINT_URL_KINESIS"] == exported["EFO_KINESIS_ENDPOINT"]
         # What a shell with these lines reaches, with the region and endpoints the AWS SDKs (and CLI) read.
-        shell = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **exported}
-        reached = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import boto3; k = boto3.client('kinesis'); d = boto3.client('dynamodb'); print("
-                "k.describe_limits()['ShardLimit'], k.list_streams()['StreamNames'], d.list_tables()['TableNames'])",
-            ],
-            env=shell,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert reached.returncode == 0 and reached.stdout.strip() == "4 [] []", reached.stderr
-        status = dev_from(tmp_path / "c", home, "status")
-        assert status.returncode == 0
-        assert "shard limit:        4" in status.stdout and f"state file:         {state_file}" in status.stdout
+        with monkeypatch.context() as shell:
+            for name in [name for name in os.environ if name.startswith("AWS_")]:
+                shell.delenv(name)
+            for name, value in exported.items():
+                shell.setenv(name, value)
+            sdk = boto3.session.Session()  # a session of its own reads this environment
+            kinesis, dynamodb = sdk.client("kinesis"), sdk.client("dynamodb")
+            assert kinesis.describe_limits()["ShardLimit"] == 4
+            assert kinesis.list_streams()["StreamNames"] == [] and dynamodb.list_tables()["TableNames"] == []
+        code, out, _ = dev_in(tmp_path / "c", "status")
+        assert code == 0
+        assert "shard limit:        4" in out and f"state file:         {state_file}" in out
     finally:
         down = dev_from(tmp_path / "d", home, "down")
     assert down.returncode == 0, down.stderr
     assert f"state was in {state_file}" in down.stdout and not state_file.exists()
     assert processes and not any(is_running(p) for p in processes)
-    assert dev_from(tmp_path / "d", home, "status").returncode == 1
-    assert dev_from(tmp_path / "d", home, "down").returncode == 0  # idempotent
-    gone = dev_from(tmp_path / "d", home, "env")
-    assert gone.returncode == 1 and "no local stack is running" in gone.stderr and str(state_file) in gone.stderr
+    assert dev_in(tmp_path / "c", "status")[0] == 1
+    assert dev_in(tmp_path / "c", "down")[0] == 0  # idempotent
+    code, _, err = dev_in(tmp_path / "e", "env")
+    assert code == 1 and "no local stack is running" in err and str(state_file) in err
 
 
 def test_the_default_shard_limit_fits_the_benchmarks_and_is_what_kinesis_local_enforces(kinesis_client: Any) -> None:
