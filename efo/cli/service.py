@@ -30,9 +30,9 @@ def run_command(config: str | None, stream: str | None, app: str | None, until: 
     --stream runs one of them alone, with its entry's settings."""
     bounded = {"until": until} if until is not None else None
     settings = load_for_stream(config, stream, flags={"app": app, "run": bounded}, listed_only=True)
-    from sparkbridge.app import run  # lazily: efo itself never imports pyspark
+    from efo import spark_side  # the Spark side (and pyspark) loads only for the command that runs it
 
-    return run(settings)
+    return spark_side.load().run(settings)
 
 
 @click.command(

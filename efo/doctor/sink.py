@@ -10,6 +10,7 @@ from typing import Any
 from efo.config import Settings, SinkSpec
 from efo.doctor.findings import Report
 from efo.errors import EfoError
+from efo.spark_side import load as load_spark_side
 
 
 def check_sinks(report: Report, settings: Settings, *, write: bool, spark: Any = None) -> None:
@@ -26,9 +27,7 @@ def check_sinks(report: Report, settings: Settings, *, write: bool, spark: Any =
             parquet.append((label, spec.target))
         elif spec.kind in ("handler", "arrow"):
             try:
-                from sparkbridge.sinks import make_sink
-
-                make_sink(spec)
+                load_spark_side().check_sink(spec)
             except EfoError as error:
                 report.add("sink.module", label, "fail", str(error))
             else:
@@ -47,12 +46,10 @@ def check_sinks(report: Report, settings: Settings, *, write: bool, spark: Any =
 def _check_paths(
     report: Report, settings: Settings, parquet: list[tuple[str, str]], *, write: bool, spark: Any
 ) -> None:
-    from sparkbridge.filesystems import require_filesystems, require_writable
-    from sparkbridge.session import build_session
-
     own = spark is None
     try:
-        spark = build_session(settings, app_name="efo-doctor") if own else spark
+        side = load_spark_side()  # without the spark extra: a ConfigError saying what to install
+        spark = side.start_session(settings, "efo-doctor") if own else spark
     except Exception as exc:  # a JVM that does not start: no path can be checked
         for label, _ in parquet:
             report.add("sink.filesystem", label, "fail", f"Spark did not start ({type(exc).__name__}: {exc})")
@@ -60,7 +57,7 @@ def _check_paths(
     try:
         for label, path in parquet:
             try:
-                require_filesystems(spark, [(label, path)])
+                side.require_filesystems(spark, [(label, path)])
             except EfoError as error:
                 report.add("sink.filesystem", label, "fail", str(error).removeprefix(f"{label}: "))
                 continue
@@ -69,7 +66,7 @@ def _check_paths(
                 report.add("sink.write", label, "skip", "not checked: --no-write")
                 continue
             try:
-                require_writable(spark, [(label, path)])
+                side.require_writable(spark, [(label, path)])
             except EfoError as error:
                 report.add("sink.write", label, "fail", str(error).removeprefix(f"{label}: "))
             else:
