@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, InitSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from efo.errors import ConfigError
+from efo.sink_kinds import SINK_GRAMMAR, SinkKind, sink_kind
 
 ENV_PREFIX = "EFO_"
 NESTED_DELIMITER = "__"
@@ -136,24 +137,27 @@ DurationS = Annotated[
 ]
 
 
-SINK_GRAMMAR = "parquet:<path or URI>, handler:<module>:<function>, arrow:<module>:<function>, console"
-
-
 @dataclass(frozen=True, slots=True)
 class SinkSpec:
-    kind: Literal["parquet", "handler", "arrow", "console"]
+    """A sink setting parsed: its kind (one of :data:`efo.sink_kinds.SINK_KINDS`) and its target."""
+
+    kind: str
     target: str = ""
 
     @classmethod
     def parse(cls, text: str) -> SinkSpec:
-        kind, _, rest = text.strip().partition(":")
-        if kind == "parquet" and rest:
-            return cls("parquet", rest)
-        if kind in ("handler", "arrow") and re.fullmatch(r"[\w.]+:\w+", rest):
-            return cls(kind, rest)  # type: ignore[arg-type]
-        if kind == "console" and not rest:
-            return cls("console")
+        name, _, rest = text.strip().partition(":")
+        kind = sink_kind(name)
+        if kind is not None and kind.target.accepts(rest):
+            return cls(name, rest)
         raise ValueError(f"allowed: {SINK_GRAMMAR}")
+
+    @property
+    def declared(self) -> SinkKind:
+        """The kind's declaration: what it takes, whether it needs Spark, whether it writes a path."""
+        kind = sink_kind(self.kind)
+        assert kind is not None, "a SinkSpec is made by parse, from a declared kind"
+        return kind
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.target}" if self.target else self.kind
@@ -661,14 +665,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _arrow_sinks_start_no_spark(self) -> Settings:
-        if self.sink_spec.kind != "arrow":
+        if self.sink_spec.declared.needs_spark:
             return self
         if self.value_format != "binary":
             raise ValueError(
                 f"value_format (EFO_VALUE_FORMAT) = {self.value_format!r} decodes with Spark, which the sink "
                 f"(EFO_SINK) = {self.sink!r} does not start: use value_format binary, or a parquet/handler sink"
             )
-        if self.dead_letter_sink and SinkSpec.parse(self.dead_letter_sink).kind != "arrow":
+        if self.dead_letter_sink and SinkSpec.parse(self.dead_letter_sink).declared.needs_spark:
             raise ValueError(
                 f"dead_letter_sink (EFO_DEAD_LETTER_SINK) = {self.dead_letter_sink!r} needs Spark, which the sink "
                 f"(EFO_SINK) = {self.sink!r} does not start: use an arrow:<module>:<function> dead-letter sink"

@@ -26,13 +26,13 @@ EXTERNAL_FILESYSTEMS = {"s3a": "hadoop-aws"}
 
 
 def sink_paths(settings: Settings, *, main_sink: bool = True) -> list[tuple[str, str]]:
-    """``(setting, path)`` of every Parquet sink of the settings (without ``sink`` when the caller
-    brings its own sink object); the other sinks write no path."""
+    """``(setting, path)`` of every sink of the settings that writes a path (a kind whose target is
+    a path: parquet), without ``sink`` when the caller brings its own sink object."""
     sinks = {"dead_letter_sink (EFO_DEAD_LETTER_SINK)": settings.dead_letter_sink}
     if main_sink:
         sinks["sink (EFO_SINK)"] = settings.sink
     specs = {setting: SinkSpec.parse(text) for setting, text in sinks.items() if text}
-    return [(f"{setting} = '{spec}'", spec.target) for setting, spec in specs.items() if spec.kind == "parquet"]
+    return [(f"{setting} = '{spec}'", spec.target) for setting, spec in specs.items() if spec.declared.writes_path]
 
 
 def require_filesystems(spark: SparkSession, paths: list[tuple[str, str]]) -> None:

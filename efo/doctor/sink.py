@@ -10,6 +10,7 @@ from typing import Any
 from efo.config import Settings, SinkSpec
 from efo.doctor.findings import Report
 from efo.errors import EfoError
+from efo.sink_kinds import Target
 from efo.spark_side import load as load_spark_side
 
 
@@ -23,9 +24,9 @@ def check_sinks(report: Report, settings: Settings, *, write: bool, spark: Any =
             continue
         spec = SinkSpec.parse(text)
         label = f"{setting} = '{spec}'"
-        if spec.kind == "parquet":
+        if spec.declared.writes_path:
             parquet.append((label, spec.target))
-        elif spec.kind in ("handler", "arrow"):
+        elif spec.declared.target is Target.FUNCTION:
             try:
                 load_spark_side().check_sink(spec)
             except EfoError as error:
