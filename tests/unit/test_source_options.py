@@ -46,14 +46,14 @@ def test_names_are_matched_whatever_their_case_as_spark_lower_cases_them() -> No
         ("startingPosition", "AT_TIMESTAMP:noon", "AT_TIMESTAMP needs an ISO-8601 time"),
         ("maxRecordsPerTrigger", "0", "allowed: a whole number above 0"),
         ("maxBytesPerTrigger", "1MB", "allowed: a whole number above 0"),
-        ("skipOlderThan", "-5m", "allowed: a positive duration"),
+        ("skipOlderThan", "-5m", "allowed: a duration greater than 0"),
         ("onCorruptAggregate", "dead_letter", "allowed: passthrough or fail"),
         ("failOnDataLoss", "yes", "allowed: true or false"),
         ("metricsPort", "70000", "allowed: a port number"),
         ("endpoint", "localhost:4567", "allowed: an http:// or https:// URL"),
         ("region", "Europe", "allowed: an AWS region"),
         ("consumerArn", "lake", "allowed: a stream consumer's ARN"),
-        ("shardTimeout", "soon", "allowed: a positive duration"),
+        ("shardTimeout", "soon", "allowed: a duration greater than 0"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_option_the_value_and_what_is_allowed(
