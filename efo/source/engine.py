@@ -317,6 +317,7 @@ class Engine:
         if not self._setup_done:
             await self._setup(SourceOffset.from_json(start_json))
             self._setup_done = True
+            self._activity_at = self._monotonic()  # shardTimeout counts from here: set-up is no shard's silence
         elif positions_of(start_json) != self._last_end:
             raise EfoError(
                 "efo source: Spark asked for the batch after an offset this reader did not hand out; "

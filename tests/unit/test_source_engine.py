@@ -202,3 +202,33 @@ def test_available_now_fails_naming_the_shards_short_of_their_bound_after_shard_
         ShardTimeout, match=r"nothing arrived for 30 s \(option shardTimeout\).*orders/shardId-000000000000"
     ):
         asyncio.run(wait())
+
+
+def test_available_now_counts_shard_timeout_from_when_reading_began_not_from_the_engines_set_up() -> None:
+    """The first batch sets the engine up first (a consumer registered and waited for, the streams
+    listed): that time is no shard giving nothing, and must not count against shardTimeout."""
+    import asyncio
+
+    from efo.source.engine import initial_offset
+
+    now = [100.0]
+    e = Engine(
+        parse({"streams": "orders", "consumerName": "c", "shardTimeout": "30s"}),
+        available_now_at_ms=2000,
+        monotonic=lambda: now[0],
+    )
+
+    async def slow_setup(start: Any) -> None:
+        now[0] += 45.0  # the consumer's registration, waited for until ACTIVE
+        stream = _Stream("orders", ARN, 1, "consumer")
+        stream.shards["shardId-000000000000"] = _Shard(stream, "shardId-000000000000", ShardOffset("TRIM_HORIZON"))
+        e._streams[ARN] = stream
+
+    e._setup = slow_setup  # type: ignore[method-assign]
+
+    async def first_batch() -> None:
+        e._wake = asyncio.Event()
+        await asyncio.wait_for(e._plan(initial_offset(), None, None), 0.05)
+
+    with pytest.raises(TimeoutError):  # waiting for the shard's records, not failed at once
+        asyncio.run(first_batch())
