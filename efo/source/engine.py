@@ -29,9 +29,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -374,7 +373,7 @@ class Engine:
             chunk = item
             cut = False
             if until_ms is not None:
-                at = bisect_left(chunk.arrival_ms, until_ms)
+                at = _first_at_or_after(chunk.arrival_ms, until_ms)
                 if at < len(chunk):
                     chunk, cut = chunk.rows(0, at), True
             room = len(chunk)
@@ -726,6 +725,12 @@ def _rows_within(chunk: RecordChunk, room_bytes: int, *, at_least_one: bool) -> 
         if total > room_bytes:
             return max(index, 1 if at_least_one else 0)
     return len(chunk)
+
+
+def _first_at_or_after(arrivals: Sequence[int], until_ms: int) -> int:
+    """The index of the first arrival at or after ``until_ms`` (the length when none is): a scan, as
+    efo run's ``--until`` cut, since ApproximateArrivalTimestamp may step back between records."""
+    return next((index for index, arrival_ms in enumerate(arrivals) if arrival_ms >= until_ms), len(arrivals))
 
 
 def _moved(offset: ShardOffset, part: RecordChunk, *, partial_record: bool) -> ShardOffset:

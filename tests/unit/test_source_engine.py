@@ -232,3 +232,13 @@ def test_available_now_counts_shard_timeout_from_when_reading_began_not_from_the
 
     with pytest.raises(TimeoutError):  # waiting for the shard's records, not failed at once
         asyncio.run(first_batch())
+
+
+def test_available_now_cuts_at_the_first_record_at_or_after_the_start_even_when_arrival_times_go_back() -> None:
+    """ApproximateArrivalTimestamp is approximate: in sequence-number order it may step back. The cut
+    is efo run's --until rule, the first record at or after the bound (efo.worker.bound), not a
+    bisection that assumes the times sorted and may step past it."""
+    e, shard = engine(available_now_at_ms=2000)
+    put(e, plain(1, arrival_ms=1000), plain(2, arrival_ms=2500), plain(3, arrival_ms=1900), plain(4, arrival_ms=1950))
+    assert taken(e._take(None, None)) == [("1", None)]
+    assert shard.cut and shard.offset.sequence_number == "1"
