@@ -460,7 +460,8 @@ class Engine:
                     stream.sync_now.set()
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), 1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: on 3.11 it can drop a cancellation
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
@@ -689,7 +690,10 @@ class Engine:
         """ListShards every ``shardSyncInterval``, and at once when a shard ended or caught up."""
         while True:
             try:
-                await asyncio.wait_for(stream.sync_now.wait(), self.options.shard_sync_interval_s)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the inner result and drops a
+                # cancellation that comes with it, and the loop would outlive the engine's close.
+                async with asyncio.timeout(self.options.shard_sync_interval_s):
+                    await stream.sync_now.wait()
             except TimeoutError:
                 pass
             stream.sync_now.clear()

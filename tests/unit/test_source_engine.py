@@ -242,3 +242,33 @@ def test_available_now_cuts_at_the_first_record_at_or_after_the_start_even_when_
     put(e, plain(1, arrival_ms=1000), plain(2, arrival_ms=2500), plain(3, arrival_ms=1900), plain(4, arrival_ms=1950))
     assert taken(e._take(None, None)) == [("1", None)]
     assert shard.cut and shard.offset.sequence_number == "1"
+
+
+def test_a_streams_shard_sync_stops_when_cancelled_even_as_a_listing_is_asked_for_at_that_moment() -> None:
+    """The engine's close cancels every task and waits for them: a sync loop that went on (Python
+    3.11's asyncio.wait_for returns the inner result and drops a cancellation that comes with it)
+    would keep the engine's thread and its clients alive past the query's stop."""
+    import asyncio
+
+    class Kinesis:
+        listings = 0
+
+        async def list_shards(self, **args: Any) -> dict[str, Any]:
+            Kinesis.listings += 1
+            return {"Shards": []}
+
+    e, shard = engine()
+    e._kinesis = Kinesis()
+    stream = shard.stream
+    shard.offset = ShardOffset("TRIM_HORIZON", ended=True)  # nothing for a listing to start
+
+    async def stop_while_asked() -> None:
+        task = asyncio.create_task(e._sync_loop(stream))
+        await asyncio.sleep(0.01)  # waiting for the next interval
+        stream.sync_now.set()  # a shard ended: a listing is asked for ...
+        task.cancel()  # ... as the engine closes
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), 1.0)
+
+    asyncio.run(stop_while_asked())
+    assert Kinesis.listings == 0
