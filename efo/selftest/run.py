@@ -151,7 +151,8 @@ class SelfTest:
             outcome.exit_code = EXIT_OK
         except KeyboardInterrupt:
             outcome.lines.append(f"interrupted at step {step}")
-        except EfoError as error:
+        except Exception as exc:  # an AWS refusal of a step (SplitShard is not in efo's own policy): its cause
+            error = translate(exc, resource=f"stream {self.plan.name!r}", hint="see the IAM policy in the README")
             outcome.lines.append(f"step {step} failed: {error}")
         finally:
             with _interrupts_ignored():  # the clean-up is bounded; a second Ctrl-C must not leave things behind

@@ -29,9 +29,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -317,6 +316,7 @@ class Engine:
         if not self._setup_done:
             await self._setup(SourceOffset.from_json(start_json))
             self._setup_done = True
+            self._activity_at = self._monotonic()  # shardTimeout counts from here: set-up is no shard's silence
         elif positions_of(start_json) != self._last_end:
             raise EfoError(
                 "efo source: Spark asked for the batch after an offset this reader did not hand out; "
@@ -373,7 +373,7 @@ class Engine:
             chunk = item
             cut = False
             if until_ms is not None:
-                at = bisect_left(chunk.arrival_ms, until_ms)
+                at = _first_at_or_after(chunk.arrival_ms, until_ms)
                 if at < len(chunk):
                     chunk, cut = chunk.rows(0, at), True
             room = len(chunk)
@@ -460,7 +460,8 @@ class Engine:
                     stream.sync_now.set()
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), 1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: on 3.11 it can drop a cancellation
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
@@ -689,7 +690,10 @@ class Engine:
         """ListShards every ``shardSyncInterval``, and at once when a shard ended or caught up."""
         while True:
             try:
-                await asyncio.wait_for(stream.sync_now.wait(), self.options.shard_sync_interval_s)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the inner result and drops a
+                # cancellation that comes with it, and the loop would outlive the engine's close.
+                async with asyncio.timeout(self.options.shard_sync_interval_s):
+                    await stream.sync_now.wait()
             except TimeoutError:
                 pass
             stream.sync_now.clear()
@@ -725,6 +729,12 @@ def _rows_within(chunk: RecordChunk, room_bytes: int, *, at_least_one: bool) -> 
         if total > room_bytes:
             return max(index, 1 if at_least_one else 0)
     return len(chunk)
+
+
+def _first_at_or_after(arrivals: Sequence[int], until_ms: int) -> int:
+    """The index of the first arrival at or after ``until_ms`` (the length when none is): a scan, as
+    efo run's ``--until`` cut, since ApproximateArrivalTimestamp may step back between records."""
+    return next((index for index, arrival_ms in enumerate(arrivals) if arrival_ms >= until_ms), len(arrivals))
 
 
 def _moved(offset: ShardOffset, part: RecordChunk, *, partial_record: bool) -> ShardOffset:

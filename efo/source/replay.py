@@ -22,13 +22,14 @@ from typing import Any
 import structlog
 
 from efo.aws import Clients, Endpoints
-from efo.errors import EfoError, translate
+from efo.errors import EfoError, ResourceNotFound, StreamRecreated, translate
 from efo.kinesis.decoder import arrival_ms
 from efo.kinesis.kpl import CorruptAggregate, expand
+from efo.kinesis.registration import describe_stream
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk
-from efo.source.engine import DataLost
-from efo.source.offsets import ShardOffset, SourceOffset, origin_position
+from efo.source.engine import DataLost, _iso
+from efo.source.offsets import ShardOffset, SourceOffset, StreamOffset, origin_position
 from efo.source.options import SourceOptions
 
 log = structlog.get_logger("efo.source.replay")
@@ -91,9 +92,38 @@ async def _read_all(options: SourceOptions, start: SourceOffset, end: SourceOffs
 
 
 async def read_with(kinesis: Any, options: SourceOptions, start: SourceOffset, end: SourceOffset) -> list[RecordChunk]:
-    """:func:`read_between` on a Kinesis client of the caller's: the shards read at once."""
-    results = await asyncio.gather(*(ShardReplay(kinesis, options, r).read() for r in ranges(start, end)))
+    """:func:`read_between` on a Kinesis client of the caller's: the shards read at once, of the streams
+    still the ones the offsets name."""
+    wanted = ranges(start, end)
+    recreated = {
+        arn for arn in {r.stream_arn for r in wanted} if await _recreated(kinesis, options, arn, end.streams[arn])
+    }
+    results = await asyncio.gather(
+        *(ShardReplay(kinesis, options, r).read() for r in wanted if r.stream_arn not in recreated)
+    )
     return [chunk for chunks in results for chunk in chunks]
+
+
+async def _recreated(kinesis: Any, options: SourceOptions, arn: str, planned: StreamOffset) -> bool:
+    """Whether the stream was deleted and created again since the batch was planned: its shard ids
+    are the old ones, their records others. A stream gone is left to its shards' reads (data lost)."""
+    try:
+        info = await describe_stream(kinesis, arn)
+    except ResourceNotFound:
+        return False
+    created_ms = int(info.created_at.timestamp() * 1000)
+    if created_ms == planned.created_ms:
+        return False
+    if options.fail_on_data_loss:
+        raise StreamRecreated(
+            f"efo source: a micro-batch read again after a restart holds records of stream {planned.name!r}, which "
+            f"was deleted and created again since (created {_iso(planned.created_ms)} then, {_iso(created_ms)} "
+            "now): they are gone. Start the query with a new checkpointLocation, or set failOnDataLoss=false to "
+            "go on without them"
+        )
+    METRICS.positions_expired.labels(stream=planned.name).inc()
+    log.warning("source.replay_stream_recreated", stream=planned.name, action="the batch's rows of it are skipped")
+    return True
 
 
 class ShardReplay:

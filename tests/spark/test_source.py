@@ -17,8 +17,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from efo.devstack.faults import FaultClient
 from efo.devstack.stack import StackEndpoints
-from tests.integration.service import create_stream, split_first_shard, unique
-from tests.integration.source import WITHIN_S, Row, put_keyed, source_options, verdict
+from tests.integration.service import create_stream, put_records, split_first_shard, unique
+from tests.integration.source import WITHIN_S, Row, source_options, verdict
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -62,7 +62,7 @@ def test_two_queries_on_one_stream_with_their_own_consumers_read_every_record_in
 ) -> None:
     stream = unique("spark-src")
     create_stream(kinesis_client, stream, 2)
-    puts = put_keyed(kinesis_client, stream, 60, tag="a")
+    puts = put_records(kinesis_client, stream, 60, tag="a", keys=8)
     table = stream.replace("-", "_")
     memory = (
         read(spark, local_stack, stream, consumerName="to-memory", maxRecordsPerTrigger="25")
@@ -82,7 +82,7 @@ def test_two_queries_on_one_stream_with_their_own_consumers_read_every_record_in
     )
     queries.append(parquet)
     wait_until(lambda: len(rows_in(spark, table)) >= 60, "60 rows in memory", memory)
-    puts += put_keyed(kinesis_client, stream, 40, tag="b")
+    puts += put_records(kinesis_client, stream, 40, tag="b", keys=8)
     wait_until(lambda: len(rows_in(spark, table)) >= 100, "100 rows in memory", memory)
 
     def parquet_rows() -> list[Row]:
@@ -121,7 +121,7 @@ def arn(kinesis: Any, stream: str) -> str:
 def test_a_split_and_a_merge_mid_query_lose_nothing_and_keep_each_keys_order(
     spark: SparkSession, local_stack: StackEndpoints, kinesis_client: Any, queries: list[StreamingQuery]
 ) -> None:
-    from tests.integration.test_source_engine import merge_children
+    from tests.integration.source import merge_children
 
     stream = unique("spark-reshard")
     create_stream(kinesis_client, stream, 1)
@@ -140,12 +140,12 @@ def test_a_split_and_a_merge_mid_query_lose_nothing_and_keep_each_keys_order(
         .start()
     )
     queries.append(query)
-    puts = put_keyed(kinesis_client, stream, 40, tag="a")
+    puts = put_records(kinesis_client, stream, 40, tag="a", keys=8)
     wait_until(lambda: len(seen) >= 40, "the first records", query)
     parent = split_first_shard(kinesis_client, stream)
-    puts += put_keyed(kinesis_client, stream, 40, tag="b")
+    puts += put_records(kinesis_client, stream, 40, tag="b", keys=8)
     merged = merge_children(kinesis_client, stream, parent)
-    puts += put_keyed(kinesis_client, stream, 40, tag="c")
+    puts += put_records(kinesis_client, stream, 40, tag="c", keys=8)
     wait_until(lambda: len(seen) >= 120, "every record", query)
     result = verdict(puts, seen)
     assert result.ok, result
@@ -159,9 +159,9 @@ def test_available_now_reads_a_backlog_across_a_split_then_the_query_stops(
 ) -> None:
     stream = unique("spark-now")
     create_stream(kinesis_client, stream, 2)
-    backlog = put_keyed(kinesis_client, stream, 50, tag="before")
+    backlog = put_records(kinesis_client, stream, 50, tag="before", keys=8)
     split_first_shard(kinesis_client, stream)
-    backlog += put_keyed(kinesis_client, stream, 50, tag="child")
+    backlog += put_records(kinesis_client, stream, 50, tag="child", keys=8)
     table = stream.replace("-", "_")
     query = (
         read(spark, local_stack, stream, maxRecordsPerTrigger="40")
@@ -172,7 +172,7 @@ def test_available_now_reads_a_backlog_across_a_split_then_the_query_stops(
     )
     queries.append(query)
     wait_until(lambda: bool(query.recentProgress), "the first batch", query)
-    later = put_keyed(kinesis_client, stream, 20, tag="after")  # after the query's start: not read
+    later = put_records(kinesis_client, stream, 20, tag="after", keys=8)  # after the query's start: not read
     assert query.awaitTermination(WITHIN_S), "Trigger.AvailableNow did not stop"
     assert query.exception() is None, query.exception()
     rows = rows_in(spark, table)
@@ -222,7 +222,7 @@ def test_a_consumer_deleted_mid_query_fails_the_query_naming_it(
     try:
         query = read(spark, local_stack, stream).writeStream.format("memory").queryName(table).start()
         queries.append(query)
-        put_keyed(kinesis_client, stream, 10, tag="a")
+        put_records(kinesis_client, stream, 10, tag="a", keys=8)
         wait_until(lambda: len(rows_in(spark, table)) >= 10, "the first records", query)
         (consumer,) = kinesis_client.list_stream_consumers(StreamARN=arn(kinesis_client, stream))["Consumers"]
         kinesis_client.deregister_stream_consumer(ConsumerARN=consumer["ConsumerARN"])

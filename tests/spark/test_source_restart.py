@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
-from tests.integration.service import create_stream, unique
-from tests.integration.source import Row, put_keyed, verdict
+from tests.integration.service import create_stream, put_records, unique
+from tests.integration.source import Row, verdict
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -59,7 +59,7 @@ def test_a_driver_killed_with_a_batch_uncommitted_restarts_from_the_checkpoint_w
 ) -> None:
     stream = unique("spark-kill")
     create_stream(kinesis_client, stream, 2)
-    puts = put_keyed(kinesis_client, stream, 90, tag="a")
+    puts = put_records(kinesis_client, stream, 90, tag="a", keys=8)
     out = tmp_path / "out"
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     held = 3  # batch 0 pins nothing (TRIM_HORIZON starts with records): 1, 2, 3 hold 15 rows each
@@ -71,7 +71,7 @@ def test_a_driver_killed_with_a_batch_uncommitted_restarts_from_the_checkpoint_w
         first.wait(30)
     committed = {int(p.name) for p in (tmp_path / "checkpoint" / "commits").iterdir() if p.name.isdigit()}
     assert held not in committed and held - 1 in committed, f"commits at the kill: {sorted(committed)}"
-    puts += put_keyed(kinesis_client, stream, 60, tag="b")  # while the query is down
+    puts += put_records(kinesis_client, stream, 60, tag="b", keys=8)  # while the query is down
 
     second = start_driver(local_stack, stream, tmp_path, second_log)
     try:

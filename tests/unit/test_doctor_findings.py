@@ -188,3 +188,25 @@ def test_an_aws_profile_that_does_not_exist_fails_the_credentials_check_and_no_a
         credentials.status == "fail" and "AWS_PROFILE" in credentials.detail and "no-such-profile" in credentials.detail
     )
     assert [f.status for f in report.findings if f.check == "aws"] == ["skip"]
+
+
+def test_aws_checks_that_do_not_finish_in_time_fail_the_doctor_naming_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An endpoint that never answers leaves every AWS check unknown: that is no deployment that
+    holds, so the doctor exits 1, not 0 with a skip nobody reads in a helm test."""
+    import asyncio
+
+    from efo import doctor
+
+    async def hangs(*args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(doctor, "check_stream", hangs)
+    monkeypatch.setattr(doctor, "AWS_CHECKS_TIMEOUT_S", 0.05)
+    report = Report()
+    endpoints = {"kinesis_endpoint": "http://127.0.0.1:9", "dynamodb_endpoint": "http://127.0.0.1:9"}
+    asyncio.run(doctor._aws(report, settings(region="eu-west-1", **endpoints), 1))
+    [finding] = report.findings
+    assert finding.status == "fail" and "did not finish within 0.05 s" in finding.detail, finding
+    assert report.exit_code == EXIT_RUNTIME

@@ -344,3 +344,33 @@ def test_a_worker_that_never_delivers_times_out_naming_the_option_that_sets_the_
     assert outcome.exit_code == EXIT_RUNTIME and outcome.left == [] and account.streams == {}
     expected = "step caught-up failed: waited 30 s (--wait-s) for all 40 records delivered, in vain: "
     assert outcome.lines[0].startswith(expected), outcome.lines
+
+
+@pytest.mark.parametrize(
+    ("operation", "code"),
+    [
+        ("SplitShard", "AccessDeniedException"),
+        ("PutRecords", "AccessDeniedException"),
+        ("SplitShard", "LimitExceededException"),
+    ],
+)
+def test_an_aws_error_of_a_step_is_said_with_its_step_and_cause_and_everything_is_deleted(
+    on_account: Any, operation: str, code: str
+) -> None:
+    """A refusal the selftest does not expect (efo's own policy lacks kinesis:SplitShard and
+    PutRecords; a split can be throttled) is a failed step with its cause, not a traceback that
+    hides the clean-up's outcome."""
+    account = FakeAccount()
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise aws_error(code, operation)
+
+    setattr(account, "split_shard" if operation == "SplitShard" else "put_records", refused)
+    test = on_account(account)
+    outcome = test.run()
+    step = "split" if operation == "SplitShard" else "put"
+    assert outcome.exit_code == EXIT_RUNTIME and outcome.left == [], outcome
+    assert outcome.lines[0].startswith(f"step {step} failed: ") and code in outcome.lines[0], outcome.lines
+    assert f"stream {test.plan.name!r}" in outcome.lines[0], outcome.lines
+    assert outcome.lines[-1].startswith(f"deleted stream {test.plan.name}")
+    assert account.streams == {} and account.tables == {} and not test.work_dir.exists()

@@ -202,3 +202,73 @@ def test_available_now_fails_naming_the_shards_short_of_their_bound_after_shard_
         ShardTimeout, match=r"nothing arrived for 30 s \(option shardTimeout\).*orders/shardId-000000000000"
     ):
         asyncio.run(wait())
+
+
+def test_available_now_counts_shard_timeout_from_when_reading_began_not_from_the_engines_set_up() -> None:
+    """The first batch sets the engine up first (a consumer registered and waited for, the streams
+    listed): that time is no shard giving nothing, and must not count against shardTimeout."""
+    import asyncio
+
+    from efo.source.engine import initial_offset
+
+    now = [100.0]
+    e = Engine(
+        parse({"streams": "orders", "consumerName": "c", "shardTimeout": "30s"}),
+        available_now_at_ms=2000,
+        monotonic=lambda: now[0],
+    )
+
+    async def slow_setup(start: Any) -> None:
+        now[0] += 45.0  # the consumer's registration, waited for until ACTIVE
+        stream = _Stream("orders", ARN, 1, "consumer")
+        stream.shards["shardId-000000000000"] = _Shard(stream, "shardId-000000000000", ShardOffset("TRIM_HORIZON"))
+        e._streams[ARN] = stream
+
+    e._setup = slow_setup  # type: ignore[method-assign]
+
+    async def first_batch() -> None:
+        e._wake = asyncio.Event()
+        await asyncio.wait_for(e._plan(initial_offset(), None, None), 0.05)
+
+    with pytest.raises(TimeoutError):  # waiting for the shard's records, not failed at once
+        asyncio.run(first_batch())
+
+
+def test_available_now_cuts_at_the_first_record_at_or_after_the_start_even_when_arrival_times_go_back() -> None:
+    """ApproximateArrivalTimestamp is approximate: in sequence-number order it may step back. The cut
+    is efo run's --until rule, the first record at or after the bound (efo.worker.bound), not a
+    bisection that assumes the times sorted and may step past it."""
+    e, shard = engine(available_now_at_ms=2000)
+    put(e, plain(1, arrival_ms=1000), plain(2, arrival_ms=2500), plain(3, arrival_ms=1900), plain(4, arrival_ms=1950))
+    assert taken(e._take(None, None)) == [("1", None)]
+    assert shard.cut and shard.offset.sequence_number == "1"
+
+
+def test_a_streams_shard_sync_stops_when_cancelled_even_as_a_listing_is_asked_for_at_that_moment() -> None:
+    """The engine's close cancels every task and waits for them: a sync loop that went on (Python
+    3.11's asyncio.wait_for returns the inner result and drops a cancellation that comes with it)
+    would keep the engine's thread and its clients alive past the query's stop."""
+    import asyncio
+
+    class Kinesis:
+        listings = 0
+
+        async def list_shards(self, **args: Any) -> dict[str, Any]:
+            Kinesis.listings += 1
+            return {"Shards": []}
+
+    e, shard = engine()
+    e._kinesis = Kinesis()
+    stream = shard.stream
+    shard.offset = ShardOffset("TRIM_HORIZON", ended=True)  # nothing for a listing to start
+
+    async def stop_while_asked() -> None:
+        task = asyncio.create_task(e._sync_loop(stream))
+        await asyncio.sleep(0.01)  # waiting for the next interval
+        stream.sync_now.set()  # a shard ended: a listing is asked for ...
+        task.cancel()  # ... as the engine closes
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), 1.0)
+
+    asyncio.run(stop_while_asked())
+    assert Kinesis.listings == 0

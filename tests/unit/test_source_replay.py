@@ -122,3 +122,44 @@ def test_a_shard_whose_origin_moved_in_the_batch_is_read_from_its_new_origin_wit
     assert shard.rows == 3 and shard.last == (77, MAX_SUB_SEQUENCE)
     (same,) = ranges(offset(replace(after_skip, sequence_number="60", rows=11)), offset(after_skip))
     assert str(same.start) == "AFTER_SEQUENCE_NUMBER:60" and same.rows == 2, "within one origin: after the start"
+
+
+def test_a_batch_of_a_stream_deleted_and_created_again_since_is_never_read_from_the_new_stream() -> None:
+    """After a restart Spark reads its last planned batch again before it asks the source for anything
+    (no set-up, no check of the stream there): the batch's offsets name the stream as it was created
+    then. The new stream of the same name holds other records under the same shard ids: reading them
+    would hand Spark another batch. StreamRecreated naming the stream, or with failOnDataLoss=false
+    nothing of that stream (logged)."""
+    from efo.errors import StreamRecreated
+    from efo.source.replay import read_with
+
+    arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+
+    class Recreated(Kinesis):
+        async def describe_stream_summary(self, **args: Any) -> dict[str, Any]:
+            return {
+                "StreamDescriptionSummary": {
+                    "StreamName": "orders",
+                    "StreamARN": arn,
+                    "StreamCreationTimestamp": datetime(2026, 3, 1, tzinfo=UTC),  # not the offsets' creation
+                    "StreamStatus": "ACTIVE",
+                    "OpenShardCount": 1,
+                }
+            }
+
+    def offset(shard: ShardOffset) -> SourceOffset:
+        return SourceOffset({arn: StreamOffset("orders", 1_000, {"shardId-000000000000": shard})})
+
+    start = offset(ShardOffset("TRIM_HORIZON"))
+    end = offset(ShardOffset("TRIM_HORIZON", sequence_number="3", rows=3, arrival_ms=1_000))
+
+    def read(**options: str) -> list[str]:
+        source = parse({"streams": "orders", "consumerName": "c", **options})
+        chunks = asyncio.run(read_with(Recreated(first=1, last=5), source, start, end))
+        return [seq for chunk in chunks for seq in chunk.sequence_numbers]
+
+    with pytest.raises(
+        StreamRecreated, match=r"stream 'orders', which was deleted and created again.*checkpointLocation"
+    ):
+        read()
+    assert read(failOnDataLoss="false") == []
