@@ -56,8 +56,8 @@ log = structlog.get_logger("efo.source")
 
 T = TypeVar("T")
 
-#: How long a planning call may wait on the engine beyond its own deadlines (registration of a
-#: consumer takes up to two minutes; a shard's wait is bounded by ``shardTimeout``).
+#: How long a planning call may wait on the engine beyond its own deadlines, per stream (registration
+#: of a consumer takes up to two minutes; a shard's wait is bounded by ``shardTimeout``).
 SETUP_TIMEOUT_S = 180.0
 #: Part of the pool kept for each shard (efo's defaults).
 RESERVED_RECORDS_PER_SHARD = 1_000
@@ -225,7 +225,10 @@ class Engine:
         """The next micro-batch from ``start`` (the last end offset, or the checkpoint's after a
         restart): what has been read, up to ``max_rows`` rows and ``max_bytes`` bytes of data.
         With AvailableNow it waits for records (or the end); otherwise it takes what is there."""
-        wait_s = SETUP_TIMEOUT_S + (self.options.shard_timeout_s if self.available_now_at_ms is not None else 0)
+        # The first call sets every stream up in turn (its consumer registered and waited for, up to two
+        # minutes each): its deadline covers them all, so that their own errors are the ones raised.
+        setup_s = SETUP_TIMEOUT_S * max(1, len(self.options.streams))
+        wait_s = setup_s + (self.options.shard_timeout_s if self.available_now_at_ms is not None else 0)
         return self._call(self._plan(start, max_rows, max_bytes), wait_s)
 
     def close(self) -> None:

@@ -272,3 +272,22 @@ def test_a_streams_shard_sync_stops_when_cancelled_even_as_a_listing_is_asked_fo
 
     asyncio.run(stop_while_asked())
     assert Kinesis.listings == 0
+
+
+def test_the_first_batch_waits_long_enough_for_each_streams_consumer_registration_in_turn() -> None:
+    """The first latestOffset registers the consumer of every stream, one after another, each waited
+    for until ACTIVE up to its own deadline: the planning call's deadline must cover them all, or a
+    slow registration ends as 'planning took longer than 180 s' instead of the consumer's own error."""
+    from efo.kinesis.registration import CONSUMER_ACTIVE_TIMEOUT_S
+    from efo.source.engine import initial_offset
+
+    e = Engine(parse({"streams": "orders,clicks,views", "consumerName": "c"}))
+    budgets: list[float] = []
+
+    def call(coroutine: Any, timeout_s: float) -> Any:
+        coroutine.close()
+        budgets.append(timeout_s)
+
+    e._call = call  # type: ignore[method-assign]
+    e.plan(initial_offset())
+    assert budgets[0] > 3 * CONSUMER_ACTIVE_TIMEOUT_S
