@@ -423,7 +423,12 @@ def cmd_stream_list(args: argparse.Namespace) -> int:
         request = {"ExclusiveStartStreamName": names[-1]}
     rows = []
     for name in names:
-        summary = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+        try:
+            summary = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+        except Exception as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                continue  # deleted since it was listed
+            return _fail(translate(exc, resource=f"stream {name!r}"))
         rows.append({"stream": name, "status": summary["StreamStatus"], "open_shards": summary["OpenShardCount"]})
     if args.json:
         print(json.dumps(rows))

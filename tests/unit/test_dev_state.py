@@ -41,3 +41,30 @@ def test_a_duration_option_takes_its_unit(capsys: pytest.CaptureFixture[str]) ->
         main(["dev", "stream", "create", "orders", "--wait-s", "soon"])
     assert exited.value.code == 2
     assert "allowed: a duration" in capsys.readouterr().err
+
+
+def test_stream_list_leaves_out_a_stream_deleted_between_the_listing_and_its_description(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stream being deleted is listed, then not found: the list shows the others, no traceback."""
+    import argparse
+    import json
+
+    import botocore.exceptions
+
+    from efo.devstack import cli as dev
+
+    class Kinesis:
+        def list_streams(self, **request: object) -> dict[str, object]:
+            return {"StreamNames": ["gone", "orders"], "HasMoreStreams": False}
+
+        def describe_stream_summary(self, StreamName: str) -> dict[str, object]:
+            if StreamName == "gone":
+                error = {"Error": {"Code": "ResourceNotFoundException", "Message": "not found"}}
+                raise botocore.exceptions.ClientError(error, "DescribeStreamSummary")  # type: ignore[arg-type]
+            return {"StreamDescriptionSummary": {"StreamStatus": "ACTIVE", "OpenShardCount": 2}}
+
+    monkeypatch.setattr(dev, "_running_stack", lambda args: object())
+    monkeypatch.setattr(dev, "_kinesis", lambda endpoints: Kinesis())
+    assert dev.cmd_stream_list(argparse.Namespace(json=True)) == 0
+    assert json.loads(capsys.readouterr().out) == [{"stream": "orders", "status": "ACTIVE", "open_shards": 2}]
