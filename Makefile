@@ -20,14 +20,17 @@ EFO_SIM_FIRST_SEED ?= 1
 # The simulation runs with fixed str hashing, as 'python -m efo.sim' does, so a seed a test prints replays.
 export PYTHONHASHSEED := 0
 
-.PHONY: install demo test test-unit test-integration chaos lint format clean bench bench-quick
+.PHONY: install demo demo-stream test test-unit test-integration chaos lint format clean bench bench-quick
 
 install: $(INSTALLED) $(NODE_INSTALLED)
 
+# editable_mode=compat: the project's directory on sys.path (a .pth line), as a wheel's files would be,
+# so that Spark's lookup of Python data sources (pkgutil.iter_modules) finds pyspark_efo; setuptools'
+# default editable install is an import hook that iter_modules does not see.
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,dev,bench]' --config-settings editable_mode=compat
 	touch $@
 
 $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
@@ -36,6 +39,11 @@ $(NODE_INSTALLED): devstack/package.json devstack/package-lock.json
 
 demo: install
 	$(BIN)/python devstack/demo.py
+
+# efo as a Spark Structured Streaming source (spark.readStream.format("efo")) on the local stack: a
+# query into Parquet and a windowed count while a shard splits, then Trigger.AvailableNow.
+demo-stream: install
+	$(BIN)/python examples/stream_query.py
 
 # Every benchmark in one run (about 15 minutes here, and the fleet section as long again or more: its
 # larger sizes are bounded by per-phase timeouts), written to docs/benchmarks.md; the quick one

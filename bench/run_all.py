@@ -166,6 +166,31 @@ BENCHMARKS = [
         "each in a process of its own. No goal: the comparison a user would make.",
     ),
     Benchmark(
+        "source",
+        "12. The Spark source beside efo run",
+        "spark_source.py",
+        ["--shards", "8", "--sinks", "noop,parquet", "--warmup", "20", "--seconds", "30", "--repeats", "2"],
+        [
+            "--shards",
+            "1",
+            "--sinks",
+            "noop",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--seconds",
+            "3",
+            "--latency-rate",
+            "0",
+        ],
+        '`spark.readStream.format("efo")` (a query with the default trigger and maxRecordsPerTrigger 50,000) '
+        "and `efo run` (batch.max_records 50,000) reading the same synthetic shards as fast as each takes them, "
+        "into Spark's noop format and into Parquet, each in a process of its own with Spark local[2]: rows/s and "
+        "CPU-s per 10,000 rows of the whole process tree; then arrival-to-visible latency in a "
+        "`processingTime(\"1 second\")` query. Goal: the source's rows/s at least 0.8x efo run's on the same sink.",
+    ),
+    Benchmark(
         "streams",
         "11. Several streams in one deployment",
         "streams.py",
@@ -314,6 +339,18 @@ def peer_goals(figures: dict[str, Any]) -> list[Verdict]:
             f"{cost['async-kinesis']:.3f} vs {cost['efo']:.3f} ({_ratio(cost['async-kinesis'], cost['efo']):.2f}x)",
             True,
         )
+    ]
+
+
+def source_goals(figures: dict[str, Any]) -> list[Verdict]:
+    return [
+        Verdict(
+            f"Spark source, {c['sink']} sink: rows/s >= 0.8x efo run's",
+            f"{c['rows_per_s']:,.0f} rows/s, {c['ratio']:.2f}x; CPU-s per 10k rows {c['per_10k']:.3f}",
+            c["ratio"] >= 0.8,
+        )
+        for c in figures["cases"]
+        if c["variant"] == "source"
     ]
 
 
@@ -467,6 +504,7 @@ GOALS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "fleet": fleet_goals,
     "bounded": lambda figures: [],  # measured beside its baseline, no goal (issue 22)
     "streams": lambda figures: [],  # one deployment against several, no goal (issue 20)
+    "source": source_goals,
 }
 
 

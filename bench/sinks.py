@@ -34,3 +34,12 @@ def stall(table: Any, batch: Any) -> None:
     """Never returns: nothing is ever committed, so the pool fills and stays full."""
     while True:
         time.sleep(3600)
+
+
+def spark_noop(df: Any, batch: Any) -> None:
+    """``handler:sinks:spark_noop``: the batch's DataFrame written to Spark's ``noop`` format, a Spark
+    job that reads every row and keeps nothing (what a streaming query's ``format("noop")`` does)."""
+    df.write.format("noop").mode("overwrite").save()
+
+
+spark_noop.rows_in_tasks = True  # type: ignore[attr-defined]  # written, never joined: rows made in the tasks

@@ -46,7 +46,7 @@ from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.batches import BatchRunner, DeliveryWatermark, Prefetcher, PreparedBatch
 from sparkbridge.session import build_session, dataframe_of
-from sparkbridge.sinks import BatchInfo, ParquetSink, Sink, rows_in_tasks
+from sparkbridge.sinks import BatchInfo, ParquetSink, Sink, SinkCapabilities, rows_in_tasks
 
 SEQUENCE_BASE = 49_590_338_271_490_256_608_559_692_538_361_571_095_921_575_989_136_588_898  # 56 digits, like Kinesis
 
@@ -55,7 +55,7 @@ class NoopSink:
     """Materializes every row and column in Spark, writes nothing; its batches are made as the
     Parquet sink's are (sparkbridge.session.dataframe_of), so it shows that path without the writing."""
 
-    rows_in_tasks = True
+    capabilities = SinkCapabilities(rows_in_tasks=True)
 
     def write(self, df: DataFrame, batch: BatchInfo) -> None:
         df.write.format("noop").mode("overwrite").save()

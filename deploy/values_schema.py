@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from efo.config import ENV_PREFIX, NESTED_DELIMITER, Settings
+from efo.config import DURATION_PATTERN, ENV_PREFIX, NESTED_DELIMITER, Settings
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "helm" / "efo" / "values.schema.json"
 
@@ -59,6 +59,12 @@ def _env_value(field: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     options = field.get("anyOf", [field])
     types = {option.get("type") for option in options} - {"null", None}
     described = {"description": field["description"]} if "description" in field else {}
+    duration = next((o for o in options if o.get("pattern") == DURATION_PATTERN), None)
+    if duration is not None:  # a number of seconds, or a text with its unit (5m); empty: not set
+        number = next(o for o in options if o.get("type") == "number")
+        bounds = {k: v for k, v in number.items() if k in ("minimum", "exclusiveMinimum")}
+        pattern = "^(" + DURATION_PATTERN.removeprefix("^").removesuffix("$") + ")?$"
+        return {"type": ["number", "string", "null"], "pattern": pattern, **bounds, **described}
     if "enum" in field:
         return {"enum": [*field["enum"], None, ""], **described}
     if types == {"integer"}:
@@ -200,6 +206,16 @@ def values_schema() -> dict[str, Any]:
                     "startingDeadlineSeconds": {"type": ["integer", "null"], "minimum": 0},
                     "successfulJobsHistoryLimit": {"type": "integer", "minimum": 0},
                     "failedJobsHistoryLimit": {"type": "integer", "minimum": 0},
+                },
+            },
+            "doctor": {
+                "type": "object",
+                "additionalProperties": False,
+                "description": "efo doctor as a Job of helm test, in the pod's place.",
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "write": {"type": "boolean"},
+                    "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
                 },
             },
             "podDisruptionBudget": _kubernetes_object("The spec of a PodDisruptionBudget; empty: none."),

@@ -8,12 +8,15 @@ per shard, never within 5 s of a success); its events are decoded by efo.kinesis
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
+from botocore.exceptions import ProfileNotFound
+from botocore.session import Session
 
 from efo import __version__
 
@@ -56,6 +59,32 @@ def dynamodb_config() -> AioConfig:
         # shard's checkpoint every few seconds, about a tenth of its client CPU
         # (bench/dynamodb_client.py).
         parameter_validation=False,
+    )
+
+
+def sdk_region() -> tuple[str | None, str | None]:
+    """The region the AWS SDK picks when ``region`` (EFO_REGION) is not set, and where it found it:
+    ``AWS_DEFAULT_REGION``, else the profile of the AWS config file. botocore does not read
+    ``AWS_REGION``. Reads the environment and local files only: no AWS call."""
+    session = Session()
+    try:
+        region = session.get_config_variable("region")
+    except ProfileNotFound as exc:
+        return None, f"none: {profile_not_found(exc)}"
+    if not region:
+        return None, None
+    if os.environ.get("AWS_DEFAULT_REGION"):
+        return str(region), "AWS_DEFAULT_REGION"
+    config_file = os.path.expanduser(str(session.get_config_variable("config_file")))
+    return str(region), f"AWS profile in {config_file}"
+
+
+def profile_not_found(exc: ProfileNotFound) -> str:
+    """What to do about ``AWS_PROFILE`` (or ``AWS_DEFAULT_PROFILE``) naming a profile the AWS config
+    and credentials files do not have."""
+    return (
+        f"the AWS profile {exc.kwargs.get('profile')!r} (AWS_PROFILE) is in neither AWS config file "
+        "(AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE): fix or unset AWS_PROFILE"
     )
 
 

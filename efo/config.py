@@ -9,10 +9,11 @@ names the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,12 +21,22 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, InitSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from efo.errors import ConfigError
+from efo.sink_kinds import SINK_GRAMMAR, SinkKind, sink_kind
 
 ENV_PREFIX = "EFO_"
 NESTED_DELIMITER = "__"
@@ -65,34 +76,88 @@ class InitialPosition:
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: What every duration setting takes, said the same way in every error (and in the chart's schema).
+DURATION_GRAMMAR = "a number of seconds (2.5), or a number with its unit s, m, h or d (90s, 5m, 2h, 1d)"
+DURATION_ALLOWED = f"allowed: a duration: {DURATION_GRAMMAR}"
+#: The same grammar for JSON Schema (the chart's values.schema.json).
+DURATION_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[smhd]?\s*$"
 
 
-def parse_duration_s(text: str) -> float:
-    """``60``, ``90s``, ``15m``, ``2h``, ``1d``: seconds."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if match is None or float(match.group(1)) <= 0:
-        raise ValueError("allowed: a positive duration such as 60, 90s, 15m, 2h or 1d")
+def duration_s(value: object) -> float:
+    """A duration in seconds from a number (seconds) or a text with its unit (``5m``), or a
+    ValueError that says what is allowed (:data:`DURATION_ALLOWED`)."""
+    if isinstance(value, bool):
+        raise ValueError(DURATION_ALLOWED)
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.fullmatch(value.strip().lower()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(DURATION_ALLOWED)
     return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 
-SINK_GRAMMAR = "parquet:<path or URI>, handler:<module>:<function>, arrow:<module>:<function>, console"
+def _duration_parser(minimum_s: float, *, inclusive: bool) -> Callable[[object], float]:
+    """A duration setting's parser: its bound said as a duration's, in the words of every other."""
+    bound = f"{'at least' if inclusive else 'greater than'} {minimum_s:g}"
+    allowed = f"allowed: a duration {bound}: {DURATION_GRAMMAR}"
+
+    def parse(value: object) -> float:
+        try:
+            seconds = duration_s(value)
+        except ValueError:
+            raise ValueError(allowed) from None
+        if not (seconds >= minimum_s if inclusive else seconds > minimum_s):  # NaN is neither
+            raise ValueError(allowed)
+        return seconds
+
+    return parse
+
+
+def _duration_schema(minimum_s: float, *, inclusive: bool) -> dict[str, Any]:
+    limit = {"minimum": minimum_s} if inclusive else {"exclusiveMinimum": minimum_s}
+    return {"anyOf": [{"type": "number", **limit}, {"type": "string", "pattern": DURATION_PATTERN}]}
+
+
+def parse_duration_s(text: str) -> float:
+    """``60``, ``2.5``, ``90s``, ``15m``, ``2h``, ``1d``: seconds, more than 0."""
+    return _positive_duration_s(text)
+
+
+_positive_duration_s = _duration_parser(0, inclusive=False)
+
+#: A duration setting (``..._s``) greater than 0: a number of seconds, or a text with its unit (``5m``).
+PositiveDurationS = Annotated[
+    float,
+    BeforeValidator(_positive_duration_s),
+    WithJsonSchema(_duration_schema(0, inclusive=False)),
+]
+#: A duration setting that may be 0.
+DurationS = Annotated[
+    float, BeforeValidator(_duration_parser(0, inclusive=True)), WithJsonSchema(_duration_schema(0, inclusive=True))
+]
 
 
 @dataclass(frozen=True, slots=True)
 class SinkSpec:
-    kind: Literal["parquet", "handler", "arrow", "console"]
+    """A sink setting parsed: its kind (one of :data:`efo.sink_kinds.SINK_KINDS`) and its target."""
+
+    kind: str
     target: str = ""
 
     @classmethod
     def parse(cls, text: str) -> SinkSpec:
-        kind, _, rest = text.strip().partition(":")
-        if kind == "parquet" and rest:
-            return cls("parquet", rest)
-        if kind in ("handler", "arrow") and re.fullmatch(r"[\w.]+:\w+", rest):
-            return cls(kind, rest)  # type: ignore[arg-type]
-        if kind == "console" and not rest:
-            return cls("console")
+        name, _, rest = text.strip().partition(":")
+        kind = sink_kind(name)
+        if kind is not None and kind.target.accepts(rest):
+            return cls(name, rest)
         raise ValueError(f"allowed: {SINK_GRAMMAR}")
+
+    @property
+    def declared(self) -> SinkKind:
+        """The kind's declaration: what it takes, whether it needs Spark, whether it writes a path."""
+        kind = sink_kind(self.kind)
+        assert kind is not None, "a SinkSpec is made by parse, from a declared kind"
+        return kind
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.target}" if self.target else self.kind
@@ -113,9 +178,8 @@ class PoolSettings(_Section):
         1_000, ge=0, description="Part of the pool kept for each shard so a hot shard cannot starve the rest."
     )
     reserved_bytes_per_shard: int = Field(1024 * 1024, ge=0, description="The same reserve, in bytes.")
-    backpressure_timeout_s: float = Field(
+    backpressure_timeout_s: PositiveDurationS = Field(
         30.0,
-        gt=0,
         description="A subscription waiting this long for budget closes its stream and resubscribes later.",
     )
     max_uncheckpointed_records: int = Field(
@@ -140,49 +204,46 @@ class BatchSettings(_Section):
         description="A batch closes at this many bytes of data (at most 1 GiB: the batch's data column is an "
         "Arrow binary column, whose 32-bit offsets hold 2 GiB, and a batch may pass this by one event).",
     )
-    max_wait_s: float = Field(5.0, gt=0, description="A batch closes this long after its first record arrived.")
-    stall_timeout_s: float = Field(
+    max_wait_s: PositiveDurationS = Field(5.0, description="A batch closes this long after its first record arrived.")
+    stall_timeout_s: PositiveDurationS = Field(
         600.0,
-        gt=0,
         description="A batch still in the sink this long after it was taken stops the worker (exit 1), "
         "so that its shards move to other workers.",
     )
 
 
 class CheckpointSettings(_Section):
-    interval_s: float = Field(
-        5.0, gt=0, description="Checkpoints are coalesced per shard and written at most this often."
+    interval_s: PositiveDurationS = Field(
+        5.0, description="Checkpoints are coalesced per shard and written at most this often."
     )
 
 
 class LeaseSettings(_Section):
-    heartbeat_interval_s: float = Field(2.0, gt=0, description="How often this worker's heartbeat row is written.")
-    failover_s: float = Field(
+    heartbeat_interval_s: PositiveDurationS = Field(
+        2.0, description="How often this worker's heartbeat row is written."
+    )
+    failover_s: PositiveDurationS = Field(
         10.0,
-        gt=0,
         description="A worker whose heartbeat has not changed for this long is dead; its leases are taken.",
     )
-    sync_interval_s: float = Field(
+    sync_interval_s: PositiveDurationS = Field(
         1.0,
-        gt=0,
         description="How often the lease cycle runs: a strongly consistent read of the version row and "
         "eventually consistent reads of two other workers' heartbeat rows (the lease rows only when a "
         "version moved); leases taken by others are dropped, free ones claimed, handovers and resets "
         "applied, shards balanced.",
     )
-    full_read_interval_s: float = Field(
+    full_read_interval_s: PositiveDurationS = Field(
         300.0,
-        gt=0,
         description="Every lease row is read again about this often (at a random moment of its second "
         "half), eventually consistent, even when its version did not move: a safety net for a change whose "
         "version write was lost (its writer died in between).",
     )
-    delete_finished_after_s: float = Field(
+    delete_finished_after_s: PositiveDurationS = Field(
         300.0,
-        gt=0,
-        description="A finished shard's lease is deleted this long after it finished, once every child's "
-        "reading has begun and its parents' leases are gone (the KCL's rules), so the table does not grow "
-        "with the stream's resharding history.",
+        description="A finished shard's lease is deleted this long after it finished, once every child has "
+        "a lease and its parents' leases are gone (the KCL's rules), so the table does not grow with the "
+        "stream's resharding history.",
     )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(
@@ -200,17 +261,16 @@ class LeaseSettings(_Section):
 
 
 class SubscriptionSettings(_Section):
-    read_timeout_s: float = Field(
-        30.0, gt=0, description="A subscription silent for this long is cancelled and renewed."
+    read_timeout_s: PositiveDurationS = Field(
+        30.0, description="A subscription silent for this long is cancelled and renewed."
     )
-    backoff_initial_s: float = Field(0.3, gt=0, description="First retry delay of a failed subscription.")
-    backoff_max_s: float = Field(5.0, gt=0, description="Longest retry delay; retries never give up.")
+    backoff_initial_s: PositiveDurationS = Field(0.3, description="First retry delay of a failed subscription.")
+    backoff_max_s: PositiveDurationS = Field(5.0, description="Longest retry delay; retries never give up.")
 
 
 class ShardSettings(_Section):
-    sync_interval_s: float = Field(
+    sync_interval_s: PositiveDurationS = Field(
         10.0,
-        gt=0,
         description="How often one worker (the first live one by name) calls ListShards to look for new "
         "shards; the others learn of splits and merges from the leases it writes, and any worker whose "
         "shard ends writes its children's leases from the shard's last event.",
@@ -219,7 +279,7 @@ class ShardSettings(_Section):
 
 class SinkSettings(_Section):
     max_attempts: int = Field(5, ge=1, description="Attempts of one batch before the service stops.")
-    retry_backoff_s: float = Field(1.0, ge=0, description="First delay between sink attempts; doubles.")
+    retry_backoff_s: DurationS = Field(1.0, description="First delay between sink attempts; doubles.")
 
 
 class LogSettings(_Section):
@@ -297,18 +357,16 @@ class RunSettings(_Section):
         description=f"Bounded run (efo run --until): stop once {UNTIL_GRAMMAR} is reached on every shard, "
         "then checkpoint, release and exit 0. Unset: run until SIGTERM.",
     )
-    shard_timeout_s: float = Field(
+    shard_timeout_s: PositiveDurationS = Field(
         300.0,
-        gt=0,
         description="Bounded run: a shard not at its bound that receives no event for this long "
         "(never answers) ends the run with exit 1.",
     )
-    progress_interval_s: float = Field(
-        10.0, gt=0, description="Bounded run: how often the run.progress log event is written."
+    progress_interval_s: PositiveDurationS = Field(
+        10.0, description="Bounded run: how often the run.progress log event is written."
     )
-    max_duration_s: float = Field(
+    max_duration_s: PositiveDurationS = Field(
         86400.0,
-        gt=0,
         description="Bounded run: stop after this long even if not at the end (e.g. a shard written faster "
         "than the sink commits, or the lease table unreadable): the sink commits what was handed on, "
         "checkpoints are written, leases released, exit 75 (run it again to go on).",
@@ -386,8 +444,10 @@ def _stream_entries(value: object) -> list[StreamEntry]:
             raise ValueError(f"{where} is {item!r}: allowed: a stream name or ARN, or a mapping with 'stream'")
         unknown = sorted(set(item) - set(STREAM_ENTRY_KEYS))
         if unknown:
+            near = [f"{key!r}" for key in (nearest(str(name), STREAM_ENTRY_KEYS) for name in unknown) if key]
+            also = f"; did you mean {', '.join(near)}?" if near else ""
             raise ValueError(
-                f"{where} has {', '.join(map(repr, unknown))}: allowed keys: {', '.join(STREAM_ENTRY_KEYS)}"
+                f"{where} has {', '.join(map(repr, unknown))}: allowed keys: {', '.join(STREAM_ENTRY_KEYS)}{also}"
             )
         name = item.get("stream")
         if not isinstance(name, str) or not name.strip():
@@ -422,6 +482,8 @@ def _stream_entries(value: object) -> list[StreamEntry]:
     return entries
 
 
+#: An AWS region's name: partition prefix, then words, then a number (eu-west-1, us-gov-west-1, us-isob-east-1).
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 #: Stands for ``stream`` when neither it nor ``streams`` is set: validation reports it missing.
 _NO_STREAM: Final = "\0no stream"
 #: Command-line flags of the ``load_settings`` call being validated: they win over the environment.
@@ -457,7 +519,9 @@ class Settings(BaseSettings):
         description="LATEST, TRIM_HORIZON or AT_TIMESTAMP:<ISO-8601>; applies only at the first start.",
     )
     sink: str = Field(description=f"Where batches go (required): {SINK_GRAMMAR}.")
-    region: str | None = Field(None, description="AWS region. Default: the AWS SDK's (AWS_REGION).")
+    region: str | None = Field(
+        None, description="AWS region. Default: the AWS SDK's (AWS_DEFAULT_REGION, or the AWS profile's)."
+    )
     kinesis_endpoint: str | None = Field(None, description="Kinesis endpoint URL (local stack, VPC endpoint).")
     dynamodb_endpoint: str | None = Field(None, description="DynamoDB endpoint URL.")
     worker_id: str = Field(
@@ -488,8 +552,8 @@ class Settings(BaseSettings):
         None, description="Spark Connect URL (sc://host:port): run the batches on a Spark cluster, not a local JVM."
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: off).")
-    shutdown_timeout_s: float = Field(
-        30.0, gt=0, description="SIGTERM: time to finish and checkpoint the running batch."
+    shutdown_timeout_s: PositiveDurationS = Field(
+        30.0, description="SIGTERM: time to finish and checkpoint the running batch."
     )
     skip_older_than: str | None = Field(
         None,
@@ -575,6 +639,13 @@ class Settings(BaseSettings):
     def _sink(cls, value: str) -> str:
         return str(SinkSpec.parse(value))
 
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is not None and not _REGION.fullmatch(value):
+            raise ValueError("allowed: an AWS region such as eu-west-1, us-east-1 or us-gov-west-1")
+        return value
+
     @field_validator("kinesis_endpoint", "dynamodb_endpoint")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
@@ -605,14 +676,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _arrow_sinks_start_no_spark(self) -> Settings:
-        if self.sink_spec.kind != "arrow":
+        if self.sink_spec.declared.needs_spark:
             return self
         if self.value_format != "binary":
             raise ValueError(
                 f"value_format (EFO_VALUE_FORMAT) = {self.value_format!r} decodes with Spark, which the sink "
                 f"(EFO_SINK) = {self.sink!r} does not start: use value_format binary, or a parquet/handler sink"
             )
-        if self.dead_letter_sink and SinkSpec.parse(self.dead_letter_sink).kind != "arrow":
+        if self.dead_letter_sink and SinkSpec.parse(self.dead_letter_sink).declared.needs_spark:
             raise ValueError(
                 f"dead_letter_sink (EFO_DEAD_LETTER_SINK) = {self.dead_letter_sink!r} needs Spark, which the sink "
                 f"(EFO_SINK) = {self.sink!r} does not start: use an arrow:<module>:<function> dead-letter sink"
@@ -731,7 +802,9 @@ def _describe(error: ValidationError) -> str:
             also = ", or streams (EFO_STREAMS) for several streams" if location == ("stream",) else ""
             lines.append(f"{field} ({_env_name(location)}) is required{also}")
         elif item["type"] == "extra_forbidden":
-            lines.append(f"{field} ({_env_name(location)}) is not a setting")
+            near = _nearest_setting(location)
+            also = f"; did you mean {'.'.join(near)} ({_env_name(near)})?" if near else ""
+            lines.append(f"{field} ({_env_name(location)}) is not a setting{also}")
         elif item["type"] == "value_error" and isinstance(item.get("input"), dict):
             lines.append(message)  # a whole-section check: its message names the fields and values
         elif location:
@@ -742,8 +815,27 @@ def _describe(error: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(lines)
 
 
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate ``name`` most likely misspells, if one is close enough to say so."""
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _nearest_setting(location: tuple[int | str, ...]) -> tuple[str, ...] | None:
+    """The setting beside ``location`` (in the same section) that its last part most likely misspells."""
+    model: type[BaseModel] = Settings
+    for part in location[:-1]:
+        field = model.model_fields.get(str(part))
+        section = field.annotation if field is not None else None
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            return None
+        model = section
+    near = nearest(str(location[-1]).lower(), model.model_fields)
+    return None if near is None else (*(str(part) for part in location[:-1]), near)
+
+
 #: EFO_* variables that belong to the tooling, not to the service's settings.
-NON_SETTINGS = ("EFO_DEVSTACK_DIR", "EFO_TEST_")
+NON_SETTINGS = ("EFO_DEVSTACK_DIR", "EFO_DEV_STATE_DIR", "EFO_SELFTEST_", "EFO_TEST_")
 
 
 def unknown_environment(environ: Mapping[str, str]) -> list[str]:
@@ -758,6 +850,14 @@ def unknown_environment(environ: Mapping[str, str]) -> list[str]:
         if top not in known:
             unknown.append(name)
     return sorted(unknown)
+
+
+def _unknown_variable(name: str) -> str:
+    """``EFO_STRAEM is not a setting; did you mean EFO_STREAM?``"""
+    top = name.upper().removeprefix(ENV_PREFIX).split(NESTED_DELIMITER, 1)[0]
+    near = nearest(top, [known.upper() for known in Settings.model_fields])
+    also = f"did you mean {ENV_PREFIX}{near}?" if near else "see 'efo config table' for the names"
+    return f"{name} is not a setting; {also}"
 
 
 def read_config_file(config_file: str | Path) -> dict[str, Any]:
@@ -792,10 +892,7 @@ def load_settings(
     values.update(overrides)
     unknown = unknown_environment(os.environ)
     if unknown:
-        raise ConfigError(
-            "invalid configuration: "
-            + "; ".join(f"{name} is not a setting (see 'efo config table' for the names)" for name in unknown)
-        )
+        raise ConfigError("invalid configuration: " + "; ".join(_unknown_variable(name) for name in unknown))
     token = _FLAGS.set({name: value for name, value in (flags or {}).items() if value is not None})
     try:
         return Settings(**values)
@@ -824,10 +921,11 @@ def _field(location: tuple[str, ...]) -> FieldInfo:
 
 @dataclass(frozen=True, slots=True)
 class SettingSource:
-    """Where a setting's effective value came from: ``kind`` is default, file, environment or flag;
-    ``origin`` names the file, the variable or the flag (empty for a default)."""
+    """Where a setting's effective value came from: ``kind`` is default, file, environment or flag
+    (or missing: a required setting not set, in ``efo config show``); ``origin`` names the file, the
+    variable or the flag (for a default, what it was taken from, if anything)."""
 
-    kind: Literal["default", "file", "environment", "flag"]
+    kind: Literal["default", "file", "environment", "flag", "missing"]
     origin: str = ""
 
 

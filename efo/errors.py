@@ -145,6 +145,11 @@ _ACCESS_CODES = frozenset(
     }
 )
 _KMS_CODES = frozenset({"KMSDisabledException", "KMSInvalidStateException", "KMSNotFoundException", "KMSOptInRequired"})
+#: What to do about a server error that outlasted the SDK's retries (said at start-up, where it ends the run).
+_SERVER_FAILED = (
+    "the service kept failing through the SDK's retries: try again, and if it persists check the endpoint and the "
+    "region (EFO_KINESIS_ENDPOINT, EFO_DYNAMODB_ENDPOINT, EFO_REGION)"
+)
 _INVALID_CODES = frozenset({"InvalidArgumentException", "ValidationException", "SerializationException"})
 
 
@@ -179,11 +184,21 @@ def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
         if code in _KMS_CODES:
             return KmsUnusable(f"the KMS key of {resource} cannot be used ({code}: {message})", code=code)
         in_stream_unknown = isinstance(exc, botocore.exceptions.EventStreamError) and code not in STREAM_EXCEPTIONS
-        if code in _RETRIABLE_CODES or (isinstance(status, int) and status >= 500) or in_stream_unknown:
+        if code.isdigit():  # botocore's code for an answer that is not an AWS error: its HTTP status
+            code = f"HTTP {code}"
+        if isinstance(status, int) and status >= 500 and code not in _RETRIABLE_CODES:
+            return Retriable(f"{code} on {resource}: {message}; {_SERVER_FAILED}", code=code)
+        if code in _RETRIABLE_CODES or in_stream_unknown:
             return Retriable(f"{code} on {resource}: {message}", code=code)
         if code in _INVALID_CODES:
             return InvalidRequest(f"{resource}: {code}: {message}{suffix}", code=code)
         return EfoError(f"{resource}: {code}: {message}{suffix}", code=code)
+    if isinstance(exc, botocore.exceptions.SSLError | aiohttp.ClientSSLError):
+        return EndpointUnreachable(
+            f"TLS with the endpoint for {resource} failed ({type(exc).__name__}: {exc}); an endpoint that speaks "
+            "plain HTTP (a local stack) needs http:// in EFO_KINESIS_ENDPOINT or EFO_DYNAMODB_ENDPOINT; otherwise "
+            "check its certificate (AWS_CA_BUNDLE)"
+        )
     if isinstance(exc, botocore.exceptions.EndpointConnectionError | aiohttp.ClientConnectorError):
         return EndpointUnreachable(
             f"cannot connect to the endpoint for {resource}: {exc}; check the endpoint settings "
@@ -195,7 +210,7 @@ def translate(exc: BaseException, *, resource: str, hint: str = "") -> EfoError:
             "AWS_SECRET_ACCESS_KEY or a web identity (IRSA)"
         )
     if isinstance(exc, botocore.exceptions.NoRegionError):
-        return ConfigError("no AWS region: set EFO_REGION (or AWS_REGION)")
+        return ConfigError("no AWS region: set EFO_REGION (or AWS_DEFAULT_REGION, which the AWS CLI reads too)")
     if isinstance(
         exc,
         TimeoutError

@@ -10,25 +10,29 @@ from contextlib import contextmanager, nullcontext
 
 from pyspark.sql import SparkSession
 
-from efo import gc_tuning
+from efo import gc_tuning, preflight
 from efo.config import Settings, SinkSpec
-from efo.errors import ConfigError
+from efo.errors import EfoError
 from efo.health import HealthServer
 from efo.observability import configure_logging
 from efo.service import Service
 from sparkbridge.batches import BatchRunner, ValueDecoder
 from sparkbridge.driver import Driver
-from sparkbridge.filesystems import require_filesystems, sink_paths
+from sparkbridge.filesystems import require_filesystems, require_writable, sink_paths
 from sparkbridge.session import build_session
 from sparkbridge.sinks import Sink, make_sink, takes_arrow
 
 
 def run(settings: Settings) -> int:
+    """The start checks before it changes anything: the sink's module (no AWS call), the stream,
+    consumer and table (read-only, before Spark: seconds), then Spark and the sink's path (a test
+    write); only then does it register a consumer or create a table that are missing."""
     configure_logging(settings.log.level, settings.log.format)
     sink = make_sink(settings.sink_spec, settings.partition_columns)  # a bad sink fails before Spark starts
+    plan = preflight.inspect(settings)  # a missing stream, consumer or table fails before Spark starts, too
     service = Service(settings)
-    service.preflight()  # a missing stream, consumer or table fails before Spark starts, too
     if takes_arrow(sink):  # arrow:<module>:<function> is handed Arrow tables: no JVM at all
+        _prepare(service, plan, settings)
         with _serving(settings, service):
             service.health.ready_check("spark", lambda: None)
             gc_tuning.tune()  # start-up is over: the process is efo's
@@ -37,8 +41,11 @@ def run(settings: Settings) -> int:
     # threads running): the HTTP server comes after it, and the startup probe covers the wait.
     spark = build_session(settings, app_name=f"efo-{settings.app}")
     try:
-        require_filesystems(spark, sink_paths(settings))  # before any record is read
-    except ConfigError:
+        paths = sink_paths(settings)
+        require_filesystems(spark, paths)  # before any record is read
+        require_writable(spark, paths)
+        _prepare(service, plan, settings)  # the consumer and the table, once everything else holds
+    except EfoError:
         spark.stop()
         raise
     with _serving(settings, service):
@@ -54,13 +61,26 @@ def run_with_session(
     ``install_signals=True`` lets efo own SIGTERM/SIGINT (graceful drain, second signal exits)
     until it returns; the caller's handlers are restored then. The garbage collector is the
     caller's too: :func:`efo.gc_tuning.tune` sets it as ``efo run`` does."""
-    require_filesystems(spark, sink_paths(settings, main_sink=sink is None))
+    paths = sink_paths(settings, main_sink=sink is None)
+    require_filesystems(spark, paths)
+    plan = preflight.inspect(settings)
+    require_writable(spark, paths)
     service = Service(settings)
     with _serving(settings, service):
-        service.preflight()
+        _prepare(service, plan, settings)
+        own = sink is not None  # the caller's sink: its errors are not named after EFO_SINK
         sink = sink or make_sink(settings.sink_spec, settings.partition_columns)
         service.health.ready_check("spark", lambda: session_problem(spark))
-        return _drive(_driver(spark, sink, settings, service), install_signals=install_signals)
+        return _drive(_driver(spark, sink, settings, service, own_sink=own), install_signals=install_signals)
+
+
+def _prepare(service: Service, plan: preflight.Plan, settings: Settings) -> None:
+    """The start's changes (a consumer registered, a table created, if missing) and the checks of the
+    table's rows; a failure after a change says what it changed and how to undo it."""
+    try:
+        service.preflight()
+    except EfoError as error:
+        raise plan.after_failure(settings, error) from None
 
 
 @contextmanager
@@ -86,7 +106,9 @@ def session_problem(spark: SparkSession) -> str | None:
     return None
 
 
-def _driver(spark: SparkSession | None, sink: Sink, settings: Settings, service: Service) -> Driver:
+def _driver(
+    spark: SparkSession | None, sink: Sink, settings: Settings, service: Service, *, own_sink: bool = False
+) -> Driver:
     runner = BatchRunner(
         spark,
         sink,
@@ -94,6 +116,10 @@ def _driver(spark: SparkSession | None, sink: Sink, settings: Settings, service:
         retry_backoff_s=settings.sink_retry.retry_backoff_s,
         decoder=ValueDecoder(settings.value_format, settings.json_schema),  # parsing the DDL needs a session
         dead_letter_sink=make_sink(SinkSpec.parse(settings.dead_letter_sink)) if settings.dead_letter_sink else None,
+        labels={
+            "sink": f"sink {type(sink).__name__}" if own_sink else f"sink (EFO_SINK) = {settings.sink!r}",
+            "dead_letter_sink": f"dead_letter_sink (EFO_DEAD_LETTER_SINK) = {settings.dead_letter_sink!r}",
+        },
     )
     return Driver(runner, settings, service)
 

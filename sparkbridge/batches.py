@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -23,6 +23,7 @@ from efo.kinesis.columns import ReusableBlocks
 from efo.observability import METRICS
 from efo.pipeline.records import MAX_SUB_SEQUENCE, RecordChunk, Row
 from sparkbridge.arrow import to_table
+from sparkbridge.failures import cause_of
 from sparkbridge.session import dataframe_of
 from sparkbridge.sinks import BatchInfo, ShardRange, Sink, rows_in_tasks, takes_arrow
 
@@ -183,9 +184,12 @@ class BatchRunner:
         give_up_at: Callable[[], float | None] = lambda: None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """``give_up_at`` is a deadline on the ``clock`` (the shutdown's) or None: no sink attempt
-        starts after it, and no retry delay runs past it."""
+        starts after it, and no retry delay runs past it. ``labels`` name the sinks in errors
+        (``{"sink": "sink (EFO_SINK) = '...'", "dead_letter_sink": ...}``)."""
+        self._labels = dict(labels or {})
         self.spark = spark
         self.sink = sink
         self.dead_letter_sink = dead_letter_sink
@@ -292,15 +296,20 @@ class BatchRunner:
                 return info
             except Exception as exc:
                 METRICS.sink_failures.inc()
-                if attempt == self.max_attempts:
+                cause, label = cause_of(exc), self._labels.get(name, name)
+                then = f"{cause}; {cause.advice}; its records will be read again"
+                if cause.permanent:  # the same write fails the same way: no retry can help
                     raise SinkFailed(
-                        f"{name} failed on batch {batch_id} after {attempt} attempts: {type(exc).__name__}: {exc}"
+                        f"{label} failed on batch {batch_id} (attempt {attempt}; not retried: every attempt fails "
+                        f"so): {then}"
                     ) from None
+                if attempt == self.max_attempts:
+                    raise SinkFailed(f"{label} failed on batch {batch_id} after {attempt} attempts: {then}") from None
                 delay_s = self.retry_backoff_s * 2 ** (attempt - 1)
                 give_up_at = self._give_up_at()
                 if give_up_at is not None and self._clock() + delay_s >= give_up_at:
                     raise SinkFailed(
-                        f"{name} failed on batch {batch_id} (attempt {attempt}: {type(exc).__name__}: {exc}) and the "
+                        f"{label} failed on batch {batch_id} (attempt {attempt}: {cause}) and the "
                         "shutdown deadline leaves no time for another attempt; its records will be read again"
                     ) from None
                 log.warning(
@@ -308,7 +317,7 @@ class BatchRunner:
                     sink=name,
                     batch_id=batch_id,
                     attempt=attempt,
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=str(cause),
                     delay_s=delay_s,
                 )
                 self._sleep(delay_s)

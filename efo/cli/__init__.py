@@ -5,7 +5,8 @@ Exit codes of every command:
 
 - 0: success
 - 1: a runtime failure (an AWS error, a wait that timed out, a refusal because a live worker uses the
-  consumer, a confirmation answered no)
+  consumer, a confirmation answered no, a check of ``efo doctor`` that failed, an ``efo selftest``
+  that failed or was interrupted)
 - 2: usage or configuration (a bad flag or setting, or ``--yes`` missing without a terminal to ask on)
 - 3: a named resource not found (stream, consumer, lease table, application, shard); a listing of
   several streams still shows the others
@@ -25,6 +26,8 @@ from efo.cli.checkpoints import show_command as checkpoints_show
 from efo.cli.common import Group, examples
 from efo.cli.configuration import config
 from efo.cli.consumers import consumers
+from efo.cli.doctor import doctor_command
+from efo.cli.selftest import selftest_command
 from efo.cli.service import dev_command, run_command
 from efo.cli.shards import shards_command
 from efo.cli.workers import workers_command
@@ -51,7 +54,17 @@ def cli() -> None:
     """Kinesis Enhanced Fan-Out to PySpark DataFrames: run the service, and operate it."""
 
 
-for command in (run_command, consumers, shards_command, workers_command, checkpoints, config, dev_command):
+for command in (
+    run_command,
+    doctor_command,
+    selftest_command,
+    consumers,
+    shards_command,
+    workers_command,
+    checkpoints,
+    config,
+    dev_command,
+):
     cli.add_command(command)
 cli.aliases["consumer"] = consumers
 cli.aliases["leases"] = checkpoints_show

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from efo.aws import Clients, Endpoints
 from efo.cli.status import worker_statuses
-from efo.config import Settings, load_settings, setting_sources, stream_name
+from efo.config import DURATION_ALLOWED, Settings, duration_s, load_settings, setting_sources, stream_name
 from efo.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound, translate
 from efo.kinesis.registration import StreamInfo, describe_stream
 from efo.leases.model import TableState
@@ -83,14 +83,27 @@ def json_option(command: Command) -> Command:
     )
 
 
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2; pyproject allows 8.1
+    """A duration option, read as every duration setting is (efo.config.duration_s): ``90``,
+    ``2.5``, ``90s``, ``5m``, ``2h``; refused in the same words."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return duration_s(value)
+        except ValueError:
+            self.fail(f"{value!r}: {DURATION_ALLOWED}", param, ctx)
+
+
 def wait_s_option(default_s: float) -> Callable[[Command], Command]:
     return click.option(
         "--wait-s",
-        type=click.FloatRange(min=0),
+        type=Duration(),
         default=default_s,
         show_default=True,
-        metavar="SECONDS",
-        help="How long to wait before giving up (exit 1).",
+        metavar="DURATION",
+        help="How long to wait before giving up (exit 1): seconds, or with a unit (5m).",
     )
 
 

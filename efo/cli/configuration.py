@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from efo.aws import sdk_region
 from efo.cli.common import (
     Column,
     examples,
@@ -84,11 +85,32 @@ def settings_records(config: str | None, stream: str | None, app: str | None) ->
         for name in location:
             value = value[name]
         dotted = ".".join(location)
-        records.append(_record(None, dotted, redacted(location, value), sources[dotted], None))
+        value, source = _effective(settings, dotted, value, sources[dotted])
+        records.append(_record(None, dotted, redacted(location, value), source, None))
     chosen = [select_stream(settings, stream)] if selects and stream is not None else settings.per_stream()
     for each in chosen:
         records += stream_records(settings, each, sources, selected_by_flag=selects)
     return records
+
+
+#: A required setting that is not set (the sink: operator commands need none, ``efo run`` does).
+MISSING = "missing"
+
+
+def _effective(settings: Settings, setting: str, value: Any, source: SettingSource) -> tuple[Any, SettingSource]:
+    """What ``efo run`` would use where the settings leave a value to something else: ``table`` and
+    ``consumer_name`` default to the application (origin ``app``), ``region`` to the AWS SDK's
+    (origin: where the SDK found it); a sink not set is missing, not a console sink."""
+    if source.kind != "default":
+        return value, source
+    if setting == "sink":
+        return None, SettingSource("missing")
+    if setting == "table" or (setting == "consumer_name" and settings.consumer_arn is None):
+        return settings.app, SettingSource("default", "app")
+    if setting == "region":
+        region, origin = sdk_region()
+        return region, SettingSource("default", origin or "")
+    return value, source
 
 
 def stream_records(
@@ -112,7 +134,7 @@ def stream_records(
         elif key == "stream" and selected_by_flag:
             records.append(_record(name, key, value, SettingSource("flag", "--stream"), None))
         else:
-            records.append(_record(name, key, value, sources[key], None))
+            records.append(_record(name, key, *_effective(each, key, value, sources[key]), None))
     return records
 
 
@@ -134,7 +156,12 @@ def _text(value: Any) -> str:
 
 
 def _source_text(record: dict[str, Any]) -> str:
-    text = str(record["source"]) + (f" {record['origin']}" if record["origin"] else "")
+    if record["source"] == MISSING:
+        return f"{MISSING} (required by efo run)"
+    origin = record["origin"]
+    if record["source"] == "default":
+        return "default" + (f" ({origin})" if origin else "")
+    text = str(record["source"]) + (f" {origin}" if origin else "")
     return text + (f" (streams entry {record['entry']})" if record["entry"] else "")
 
 
@@ -161,7 +188,8 @@ def show_command(config: str | None, stream: str | None, app: str | None, as_jso
     """The effective settings and where each came from (default, file, environment, flag), with
     secrets redacted; then each stream's own settings (of every configured stream, or of the one
     --stream names) and whether its entry in streams, the top level or the default sets them. The
-    sink defaults to console here (operator commands need none)."""
+    values are those efo run would use: a table or consumer name not set shows the application's, a region
+    not set the AWS SDK's (and where it found it), a sink not set shows as missing."""
     records = settings_records(config, stream, app)
     if as_json:
         print_json(records)

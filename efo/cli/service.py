@@ -12,7 +12,7 @@ from efo.cli.common import examples, load_for_stream, settings_options
     short_help="Consume the stream into the sink.",
     epilog=examples(
         "efo run --config efo.yaml",
-        "EFO_SINK=parquet:s3://bucket/orders efo run --stream orders --app billing",
+        "EFO_SINK=parquet:s3a://bucket/orders efo run --stream orders --app billing",
         "efo run --config efo.yaml --until caught-up",
         "efo run --config efo.yaml --until 2026-01-31T00:00:00Z",
     ),
@@ -30,21 +30,28 @@ def run_command(config: str | None, stream: str | None, app: str | None, until: 
     --stream runs one of them alone, with its entry's settings."""
     bounded = {"until": until} if until is not None else None
     settings = load_for_stream(config, stream, flags={"app": app, "run": bounded}, listed_only=True)
-    from sparkbridge.app import run  # lazily: efo itself never imports pyspark
+    from efo import spark_side  # the Spark side (and pyspark) loads only for the command that runs it
 
-    return run(settings)
+    return spark_side.load().run(settings)
 
 
 @click.command(
     "dev",
-    short_help="The local AWS stack: up, status, down.",
+    short_help="The local AWS stack: up, env, stream, put, down.",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
     add_help_option=False,
-    epilog=examples("efo dev up", "efo dev status --json", "efo dev down"),
+    epilog=examples(
+        "efo dev up",
+        'eval "$(efo dev env)"',
+        "efo dev stream create orders --shards 2",
+        "efo dev put orders --count 1000",
+        "efo dev down",
+    ),
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def dev_command(args: tuple[str, ...]) -> int:
-    """The local AWS stack in the background: efo dev up|status|down (efo dev --help)."""
+    """The local AWS stack in the background, and streams and records on it: efo dev
+    up|status|down|env|stream|put (efo dev --help)."""
     from efo.devstack.cli import main as dev_main  # its own parser: a tool of this repository, not of operators
 
     return dev_main(["dev", *args])

@@ -79,7 +79,7 @@ from moto.dynamodb.models import dynamodb_backends
 from moto.iam.models import get_account_id_from
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-from efo.devstack.faults import FaultRule, FaultRules, RuleError
+from efo.devstack.faults import FaultRule, FaultRules, RuleError, request_resources
 from efo.devstack.units import (
     FALLBACK_HASH_KEY,
     REQUESTS_PATH,
@@ -125,6 +125,14 @@ def _body(environ: dict[str, Any]) -> bytes:
     except ValueError:
         length = 0
     return bytes(environ["wsgi.input"].read(length)) if length > 0 else b""
+
+
+def _resources(body: bytes) -> set[str]:
+    """The tables a request names (for fault rules with a ``resource``)."""
+    try:
+        return request_resources(json.loads(body or b"{}"))
+    except ValueError:
+        return set()
 
 
 def _dynamodb_error(start_response: StartResponse, rule: FaultRule) -> list[bytes]:
@@ -345,19 +353,22 @@ class Serialized:
             target = str(environ.get("HTTP_X_AMZ_TARGET", ""))
             operation = target.rsplit(".", 1)[-1] or "other"
             self.requests[operation] += 1
-            rule = self.faults.take(operation, None)
+            chunked = bool(environ.get("wsgi.input_terminated"))  # no Content-Length: read to the end
+            body = bytes(environ["wsgi.input"].read()) if chunked else _body(environ)
+            environ["wsgi.input"] = io.BytesIO(body)  # for what serves it, which reads it again
+            environ["CONTENT_LENGTH"] = str(len(body))
+            rule = self.faults.take(operation, None, _resources(body)) if self.faults else None
             if rule is not None:
-                _body(environ)  # read, so that the connection can carry the next request
                 self.usage.record(operation, [])  # throttled or failed: AWS bills nothing
                 return _dynamodb_error(start_response, rule)
-            return self._metered(operation, environ, start_response)
+            return self._metered(operation, body, environ, start_response)
 
-    def _metered(self, operation: str, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        """Serve the request and record its cost. Metering never fails a request: if it cannot
-        make sense of one, the request counts at no cost and the server's log says why."""
-        chunked = bool(environ.get("wsgi.input_terminated"))  # no Content-Length: read to the end
-        body = bytes(environ["wsgi.input"].read()) if chunked else _body(environ)
-        environ["wsgi.input"] = io.BytesIO(body)  # for moto, which reads it again
+    def _metered(
+        self, operation: str, body: bytes, environ: dict[str, Any], start_response: StartResponse
+    ) -> list[bytes]:
+        """Serve the request (``body``, which ``environ`` holds again for moto) and record its cost.
+        Metering never fails a request: if it cannot make sense of one, the request counts at no
+        cost and the server's log says why."""
         meter: _Meter | None = None
         try:
             request = json.loads(body or b"{}")

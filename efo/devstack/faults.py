@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import urllib.request
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
@@ -43,14 +44,30 @@ class FaultRule:
     error_code: str = "InternalFailure"  # error: __type; exception_frame: :exception-type
     message: str = "fault injected by efo devstack proxy"
     stall_s: float | None = None  # stall: None = until the client goes away
+    #: Only requests that name this resource (a stream's name or ARN, a consumer's ARN, a table's
+    #: name: :func:`request_resources`), as IAM refuses an action on one resource and not another.
+    resource: str | None = None
 
-    def matches(self, operation: str, shard_id: str | None) -> bool:
+    def matches(self, operation: str, shard_id: str | None, resources: Collection[str] = ()) -> bool:
         if self.operation not in ("*", operation):
+            return False
+        if self.resource is not None and self.resource not in resources:
             return False
         return self.shard_id is None or self.shard_id == shard_id
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: The fields of a Kinesis or DynamoDB request that name the resource it acts on.
+RESOURCE_FIELDS = ("StreamName", "StreamARN", "ConsumerARN", "TableName")
+
+
+def request_resources(request: object) -> set[str]:
+    """The resources a request (its JSON body) names, for rules with a ``resource``."""
+    if not isinstance(request, dict):
+        return set()
+    return {value for key in RESOURCE_FIELDS if isinstance(value := request.get(key), str)}
 
 
 def _get(raw: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -93,16 +110,17 @@ class FaultRules:
             error_code=_get(raw, "error_code", str, "InternalFailure"),
             message=_get(raw, "message", str, FaultRule.message),
             stall_s=_get(raw, "stall_s", float, None),
+            resource=_get(raw, "resource", str, None),
         )
         if rule.count < 1 or rule.after_events < 0 or not 400 <= rule.status <= 599:
             raise RuleError("count must be >= 1, after_events >= 0, status in 400..599")
         self._rules.append(rule)
         return rule
 
-    def take(self, operation: str, shard_id: str | None) -> FaultRule | None:
+    def take(self, operation: str, shard_id: str | None, resources: Collection[str] = ()) -> FaultRule | None:
         """Return the first matching rule and consume one of its firings."""
         for rule in self._rules:
-            if rule.matches(operation, shard_id):
+            if rule.matches(operation, shard_id, resources):
                 rule.count -= 1
                 if rule.count == 0:
                     self._rules.remove(rule)
@@ -111,6 +129,9 @@ class FaultRules:
 
     def clear(self) -> None:
         self._rules.clear()
+
+    def __len__(self) -> int:
+        return len(self._rules)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [rule.to_json() for rule in self._rules]

@@ -40,7 +40,7 @@ from botocore.credentials import Credentials
 from multidict import CIMultiDict
 
 from efo.devstack.eventstream import Frame, decode_message, encode_message, frame_length
-from efo.devstack.faults import ADVANCE_CONTINUATION, SUBSCRIBE, FaultRule, FaultRules, RuleError
+from efo.devstack.faults import ADVANCE_CONTINUATION, SUBSCRIBE, FaultRule, FaultRules, RuleError, request_resources
 from efo.devstack.listings import Shard, ShardListings, StreamKey
 
 log = logging.getLogger("efo.devstack.proxy")
@@ -242,7 +242,10 @@ class ConformanceProxy:
         operation = target.removeprefix(TARGET_PREFIX) if target else ""
         request_json = _json_object(body) if operation else {}
         shard_id = request_json.get("ShardId")
-        rule = self.faults.take(operation, shard_id if isinstance(shard_id, str) else None) if operation else None
+        named = request_resources(request_json)
+        rule = (
+            self.faults.take(operation, shard_id if isinstance(shard_id, str) else None, named) if operation else None
+        )
         if rule is not None and rule.action == "error":
             log.info("fault %d: answering %s with %d %s", rule.id, operation, rule.status, rule.error_code)
             return aws_error(rule.status, rule.error_code, rule.message)

@@ -19,6 +19,8 @@ from efo.errors import ResourceNotFound, Retriable, error_code, translate
 log = structlog.get_logger("efo.kinesis.registration")
 
 CONSUMER_ACTIVE_TIMEOUT_S = 120.0
+#: Kinesis's limit of EFO consumers registered on one stream.
+CONSUMERS_PER_STREAM = 20
 CONSUMER_LIMITS = (
     "Kinesis allows at most 20 consumers per stream, and 5 consumers CREATING at once per account: "
     "see 'efo consumers list' for those no live worker uses and deregister them, "
@@ -33,6 +35,19 @@ class StreamInfo:
     created_at: datetime
     status: str
     open_shards: int
+    consumers: int = 0  # EFO consumers registered on it (ConsumerCount)
+
+
+def stream_info(summary: dict[str, Any]) -> StreamInfo:
+    """A DescribeStreamSummary's ``StreamDescriptionSummary``, as efo uses it."""
+    return StreamInfo(
+        name=summary["StreamName"],
+        arn=summary["StreamARN"],
+        created_at=_as_datetime(summary["StreamCreationTimestamp"]),
+        status=summary["StreamStatus"],
+        open_shards=int(summary.get("OpenShardCount") or 0),
+        consumers=int(summary.get("ConsumerCount") or 0),
+    )
 
 
 def _as_datetime(value: Any) -> datetime:
@@ -51,13 +66,7 @@ async def describe_stream(kinesis: Any, stream: str) -> StreamInfo:
             resource=f"stream {stream!r}",
             hint="check EFO_STREAM (or EFO_STREAMS) and EFO_REGION, or create the stream",
         ) from None
-    return StreamInfo(
-        name=summary["StreamName"],
-        arn=summary["StreamARN"],
-        created_at=_as_datetime(summary["StreamCreationTimestamp"]),
-        status=summary["StreamStatus"],
-        open_shards=int(summary.get("OpenShardCount") or 0),
-    )
+    return stream_info(summary)
 
 
 async def describe_consumer(

@@ -103,6 +103,7 @@ class ShardSubscription:
         epoch: int = 0,
         backpressure_timeout_s: float | None = None,
         on_corrupt_aggregate: CorruptPolicy = "passthrough",
+        restart_expired: bool = True,
         lease_check: Callable[[], Awaitable[bool]] | None = None,
         on_phase: Callable[[ShardPhase], None] = lambda phase: None,
         on_first_event: Callable[[Position], Awaitable[None]] | None = None,
@@ -125,6 +126,7 @@ class ShardSubscription:
         self.epoch = epoch
         self._backpressure_timeout_s = backpressure_timeout_s
         self._on_corrupt: CorruptPolicy = on_corrupt_aggregate
+        self._restart_expired_allowed = restart_expired  # False: an expired position is the caller's error
         self._lease_check = lease_check
         self._on_phase = on_phase
         self._on_first_event = on_first_event
@@ -217,9 +219,12 @@ class ShardSubscription:
     def _restart_expired(self, error: EfoError) -> bool:
         """A sequence number older than the stream's retention is refused at the call
         (InvalidArgumentException): start once at TRIM_HORIZON, the oldest record left, and say so.
-        Whatever lay between the position and the trim horizon was lost to retention, not here."""
+        Whatever lay between the position and the trim horizon was lost to retention, not here.
+        Unless ``restart_expired`` is False (the Spark source with ``failOnDataLoss``): then the error
+        is raised, naming the shard."""
         if (
-            error.code != "InvalidArgumentException"
+            not self._restart_expired_allowed
+            or error.code != "InvalidArgumentException"
             or self._streaming
             or self._expired_restart
             or self.position.sequence_number is None

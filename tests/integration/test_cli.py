@@ -33,7 +33,7 @@ from .service import (
 pytestmark = pytest.mark.integration
 
 DUMMY_CREDENTIALS = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
-COMMAND_GROUPS = ("run", "consumers", "shards", "workers", "checkpoints", "config", "dev")
+COMMAND_GROUPS = ("run", "doctor", "selftest", "consumers", "shards", "workers", "checkpoints", "config", "dev")
 
 
 def table_rows(stdout: str) -> tuple[list[str], list[list[str]]]:

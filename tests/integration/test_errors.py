@@ -17,6 +17,7 @@ from typing import Any
 import boto3
 import pytest
 
+from efo.devstack.faults import FaultClient
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
 from efo.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_OK, EXIT_RUNTIME
 
@@ -130,6 +131,7 @@ class Unreachable:
     dynamodb: Background
     dynamodb_endpoint: str
     dynamodb_app: str
+    dynamodb_stream: str
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -160,6 +162,7 @@ def unreachable(local_stack: StackEndpoints, tmp_path_factory: pytest.TempPathFa
         ),
         dynamodb_endpoint,
         dynamodb_app,
+        dynamodb_stream,
     )
     yield runs
     for background in (runs.kinesis, runs.dynamodb):
@@ -302,10 +305,39 @@ def test_unreachable_kinesis_endpoint_exits_1_naming_the_endpoint_and_the_stream
     assert result.seconds < UNREACHABLE_BUDGET_S
 
 
-def test_unreachable_dynamodb_endpoint_exits_1_naming_the_table(unreachable: Unreachable) -> None:
+def test_unreachable_dynamodb_endpoint_exits_1_naming_the_table_and_registers_no_consumer(
+    unreachable: Unreachable, kinesis_client: Any
+) -> None:
     result = unreachable.dynamodb.result(UNREACHABLE_BUDGET_S)
     assert result.code == EXIT_RUNTIME, result.stderr
     line = result.one_error_line()
     assert "cannot connect" in line
     assert f"DynamoDB table {unreachable.dynamodb_app!r}" in line and unreachable.dynamodb_endpoint in line
     assert result.seconds < UNREACHABLE_BUDGET_S
+    # Checked before anything changes: no consumer (billed per shard-hour) was registered on the way.
+    stream_arn = kinesis_client.describe_stream_summary(StreamName=unreachable.dynamodb_stream)[
+        "StreamDescriptionSummary"
+    ]["StreamARN"]
+    assert kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"] == []
+
+
+def test_a_start_that_fails_after_registering_the_consumer_says_so_and_how_to_remove_it(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    stream, app = unique("halfway"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    dynamodb_faults = FaultClient(local_stack.dynamodb_endpoint)
+    # A role without dynamodb:CreateTable: the only refusal the read-only checks cannot see.
+    dynamodb_faults.add(operation="CreateTable", action="error", error_code="AccessDeniedException", count=1)
+    try:
+        env = arrow_env(local_stack, stream=stream, app=app, sink_dir=tmp_path / "out", initial_position="LATEST")
+        result = efo(env, "run")
+    finally:
+        dynamodb_faults.clear()
+    assert result.code == EXIT_RUNTIME, result.stderr
+    line = result.one_error_line()
+    assert f"access to DynamoDB table {app!r} denied (AccessDeniedException" in line
+    assert f"this start registered consumer {app!r} on stream {stream!r}, which is billed per shard-hour" in line
+    assert f"'efo consumers deregister --stream {stream} --name {app} --yes'" in line
+    stream_arn = kinesis_client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
+    assert [c["ConsumerName"] for c in kinesis_client.list_stream_consumers(StreamARN=stream_arn)["Consumers"]] == [app]

@@ -89,7 +89,8 @@ def test_failing_sink_stops_with_exit_1_and_no_checkpoint_moves_past_the_failed_
     assert failing.process is not None
     assert failing.process.wait(120) == 1
     log = failing.log_path.read_text()
-    assert "efo: sink failed on batch" in log and "after 2 attempts" in log and "warehouse unavailable" in log
+    line = "efo: sink (EFO_SINK) = 'arrow:broken_sink:write' failed on batch"
+    assert line in log and "after 2 attempts: RuntimeError: warehouse unavailable" in log
     assert "Traceback" not in log
 
     fixed = ServiceRun(

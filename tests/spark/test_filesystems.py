@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from efo.config import Settings, load_settings
 from efo.errors import EXIT_CONFIG, ConfigError
-from sparkbridge.filesystems import require_filesystems, sink_paths
+from sparkbridge.filesystems import require_filesystems, require_writable, sink_paths
 
 pytestmark = pytest.mark.spark
 
@@ -67,3 +67,68 @@ def s3a_mapped_to_a_loadable_class(spark: SparkSession) -> Iterator[None]:
 @pytest.mark.usefixtures("s3a_mapped_to_a_loadable_class")
 def test_an_s3a_sink_passes_when_hadoop_can_load_its_file_system_class(spark: SparkSession) -> None:
     require_filesystems(spark, sink_paths(settings("parquet:s3a://lake/orders")))
+
+
+def test_an_s3_sink_is_refused_before_any_write_saying_to_use_s3a(spark: SparkSession) -> None:
+    with pytest.raises(ConfigError) as refused:
+        require_filesystems(spark, sink_paths(settings("parquet:s3://lake/orders")))
+    message = str(refused.value)
+    assert message.startswith("sink (EFO_SINK) = 'parquet:s3://lake/orders': ")
+    assert 'UnsupportedFileSystemException: No FileSystem for scheme "s3"' in message and "s3a://" in message
+
+
+def test_a_sink_path_under_a_file_is_refused_naming_the_java_cause_and_leaves_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    (tmp_path / "afile").write_text("a file")
+    paths = sink_paths(settings(f"parquet:{tmp_path}/afile/orders"))
+    require_filesystems(spark, paths)  # the scheme is fine
+    with pytest.raises(ConfigError) as refused:
+        require_writable(spark, paths)
+    message = str(refused.value)
+    assert refused.value.exit_code == EXIT_CONFIG and "\n" not in message
+    assert message.startswith(f"sink (EFO_SINK) = 'parquet:{tmp_path}/afile/orders': cannot write under ")
+    assert "org.apache.hadoop.fs.ParentNotDirectoryException" in message and "a part of the path is a file" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_writable_path_passes_and_is_left_as_it_was(spark: SparkSession, tmp_path: Path) -> None:
+    new = tmp_path / "lake" / "orders"
+    require_writable(spark, sink_paths(settings(f"parquet:{new}")))
+    assert list(tmp_path.iterdir()) == []  # the directories the probe made are gone again
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "efo_batch_id=1").mkdir()
+    require_writable(spark, sink_paths(settings(f"parquet:file://{existing}")))
+    assert [p.name for p in existing.iterdir()] == ["efo_batch_id=1"]
+
+
+# ---- efo doctor's sink checks (efo/doctor/sink.py), on the session of the tests -----------------
+
+
+def test_the_doctors_sink_checks_hold_and_fail_each_way_and_leave_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    from efo.doctor.findings import Report
+    from efo.doctor.sink import check_sinks
+
+    def checked(sinks: Settings, *, write: bool = True) -> dict[tuple[str, str], tuple[str, str]]:
+        report = Report()
+        check_sinks(report, sinks, write=write, spark=spark)
+        return {(f.check, f.resource): (f.status, f.detail) for f in report.findings}
+
+    (tmp_path / "afile").write_text("a file")
+    good, bad = f"parquet:{tmp_path}/lake/orders", f"parquet:{tmp_path}/afile/dead"
+    found = checked(settings(good, on_corrupt_aggregate="dead_letter", dead_letter_sink=bad))
+    main, dead = f"sink = '{good}'", f"dead_letter_sink = '{bad}'"
+    assert found[("sink.filesystem", main)][0] == found[("sink.write", main)][0] == "ok"
+    assert found[("sink.filesystem", dead)][0] == "ok"
+    status, detail = found[("sink.write", dead)]
+    assert status == "fail" and "org.apache.hadoop.fs.ParentNotDirectoryException" in detail
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe's directories are gone
+
+    status, detail = checked(settings("parquet:s3://lake/orders"))[
+        ("sink.filesystem", "sink = 'parquet:s3://lake/orders'")
+    ]
+    assert status == "fail" and 'No FileSystem for scheme "s3"' in detail and "s3a://" in detail
+
+    assert checked(settings(good), write=False)[("sink.write", main)] == ("skip", "not checked: --no-write")
+    assert not spark.sparkContext._jsc.sc().isStopped()  # a session it was given, it leaves running

@@ -170,7 +170,7 @@ def test_minimal_values_give_probes_for_a_spark_start_and_the_chart_owned_variab
     assert len(names) == len(set(names)), names
     assert env_of(docs)["EFO_METRICS_PORT"] == "9400"
     assert efo["args"] == ["run"]
-    assert {d["kind"] for d in docs} == {"Deployment", "Service", "ServiceAccount"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "ServiceAccount", "Job"}  # the Job: doctor
 
 
 def test_values_of_every_yaml_type_reach_efo_as_it_reads_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,6 +246,9 @@ def test_monitoring_objects_select_this_release_and_embed_the_generated_dashboar
         ("terminationGracePeriodSeconds: 35", "terminationGracePeriodSeconds = 35 must be at least"),
         ("config: {EFO_SHUTDOWN_TIMEOUT_S: 120}", "shutdown_timeout_s + 10 = 130"),
         ("settings: {shutdown_timeout_s: 55}", "shutdown_timeout_s + 10 = 65"),
+        # A duration with its unit, as efo reads it (efo.config.duration_s).
+        ("config: {EFO_SHUTDOWN_TIMEOUT_S: 2m}", "shutdown_timeout_s + 10 = 130"),
+        ("settings: {shutdown_timeout_s: 1.5m}", "shutdown_timeout_s + 10 = 100"),
         ("extraEnv: [{name: EFO_METRICS_PORT, value: '1'}]", "EFO_METRICS_PORT is set by the chart from metrics.port"),
     ],
 )
@@ -255,6 +258,8 @@ def test_render_refuses_what_the_schema_cannot_see(chart: helm.Chart, extra: str
 
 def test_a_long_enough_grace_period_for_a_longer_shutdown_renders() -> None:
     docs = rendered(minimal_with("{terminationGracePeriodSeconds: 130, settings: {shutdown_timeout_s: 120}}"))
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 130
+    docs = rendered(minimal_with("{terminationGracePeriodSeconds: 130, config: {EFO_SHUTDOWN_TIMEOUT_S: 2m}}"))
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 130
 
 
@@ -292,7 +297,7 @@ def test_a_cron_job_replaces_the_deployment_and_lints_as_valid_kubernetes() -> N
     report = helm.lint(CHART, values(CRON), strict=True, namespace="streaming")
     assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
     docs = rendered(CRON)
-    assert {d["kind"] for d in docs} == {"CronJob", "Service", "ServiceAccount"}
+    assert {d["kind"] for d in docs} == {"CronJob", "Service", "ServiceAccount", "Job"}  # the Job: doctor
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(one(docs, "CronJob"), version, strict=True)
     cron = one(docs, "CronJob")["spec"]
@@ -471,3 +476,38 @@ def test_every_accepted_form_of_an_entry_of_streams_is_one_efo_reads(
     with helm.Chart.load(CHART) as loaded:
         loaded.validate_schema(values(text))
     assert _pod_settings(rendered(text), tmp_path, monkeypatch).stream_names == ["clicks", "views", "orders"]
+
+
+# ---- efo doctor as the chart's helm test ------------------------------------------------------------
+
+
+def test_helm_test_runs_efo_doctor_in_the_pods_place_and_no_worker_selector_picks_it() -> None:
+    docs = rendered(minimal_with("{replicaCount: 3, podDisruptionBudget: {maxUnavailable: 1}}"))
+    job = one(docs, "Job", "-doctor")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 300
+    pod = job["spec"]["template"]
+    worker = one(docs, "Deployment")["spec"]["template"]
+    [doctor] = pod["spec"]["containers"]
+    [efo] = worker["spec"]["containers"]
+    assert doctor["args"] == ["doctor", "--workers", "3"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert not {"startupProbe", "livenessProbe", "readinessProbe", "ports"} & set(doctor)
+    # The pod's identity and settings: what the doctor checks is what the workers will have.
+    assert pod["spec"]["serviceAccountName"] == worker["spec"]["serviceAccountName"]
+    assert (doctor["image"], doctor["env"], doctor["volumeMounts"]) == (efo["image"], efo["env"], efo["volumeMounts"])
+    assert doctor["securityContext"] == efo["securityContext"]
+    labels = pod["metadata"]["labels"]
+    for selector in (
+        one(docs, "Service")["spec"]["selector"],
+        one(docs, "Deployment")["spec"]["selector"]["matchLabels"],
+        one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+    ):
+        assert not selector.items() <= labels.items(), selector
+
+
+def test_the_doctor_job_takes_the_settings_file_and_can_skip_the_test_write_or_be_left_out() -> None:
+    docs = rendered(minimal_with("{settings: {lease: {failover_s: 20}}, doctor: {write: false}}"))
+    [doctor] = one(docs, "Job", "-doctor")["spec"]["template"]["spec"]["containers"]
+    assert doctor["args"] == ["doctor", "--workers", "1", "--config", "/etc/efo/settings.yaml", "--no-write"]
+    assert not [d for d in rendered(minimal_with("{doctor: {enabled: false}}")) if d["kind"] == "Job"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 import pytest
@@ -40,6 +41,12 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
     result = CliRunner().invoke(cli, [*path, "--help"])
     assert result.exit_code == 0, result.output
     assert "Examples:\n  efo " in result.output or "Examples:\n    efo " in result.output
+
+
+@pytest.mark.parametrize("path", [p for p in every_command(cli) if p != ("dev",)], ids=" ".join)
+def test_no_help_example_names_a_sink_scheme_hadoop_has_no_file_system_for(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert "parquet:s3://" not in result.output and "parquet:s3n://" not in result.output  # s3a://
 
 
 @pytest.mark.parametrize("path", OPERATOR_COMMANDS, ids=" ".join)
@@ -100,3 +107,26 @@ def test_reset_position_names_what_is_allowed(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         reset_position(text)
     assert str(info.value) == message
+
+
+WAITING_COMMANDS = [p for p in every_command(cli) if "--wait-s" in CliRunner().invoke(cli, [*p, "--help"]).output]
+
+
+def test_the_commands_that_wait_are_found() -> None:
+    assert {("consumers", "register"), ("consumers", "deregister"), ("checkpoints", "reset"), ("selftest",)} <= set(
+        WAITING_COMMANDS
+    )
+
+
+@pytest.mark.parametrize("path", WAITING_COMMANDS, ids=" ".join)
+def test_wait_s_takes_a_duration_with_its_unit_as_every_duration_does(path: tuple[str, ...]) -> None:
+    """Issue 39: durations are accepted with units wherever a duration is asked, said the same way."""
+    command: Any = cli
+    for name in path:
+        command = command.commands[name]
+    for text, seconds in (("5m", 300.0), ("90s", 90.0), ("2.5", 2.5)):
+        context = command.make_context(path[-1], ["--wait-s", text], resilient_parsing=False)
+        assert context.params["wait_s"] == seconds, text
+    with pytest.raises(click.BadParameter) as refused:
+        command.make_context(path[-1], ["--wait-s", "soon"])
+    assert "allowed: a duration" in refused.value.format_message()

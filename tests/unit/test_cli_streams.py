@@ -4,13 +4,12 @@ several streams in one application). No AWS: every case here is decided before a
 from __future__ import annotations
 
 import os
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from efo import spark_side
 from efo.cli import main
 from efo.cli.common import Covered, load_for_stream, load_scopes, select_stream
 from efo.cli.configuration import settings_records
@@ -230,13 +229,22 @@ def test_each_thing_not_found_is_its_own_line_and_exit_3(capsys: pytest.CaptureF
 # ---- efo run --stream ----------------------------------------------------------------------------
 
 
+class _FakeSparkSide:
+    """The Spark side as ``efo run`` reaches it (efo.spark_side), recording the settings it runs with."""
+
+    def __init__(self, ran: list[Any]) -> None:
+        self.ran = ran
+
+    def run(self, settings: Any) -> int:
+        self.ran.append(settings)
+        return EXIT_OK
+
+
 def test_run_with_stream_runs_that_configured_stream_alone_with_its_settings(
     config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran: list[Any] = []
-    fake = types.ModuleType("sparkbridge.app")
-    fake.run = lambda settings: ran.append(settings) or EXIT_OK  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sparkbridge.app", fake)
+    monkeypatch.setattr(spark_side, "load", lambda: _FakeSparkSide(ran))
     assert main(["run", "--config", config, "--stream", "payments"]) == EXIT_OK
     assert main(["run", "--config", config]) == EXIT_OK
     selected, every = ran
@@ -250,9 +258,7 @@ def test_run_with_a_stream_that_is_not_configured_is_refused_naming_the_configur
     """Operator commands reach a stream removed from the list; ``efo run`` does not read one
     nobody configured (a typo would start a new application's leases on the wrong stream)."""
     ran: list[Any] = []
-    fake = types.ModuleType("sparkbridge.app")
-    fake.run = lambda settings: ran.append(settings) or EXIT_OK  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sparkbridge.app", fake)
+    monkeypatch.setattr(spark_side, "load", lambda: _FakeSparkSide(ran))
     assert main(["run", "--config", config, "--stream", "paymnets"]) == EXIT_CONFIG
     assert ran == []
     err = capsys.readouterr().err

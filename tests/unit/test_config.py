@@ -284,6 +284,7 @@ def test_tooling_variables_with_the_efo_prefix_are_not_settings_errors(monkeypat
             monkeypatch.delenv(name)
     monkeypatch.setenv("EFO_DEVSTACK_DIR", "/tmp/devstack")
     monkeypatch.setenv("EFO_TEST_SUBSCRIPTION_LIFETIME_S", "3")
+    monkeypatch.setenv("EFO_DEV_STATE_DIR", "/tmp/efo-dev")  # efo dev's state, beside efo run in one shell
     assert load_settings(stream="s", app="a", sink="console").app == "a"
 
 
@@ -421,3 +422,126 @@ def test_a_bounded_run_checks_each_streams_own_initial_position(monkeypatch: pyt
         run={"until": "2026-01-01T00:00:00Z"},
     )
     assert "stream 'orders': run.until (EFO_RUN__UNTIL) = '2026-01-01T00:00:00+00:00' is not after" in message
+
+
+# ---- durations with their unit, and the nearest setting for a misspelt one ------------------------
+
+
+def _duration_locations() -> list[tuple[str, ...]]:
+    from efo.config import setting_locations
+
+    return [location for location in setting_locations() if location[-1].endswith("_s")]
+
+
+def _env_of(location: tuple[str, ...]) -> str:
+    return "EFO_" + "__".join(part.upper() for part in location)
+
+
+def test_every_duration_setting_is_found_by_its_name() -> None:
+    names = {".".join(location) for location in _duration_locations()}
+    assert {"shutdown_timeout_s", "batch.max_wait_s", "lease.failover_s", "run.max_duration_s"} <= names
+    assert len(names) >= 15
+
+
+@pytest.mark.parametrize("location", _duration_locations(), ids=lambda location: ".".join(location))
+@pytest.mark.parametrize(("text", "seconds"), [("5m", 300.0), ("90s", 90.0), ("2.5", 2.5), ("1h", 3600.0)])
+def test_every_duration_setting_takes_a_number_of_seconds_or_a_unit(
+    monkeypatch: pytest.MonkeyPatch, location: tuple[str, ...], text: str, seconds: float
+) -> None:
+    # lease.failover_s must stay at least twice the heartbeat interval, whatever is set here.
+    lease = {"EFO_LEASE__FAILOVER_S": "1d", "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1"}
+    _env(monkeypatch, **{**REQUIRED, **lease, _env_of(location): text})
+    value: Any = load_settings()
+    for name in location:
+        value = getattr(value, name)
+    assert value == seconds
+
+
+def test_a_duration_in_the_yaml_file_takes_its_unit_too(tmp_path: Path) -> None:
+    config = tmp_path / "efo.yaml"
+    config.write_text("batch: {max_wait_s: 500ms}\n")
+    with pytest.raises(ConfigError):
+        load_settings(config, **{k.removeprefix("EFO_").lower(): v for k, v in REQUIRED.items()})
+    config.write_text("batch: {max_wait_s: 2m}\nrun: {max_duration_s: 1d}\nshutdown_timeout_s: 45\n")
+    settings = load_settings(config, **{k.removeprefix("EFO_").lower(): v for k, v in REQUIRED.items()})
+    assert (settings.batch.max_wait_s, settings.run.max_duration_s, settings.shutdown_timeout_s) == (120, 86400, 45)
+
+
+@pytest.mark.parametrize(
+    "location", [*_duration_locations(), ("skip_older_than",)], ids=lambda location: ".".join(location)
+)
+def test_a_duration_that_does_not_parse_is_refused_the_same_way_for_every_setting(
+    monkeypatch: pytest.MonkeyPatch, location: tuple[str, ...]
+) -> None:
+    from efo.config import DURATION_GRAMMAR
+
+    env = _env_of(location)
+    message = _config_error(monkeypatch, **{env: "soon"})
+    bound = "at least 0" if location == ("sink_retry", "retry_backoff_s") else "greater than 0"
+    assert f"{'.'.join(location)} ({env}) = 'soon': allowed: a duration {bound}: {DURATION_GRAMMAR}" in message
+    assert "unable to parse" not in message
+
+
+def test_the_duration_grammar_says_that_a_bare_number_is_seconds() -> None:
+    from efo.config import DURATION_ALLOWED
+
+    assert "number of seconds" in DURATION_ALLOWED and "5m" in DURATION_ALLOWED and "90s" in DURATION_ALLOWED
+
+
+@pytest.mark.parametrize(
+    ("variable", "suggestion"),
+    [
+        ("EFO_STRAEM", "did you mean EFO_STREAM?"),
+        ("EFO_SHUTDOWN_TIMEOUT", "did you mean EFO_SHUTDOWN_TIMEOUT_S?"),
+        ("EFO_POOL__MAX_PENDING_BYTE", "did you mean pool.max_pending_bytes (EFO_POOL__MAX_PENDING_BYTES)?"),
+        ("EFO_BATCH__MAX_WAIT", "did you mean batch.max_wait_s (EFO_BATCH__MAX_WAIT_S)?"),
+    ],
+)
+def test_a_misspelt_variable_nested_or_not_is_told_the_nearest_setting(
+    monkeypatch: pytest.MonkeyPatch, variable: str, suggestion: str
+) -> None:
+    message = _config_error(monkeypatch, **{variable: "1"})
+    assert "is not a setting" in message and suggestion in message
+
+
+def test_a_misspelt_key_of_the_yaml_file_nested_or_not_is_told_the_nearest_setting(tmp_path: Path) -> None:
+    config = tmp_path / "efo.yaml"
+    config.write_text("stream: orders\napp: a\nsink: console\nsinks: console\nbatch: {max_record: 5}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    message = str(info.value)
+    assert "sinks (EFO_SINKS) is not a setting; did you mean sink (EFO_SINK)?" in message
+    assert "batch.max_record (EFO_BATCH__MAX_RECORD) is not a setting; did you mean batch.max_records" in message
+
+
+def test_a_key_far_from_every_setting_gets_no_suggestion(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _config_error(monkeypatch, EFO_POOL__ZZZZZZZZ="1")
+    assert "pool.zzzzzzzz (EFO_POOL__ZZZZZZZZ) is not a setting" in message and "did you mean" not in message
+
+
+def test_a_misspelt_key_of_a_streams_entry_is_told_the_nearest_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _streams_error(monkeypatch, streams=[{"stream": "orders", "initial_positon": "LATEST"}])
+    assert "entry 1 has 'initial_positon'" in message and "did you mean 'initial_position'?" in message
+
+
+@pytest.mark.parametrize("region", ["eu-west-1", "us-gov-west-1", "cn-north-1", "ap-southeast-5", "us-isob-east-1"])
+def test_a_region_of_aws_form_is_taken(monkeypatch: pytest.MonkeyPatch, region: str) -> None:
+    _env(monkeypatch, **REQUIRED, EFO_REGION=region)
+    assert load_settings().region == region
+
+
+@pytest.mark.parametrize("region", ["bad", "eu-west", "EU-WEST-1", "eu_west_1", "eu-west-1a"])
+def test_a_region_not_of_aws_form_is_refused_naming_the_form(monkeypatch: pytest.MonkeyPatch, region: str) -> None:
+    message = _config_error(monkeypatch, EFO_REGION=region)
+    assert f"region (EFO_REGION) = {region!r}: allowed: an AWS region such as eu-west-1" in message
+
+
+def test_a_duration_that_is_not_a_number_is_refused_as_before_units(tmp_path: Path) -> None:
+    # YAML's .nan is a float: gt=0 refused it before durations took units (NaN > 0 is false).
+    config = tmp_path / "efo.yaml"
+    required = {k.removeprefix("EFO_").lower(): v for k, v in REQUIRED.items()}
+    for text in ("batch: {max_wait_s: .nan}", "sink_retry: {retry_backoff_s: .nan}"):
+        config.write_text(text + "\n")
+        with pytest.raises(ConfigError) as refused:
+            load_settings(config, **required)
+        assert "= nan: allowed: a duration" in str(refused.value)

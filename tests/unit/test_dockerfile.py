@@ -117,3 +117,48 @@ def test_the_healthcheck_passes_on_200_and_fails_on_503_or_nothing_listening(
     health_server.shutdown()
     health_server.server_close()
     assert healthcheck(port) != 0
+
+
+# ---- what the image runs as, what it copies, and how the README says to build it ----------------
+
+
+def final_stage() -> list[tuple[str, str]]:
+    found = instructions()
+    last_from = max(i for i, (keyword, _) in enumerate(found) if keyword == "FROM")
+    return found[last_from:]
+
+
+def test_the_image_runs_as_the_non_root_user_it_creates_from_its_last_run_on() -> None:
+    stage = final_stage()
+    users = [(i, rest) for i, (keyword, rest) in enumerate(stage) if keyword == "USER"]
+    assert users, "the final stage sets no USER: the container would run as root"
+    at, user = users[-1]
+    assert user.isdigit() and int(user) != 0, user  # numeric: Kubernetes' runAsNonRoot can verify it
+    assert any(keyword == "RUN" and f"useradd --uid {user}" in rest for keyword, rest in stage[:at])
+    assert not [keyword for keyword, _ in stage[at:] if keyword == "RUN"], "a RUN after USER runs as that user"
+    assert [keyword for keyword, _ in stage[at:]].count("ENTRYPOINT") == 1
+
+
+def test_every_path_the_image_copies_from_the_build_context_exists_and_is_not_ignored() -> None:
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip()}
+    copies = [rest.split() for keyword, rest in instructions() if keyword == "COPY" and "--from=" not in rest]
+    assert copies
+    for *sources, _destination in copies:
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+            assert source.rstrip("/") not in ignored, f"COPY {source}: .dockerignore leaves it out of the context"
+
+
+def test_the_readme_says_how_to_build_and_push_the_image_with_the_tag_the_chart_expects() -> None:
+    readme = (ROOT / "README.md").read_text()
+    chart = (ROOT / "helm" / "efo" / "Chart.yaml").read_text()
+    app_version = re.search(r'^appVersion:\s*"?([^"\n]+)"?$', chart, re.MULTILINE)
+    project = re.search(r'^version\s*=\s*"([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert app_version and project and app_version.group(1) == project.group(1)  # the image's efo is the chart's
+    tag = app_version.group(1)
+    section = readme[readme.index("### The image") : readme.index("## Metrics and logs")]
+    assert f"docker build -t registry.example/efo:{tag} ." in section
+    assert f"docker push registry.example/efo:{tag}" in section
+    assert "image: {repository: registry.example/efo" in readme
+    for name in args():  # every build argument is explained
+        assert f"`{name}`" in section, name

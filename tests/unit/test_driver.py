@@ -17,6 +17,7 @@ from efo.pipeline.handoff import Handoff
 from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.arrow import to_table
 from sparkbridge.driver import EXIT_GRACE_S, Driver, capture_signals, end_to_end_latencies_s
+from sparkbridge.sinks import SinkCapabilities
 
 
 class FakeService:
@@ -164,7 +165,7 @@ def test_no_sink_attempt_starts_after_the_deadline_not_even_the_first_after_dead
     calls: list[str] = []
 
     class Slow:
-        takes_arrow = True
+        capabilities = SinkCapabilities(takes_arrow=True)
 
         def __init__(self, name: str, seconds: float) -> None:
             self.name, self.seconds = name, seconds
@@ -207,7 +208,7 @@ def _committing_driver(write: Any) -> tuple[Driver, Any]:
     from sparkbridge.batches import BatchRunner
 
     class Sink:
-        takes_arrow = True
+        capabilities = SinkCapabilities(takes_arrow=True)
 
         def write(self, table: Any, batch: Any) -> None:
             write()

@@ -78,3 +78,29 @@ def test_rules_that_mean_nothing_for_dynamodb_are_refused() -> None:
     assert client.post(FAULTS_PATH, data=b"{not json").status_code == 400
     assert app.faults.to_json() == []
     assert client.put(FAULTS_PATH).status_code == 405
+
+
+def test_a_rule_with_a_resource_refuses_only_requests_on_that_table_as_a_role_without_the_action_would() -> None:
+    client, backend, _ = setup()
+    rule = {"operation": "PutItem", "action": "error", "error_code": "AccessDeniedException", "count": 5}
+    assert client.post(FAULTS_PATH, json={**rule, "resource": "leases"}).status_code == 200
+    other = client.post("/", data=b'{"TableName": "other"}', headers={"X-Amz-Target": "DynamoDB_20120810.PutItem"})
+    refused = client.post("/", data=b'{"TableName": "leases"}', headers={"X-Amz-Target": "DynamoDB_20120810.PutItem"})
+    assert other.status_code == 200 and refused.status_code == 400
+    assert refused.headers["x-amzn-ErrorType"] == "AccessDeniedException"
+    assert backend.reached == ["PutItem"]
+    assert client.get(FAULTS_PATH).json[0]["count"] == 4  # the request on another table did not use it
+
+
+def test_the_rules_own_resource_matching_names_every_resource_of_a_request() -> None:
+    from efo.devstack.faults import FaultRules, request_resources
+
+    rules = FaultRules()
+    rules.add({"operation": "SubscribeToShard", "action": "error", "resource": "arn:c", "count": 3})
+    assert rules.take("SubscribeToShard", None, request_resources({"ConsumerARN": "arn:other"})) is None
+    assert rules.take("SubscribeToShard", None, request_resources({"ConsumerARN": "arn:c", "ShardId": "s"})) is not None
+    assert request_resources({"StreamName": "orders", "StreamARN": "arn:s", "TableName": "t", "Limit": 1}) == {
+        "orders",
+        "arn:s",
+        "t",
+    }

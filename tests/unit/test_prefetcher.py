@@ -18,6 +18,7 @@ from efo.pipeline.handoff import Handoff
 from efo.pipeline.records import RecordChunk, Row
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
 from sparkbridge.driver import Driver
+from sparkbridge.sinks import SinkCapabilities
 
 
 def chunk(serial: int, rows: int = 2) -> RecordChunk:
@@ -94,7 +95,7 @@ def test_close_waits_for_the_conversion_under_way() -> None:
 
 
 class ArrowSink:
-    takes_arrow = True
+    capabilities = SinkCapabilities(takes_arrow=True)
 
     def __init__(self, events: list[str]) -> None:
         self.events = events
@@ -229,7 +230,7 @@ def test_on_a_quiet_stream_a_record_arriving_while_the_sink_writes_is_taken_at_o
     left: list[int] = []
 
     class Sink:
-        takes_arrow = True
+        capabilities = SinkCapabilities(takes_arrow=True)
         writes = 0
 
         def write(self, table: Any, batch: Any) -> None:

@@ -448,3 +448,33 @@ def test_the_delivery_watermark_of_a_shard_id_does_not_drop_another_streams_rows
     assert (len(kept), dropped) == (2, 0)
     kept, dropped = watermark.filter(_chunk("s-0", 2, ["50", "52"]))  # orders' own overlap is still dropped
     assert (len(kept), dropped) == (1, 1)
+
+
+def test_tls_to_an_endpoint_that_speaks_plain_http_says_to_use_http() -> None:
+    raw = botocore.exceptions.SSLError(
+        endpoint_url="https://127.0.0.1:4567/",
+        error="Cannot connect to host 127.0.0.1:4567 ssl:default [[SSL: WRONG_VERSION_NUMBER] wrong version number]",
+    )
+    error = translate(raw, resource="stream 'orders'")
+    assert type(error) is EndpointUnreachable
+    message = str(error)
+    assert message.startswith("TLS with the endpoint for stream 'orders' failed (SSLError: ")
+    assert "WRONG_VERSION_NUMBER" in message
+    assert "plain HTTP" in message and "http://" in message and "EFO_KINESIS_ENDPOINT" in message
+
+
+def test_a_server_error_without_an_aws_code_is_named_by_its_http_status_and_says_what_to_do() -> None:
+    # botocore's code for a 5xx whose body is not an AWS error is the status itself (moto's 500 page).
+    error = translate(_client_error("500", 500, "Internal Server Error"), resource="DynamoDB table 'app'")
+    assert type(error) is Retriable
+    assert str(error) == (
+        "HTTP 500 on DynamoDB table 'app': Internal Server Error; the service kept failing through the SDK's "
+        "retries: try again, and if it persists check the endpoint and the region (EFO_KINESIS_ENDPOINT, "
+        "EFO_DYNAMODB_ENDPOINT, EFO_REGION)"
+    )
+
+
+def test_no_region_names_the_variables_botocore_reads() -> None:
+    error = translate(botocore.exceptions.NoRegionError(), resource="stream 'orders'")
+    assert "EFO_REGION" in str(error) and "AWS_DEFAULT_REGION" in str(error)
+    assert "(or AWS_REGION)" not in str(error)

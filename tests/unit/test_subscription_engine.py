@@ -310,6 +310,18 @@ def test_a_position_past_the_retention_restarts_once_at_trim_horizon() -> None:
     assert h.backoff_delays() == [MIN_CALL_INTERVAL_S]  # no backoff: only the 1 s pacing of calls
 
 
+def test_without_restart_expired_a_position_past_the_retention_is_the_callers_error() -> None:
+    """The Spark source with failOnDataLoss: an expired position is data loss to report, not to skip."""
+    h = harness(
+        [client_error("InvalidArgumentException"), [event("5", "50", continuation="50"), shard_end()]],
+        start=after("10"),
+        restart_expired=False,
+    )
+    with pytest.raises(InvalidRequest):
+        run(h.subscription.run())
+    assert len(h.client.calls) == 1 and h.delivered() == []
+
+
 def test_invalid_argument_at_trim_horizon_is_still_fatal() -> None:
     h = harness([client_error("InvalidArgumentException"), client_error("InvalidArgumentException")], start=after("10"))
     with pytest.raises(InvalidRequest):

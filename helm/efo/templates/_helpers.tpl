@@ -118,10 +118,10 @@ variables, and a grace period that outlasts the drain.
 {{- end -}}
 {{- $shutdown := 30.0 -}}
 {{- if include "efo.isSet" (index $settings "shutdown_timeout_s") -}}
-{{- $shutdown = float64 (index $settings "shutdown_timeout_s") -}}
+{{- $shutdown = float64 (include "efo.seconds" (index $settings "shutdown_timeout_s")) -}}
 {{- end -}}
 {{- if include "efo.isSet" (index .Values.config "EFO_SHUTDOWN_TIMEOUT_S") -}}
-{{- $shutdown = float64 (index .Values.config "EFO_SHUTDOWN_TIMEOUT_S") -}}
+{{- $shutdown = float64 (include "efo.seconds" (index .Values.config "EFO_SHUTDOWN_TIMEOUT_S")) -}}
 {{- end -}}
 {{- if lt (float64 .Values.terminationGracePeriodSeconds) (addf $shutdown 10) -}}
 {{- fail (printf "terminationGracePeriodSeconds = %v must be at least shutdown_timeout_s + 10 = %v: the drain may last shutdown_timeout_s + 7 s, and the kubelet's SIGKILL must not cut it" .Values.terminationGracePeriodSeconds (addf $shutdown 10)) -}}
@@ -257,4 +257,30 @@ spec:
 {{- define "efo.cronJobUntil" -}}
 {{- $settingsRun := (.Values.settings | default dict).run | default dict -}}
 {{- if and .Values.cronJob.enabled (not (include "efo.isSet" (index .Values.config "EFO_RUN__UNTIL"))) (not (include "efo.isSet" $settingsRun.until)) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+A duration setting in seconds, read as efo reads it (efo.config.duration_s): a number of seconds,
+or a number with its unit s, m, h or d ("2m" is 120). The schema has checked its form.
+*/}}
+{{- define "efo.seconds" -}}
+{{- $text := . | toString | trim | lower -}}
+{{- $unit := 1.0 -}}
+{{- range $suffix, $seconds := dict "s" 1.0 "m" 60.0 "h" 3600.0 "d" 86400.0 -}}
+{{- if hasSuffix $suffix $text -}}
+{{- $unit = $seconds -}}
+{{- $text = trimSuffix $suffix $text | trim -}}
+{{- end -}}
+{{- end -}}
+{{- mulf (float64 $text) $unit -}}
+{{- end -}}
+
+{{/* The doctor Job's labels: the release's, but a name of its own, so no selector of the workers matches it. */}}
+{{- define "efo.doctorLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ include "efo.name" . }}-doctor
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: doctor
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
