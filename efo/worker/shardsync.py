@@ -123,8 +123,13 @@ class ShardSync:
         if meta is not None and meta.complete:
             return
         graph = await list_shards(self._kinesis, self._stream.arn)
+        # Under LATEST a shard this listing shows closed holds nothing to read only if the listing was
+        # made before the start moment: so only when this attempt writes the meta row after it. A
+        # bootstrap completed later (its worker died, or an attempt failed) lists after the start, and
+        # a shard that closed since then holds records written after it.
+        listed_before_start = False
         if meta is None:
-            await self._table.create_meta(
+            listed_before_start = await self._table.create_meta(
                 self._stream.created_at,
                 str(self._settings.start),
                 self._clock.wall(),
@@ -142,7 +147,11 @@ class ShardSync:
             await bounded(
                 BOOTSTRAP_CONCURRENCY,
                 lambda shard: self._table.create_lease(
-                    shard.shard_id, shard.parents, first_start_position(initial, graph, shard.shard_id, started_at)
+                    shard.shard_id,
+                    shard.parents,
+                    first_start_position(
+                        initial, graph, shard.shard_id, started_at, listed_before_start=listed_before_start
+                    ),
                 ),
                 graph.shards.values(),
             )
@@ -235,13 +244,18 @@ class ShardSync:
                 await self._table.unseen_change(shard_id)
 
 
-def first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime) -> Position:
+def first_start_position(
+    initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime, *, listed_before_start: bool = True
+) -> Position:
     if initial.kind == "LATEST":
-        # Closed shards hold only what was written before the first start: nothing to read.
+        # Closed shards hold only what was written before the first start: nothing to read (when
+        # ``graph`` was listed before that start; one listed after it may show closed a shard that
+        # was open at the start: read from the start, it reaches its end at once if it holds nothing).
         # LATEST means "from the first start": kept as that moment, not as the word LATEST,
         # so that no later claim (a crash, a handover before the first event) starts from a
         # later "now" and skips what was written in between.
-        return SHARD_END if graph.is_closed(shard_id) else Position("AT_TIMESTAMP", timestamp=now)
+        closed_before = listed_before_start and graph.is_closed(shard_id)
+        return SHARD_END if closed_before else Position("AT_TIMESTAMP", timestamp=now)
     if initial.kind == "AT_TIMESTAMP":
         return Position("AT_TIMESTAMP", timestamp=initial.timestamp)
     return Position("TRIM_HORIZON")
