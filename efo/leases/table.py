@@ -480,6 +480,7 @@ class LeaseTable:
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
                 reads=item.get("reads", {}).get("S"),
                 in_doubt=item.get("in_doubt", {}).get("BOOL", False),
+                deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
             )
         elif sort_key.startswith(SHARD_PREFIX):
             lease = _lease_of(item)
@@ -795,6 +796,7 @@ class LeaseTable:
                     "updated_at": self._now(),
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},
+                    "deletes_leases": {"BOOL": True},  # efo.leases.cleanup: no older release runs
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
                     **({"reads": {"S": self.reads}} if self.reads else {}),
                 },

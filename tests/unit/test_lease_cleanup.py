@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from efo.kinesis.graph import Shard, ShardGraph
 from efo.leases.cleanup import deletable
-from efo.leases.model import Lease, PendingReset, TableState
+from efo.leases.model import Lease, PendingReset, TableState, WorkerRow
 from efo.leases.table import LeaseTable
 from efo.pipeline.records import SHARD_END, Position
 from efo.sim.clock import SimClock
@@ -168,3 +168,16 @@ def test_a_reset_of_every_shard_racing_the_delete_of_a_finished_lease_still_rese
         assert after["s0"].parents == () and after["s1"].parents == ("s0",)
 
     run(scenario())
+
+
+def test_nothing_is_deleted_while_a_worker_of_a_release_that_writes_deleted_leases_again_runs() -> None:
+    """A release before deletion wrote a lease at TRIM_HORIZON for every listed shard without one, on
+    every worker, every listing. In a rolling deploy its workers would write a deleted parent's lease
+    again, and its records would be read a second time after its children's. A worker's heartbeat row
+    says whether its release deletes (and so never writes a deleted lease again): nothing is deleted
+    while a row without it is seen."""
+    finished = state(lease("p"), lease("a", "p", at=BEGUN), lease("b", "p", at=BEGUN))
+    finished.workers = {"w1": WorkerRow("w1", 1, None, deletes_leases=True)}
+    assert found(finished) == ["p"]
+    finished.workers["old"] = WorkerRow("old", 1, None)  # a row of the release before
+    assert found(finished) == []
