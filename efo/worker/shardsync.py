@@ -36,6 +36,9 @@ log = structlog.get_logger("efo.worker.shardsync")
 
 #: The first start's lease rows go out this many at once (4,096 one at a time took minutes).
 BOOTSTRAP_CONCURRENCY = 32
+#: Between batches of this many lease rows, a bootstrap reads the meta row: it stops if another worker
+#: completed it meanwhile (a batch takes seconds, far less than ``lease.delete_finished_after_s``).
+BOOTSTRAP_BATCH = 256
 #: A worker waits at most this long for another's bootstrap, then writes the missing leases itself.
 BOOTSTRAP_WAIT_MAX_S = 120.0
 
@@ -143,18 +146,28 @@ class ShardSync:
             return
         initial = InitialPosition.parse(meta.initial_position)
         started_at = meta.started_at or self._clock.wall()
+        shards = list(graph.shards.values())
         async with self._table.changing():  # one version move for the whole bootstrap
-            await bounded(
-                BOOTSTRAP_CONCURRENCY,
-                lambda shard: self._table.create_lease(
-                    shard.shard_id,
-                    shard.parents,
-                    first_start_position(
-                        initial, graph, shard.shard_id, started_at, listed_before_start=listed_before_start
+            for first in range(0, len(shards), BOOTSTRAP_BATCH):
+                if first:
+                    current = await self.check()
+                    if current is not None and current.complete:
+                        # Taken over (this worker was slow, or paused) and completed: the others run,
+                        # and may have deleted leases that finished since (efo.leases.cleanup), which
+                        # this worker's writes would bring back at the start position.
+                        self._log.warning("leases.bootstrap_completed_elsewhere", written=first)
+                        return
+                await bounded(
+                    BOOTSTRAP_CONCURRENCY,
+                    lambda shard: self._table.create_lease(
+                        shard.shard_id,
+                        shard.parents,
+                        first_start_position(
+                            initial, graph, shard.shard_id, started_at, listed_before_start=listed_before_start
+                        ),
                     ),
-                ),
-                graph.shards.values(),
-            )
+                    shards[first : first + BOOTSTRAP_BATCH],
+                )
         await self._table.complete_meta()
         self._log.info(
             "leases.bootstrapped", stream=self._stream.name, shards=len(graph.shards), initial_position=str(initial)

@@ -156,3 +156,36 @@ def test_a_bootstrap_completed_after_a_reshard_under_latest_reads_the_shard_that
         assert leases["b"].checkpoint.kind == leases["c"].checkpoint.kind == "AT_TIMESTAMP"
 
     run(scenario())
+
+
+def test_a_bootstrap_another_worker_completed_meanwhile_writes_no_more_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bootstrapping worker that is slow (a throttled table, thousands of shards) or paused is taken
+    over: the next completes the bootstrap, runs, and deletes leases that finish (efo.leases.cleanup).
+    The first went on writing its listing's leases, and wrote a deleted one again at the start
+    position, to be read again after its children. It stops once it finds the bootstrap complete
+    (looked at between batches, far shorter than lease.delete_finished_after_s)."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console")
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+
+    class Slow(LeaseTable):
+        created = 0
+
+        async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
+            Slow.created += 1
+            if Slow.created == 40:  # another worker took the bootstrap over and completed it
+                await self.complete_meta()
+            return await super().create_lease(shard_id, parents, start)
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = db.client("w1", clock, random.Random(2))
+        table = Slow(client, table="t", app="a", stream_arn=STREAM.arn, worker_id="w1", clock=clock)
+        kinesis = Kinesis({f"s{n:04}": () for n in range(2000)})
+        await ShardSync(settings=settings, stream=STREAM, kinesis=kinesis, table=table, clock=clock).bootstrap()
+        assert Slow.created < 1000
+
+    run(scenario())
