@@ -208,7 +208,10 @@ def reset_command(
                 assert graph is not None
                 await table.create_lease(shard_id, graph.shards[shard_id].parents, position)
         shards = [*shards, *unleased]
-        reset_id = await table.request_reset(shards, position)
+        # A finished lease read above may be deleted by the lister before its reset is written (the
+        # more likely the longer the confirmation took): written again at the position, as above.
+        parents = None if graph is None else {shard_id: shard.parents for shard_id, shard in graph.shards.items()}
+        reset_id = await table.request_reset(shards, position, recreate=parents)
         record: dict[str, Any] = {
             "reset_id": reset_id,
             "position": str(position),

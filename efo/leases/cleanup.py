@@ -19,6 +19,11 @@ AT_TIMESTAMP), because its shard sync writes leases for the ancestors of a child
 efo's never writes a lease for an ancestor of a shard with one, so it need not wait: a child that
 stays idle (an idle shard writes no checkpoint) would otherwise keep its parent's lease for ever.
 
+Nothing is deleted while a worker of a release before deletion runs (its heartbeat row does not say
+``deletes_leases``): that release writes a lease at TRIM_HORIZON for every listed shard without one,
+so a deleted parent would be read again, after its children (a rolling deploy). (Rolling back to
+such a release after leases were deleted does the same: see the README.)
+
 The delete itself is conditional on the row as read (:meth:`efo.leases.table.LeaseTable.delete_finished`),
 so an operator's reset written in between keeps it.
 """
@@ -34,6 +39,8 @@ from efo.leases.model import Lease, TableState
 
 def deletable(state: TableState, listing: ShardGraph, now: datetime, kept_s: float) -> list[Lease]:
     """The finished leases of ``state`` that can be deleted now, in shard order."""
+    if any(not row.deletes_leases for row in state.workers.values()):
+        return []  # a worker of a release that would write them again runs
     listed_children: dict[str, list[str]] = defaultdict(list)
     for shard in listing.shards.values():
         for parent in shard.parents:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -480,6 +480,7 @@ class LeaseTable:
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
                 reads=item.get("reads", {}).get("S"),
                 in_doubt=item.get("in_doubt", {}).get("BOOL", False),
+                deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
             )
         elif sort_key.startswith(SHARD_PREFIX):
             lease = _lease_of(item)
@@ -664,8 +665,15 @@ class LeaseTable:
         await self._update(lease, update)
         await self._changed(await self._partition(lease.shard_id))
 
-    async def request_reset(self, shard_ids: Iterable[str], position: Position) -> str:
-        """The operator's reset: written on each shard's row as pending; returns its id."""
+    async def request_reset(
+        self, shard_ids: Iterable[str], position: Position, *, recreate: Mapping[str, tuple[str, ...]] | None = None
+    ) -> str:
+        """The operator's reset: written on each shard's row as pending; returns its id.
+
+        ``recreate`` (a reset of every shard: each listed shard with its parents): a row gone since
+        the operator's read (a finished lease deleted meanwhile, :mod:`efo.leases.cleanup`) is written
+        again at the position, if the shard is still in the stream, and skipped if not; without it,
+        such a row ends the reset there (ResourceNotFound)."""
         reset_id = uuid.uuid4().hex
         async with self.changing():  # every partition's version moves once, at the end, together
             for shard_id in shard_ids:
@@ -675,7 +683,15 @@ class LeaseTable:
                 update.values[":reset"] = {"S": reset_id}
                 update.conditions.append("attribute_exists(sk)")
                 lease = Lease(shard_id, (), None, 0, position)
-                await self._update(lease, update, missing=f"no lease for shard {shard_id}")
+                try:
+                    await self._update(lease, update, missing=f"no lease for shard {shard_id}")
+                except ResourceNotFound:
+                    if recreate is None:
+                        raise
+                    if shard_id not in recreate:
+                        continue  # gone from the stream, and its finished lease deleted: nothing to read
+                    await self.create_lease(shard_id, recreate[shard_id], position)
+                    await self._update(lease, update, missing=f"no lease for shard {shard_id}")
                 await self._changed(await self._partition(shard_id))
         return reset_id
 
@@ -780,6 +796,7 @@ class LeaseTable:
                     "updated_at": self._now(),
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},
+                    "deletes_leases": {"BOOL": True},  # efo.leases.cleanup: no older release runs
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
                     **({"reads": {"S": self.reads}} if self.reads else {}),
                 },

@@ -36,6 +36,9 @@ log = structlog.get_logger("efo.worker.shardsync")
 
 #: The first start's lease rows go out this many at once (4,096 one at a time took minutes).
 BOOTSTRAP_CONCURRENCY = 32
+#: Between batches of this many lease rows, a bootstrap reads the meta row: it stops if another worker
+#: completed it meanwhile (a batch takes seconds, far less than ``lease.delete_finished_after_s``).
+BOOTSTRAP_BATCH = 256
 #: A worker waits at most this long for another's bootstrap, then writes the missing leases itself.
 BOOTSTRAP_WAIT_MAX_S = 120.0
 
@@ -123,8 +126,13 @@ class ShardSync:
         if meta is not None and meta.complete:
             return
         graph = await list_shards(self._kinesis, self._stream.arn)
+        # Under LATEST a shard this listing shows closed holds nothing to read only if the listing was
+        # made before the start moment: so only when this attempt writes the meta row after it. A
+        # bootstrap completed later (its worker died, or an attempt failed) lists after the start, and
+        # a shard that closed since then holds records written after it.
+        listed_before_start = False
         if meta is None:
-            await self._table.create_meta(
+            listed_before_start = await self._table.create_meta(
                 self._stream.created_at,
                 str(self._settings.start),
                 self._clock.wall(),
@@ -138,14 +146,28 @@ class ShardSync:
             return
         initial = InitialPosition.parse(meta.initial_position)
         started_at = meta.started_at or self._clock.wall()
+        shards = list(graph.shards.values())
         async with self._table.changing():  # one version move for the whole bootstrap
-            await bounded(
-                BOOTSTRAP_CONCURRENCY,
-                lambda shard: self._table.create_lease(
-                    shard.shard_id, shard.parents, first_start_position(initial, graph, shard.shard_id, started_at)
-                ),
-                graph.shards.values(),
-            )
+            for first in range(0, len(shards), BOOTSTRAP_BATCH):
+                if first:
+                    current = await self.check()
+                    if current is not None and current.complete:
+                        # Taken over (this worker was slow, or paused) and completed: the others run,
+                        # and may have deleted leases that finished since (efo.leases.cleanup), which
+                        # this worker's writes would bring back at the start position.
+                        self._log.warning("leases.bootstrap_completed_elsewhere", written=first)
+                        return
+                await bounded(
+                    BOOTSTRAP_CONCURRENCY,
+                    lambda shard: self._table.create_lease(
+                        shard.shard_id,
+                        shard.parents,
+                        first_start_position(
+                            initial, graph, shard.shard_id, started_at, listed_before_start=listed_before_start
+                        ),
+                    ),
+                    shards[first : first + BOOTSTRAP_BATCH],
+                )
         await self._table.complete_meta()
         self._log.info(
             "leases.bootstrapped", stream=self._stream.name, shards=len(graph.shards), initial_position=str(initial)
@@ -235,13 +257,18 @@ class ShardSync:
                 await self._table.unseen_change(shard_id)
 
 
-def first_start_position(initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime) -> Position:
+def first_start_position(
+    initial: InitialPosition, graph: ShardGraph, shard_id: str, now: datetime, *, listed_before_start: bool = True
+) -> Position:
     if initial.kind == "LATEST":
-        # Closed shards hold only what was written before the first start: nothing to read.
+        # Closed shards hold only what was written before the first start: nothing to read (when
+        # ``graph`` was listed before that start; one listed after it may show closed a shard that
+        # was open at the start: read from the start, it reaches its end at once if it holds nothing).
         # LATEST means "from the first start": kept as that moment, not as the word LATEST,
         # so that no later claim (a crash, a handover before the first event) starts from a
         # later "now" and skips what was written in between.
-        return SHARD_END if graph.is_closed(shard_id) else Position("AT_TIMESTAMP", timestamp=now)
+        closed_before = listed_before_start and graph.is_closed(shard_id)
+        return SHARD_END if closed_before else Position("AT_TIMESTAMP", timestamp=now)
     if initial.kind == "AT_TIMESTAMP":
         return Position("AT_TIMESTAMP", timestamp=initial.timestamp)
     return Position("TRIM_HORIZON")

@@ -3,6 +3,7 @@ never writes again the lease of a shard whose lease was deleted (ShardGraph.need
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
@@ -10,8 +11,12 @@ from hypothesis import strategies as st
 
 from efo.kinesis.graph import Shard, ShardGraph
 from efo.leases.cleanup import deletable
-from efo.leases.model import Lease, PendingReset, TableState
+from efo.leases.model import Lease, PendingReset, TableState, WorkerRow
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import SHARD_END, Position
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.loop import run
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 KEPT_S = 300.0
@@ -132,3 +137,47 @@ def test_deleting_what_is_deletable_never_makes_the_lister_write_a_lease_again(s
         assert graph.needing_leases(set(leases)) == []
         for lease_ in leases.values():
             assert all(p not in leases or leases[p].finished for p in lease_.parents)
+
+
+def test_a_reset_of_every_shard_racing_the_delete_of_a_finished_lease_still_resets_every_shard() -> None:
+    """``efo checkpoints reset --all`` reads the leases, asks the operator, then writes the resets;
+    the lister may delete a finished lease in between (the delete's condition keeps a lease whose
+    reset landed first, not the other way round). The reset then failed half-way, on the deleted
+    row: the shards before it restarted, those after it (its children) did not. A row deleted since
+    the read is written again at the position (from the listing), and the reset goes on."""
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = db.client("op", clock, random.Random(2))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="op", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.complete_meta()
+        await table.create_lease("s0", (), SHARD_END)
+        await table.create_lease("s1", ("s0",), BEGUN)
+        await table.create_lease("s2", ("s0",), BEGUN)
+        read = await table.read()  # the operator's read, then the lister deletes s0
+        assert await table.delete_finished(read.leases["s0"])
+        graph = listing(s0=(), s1=("s0",), s2=("s0",))
+        parents = {shard_id: shard.parents for shard_id, shard in graph.shards.items()}
+        reset_id = await table.request_reset(sorted(read.leases), Position("TRIM_HORIZON"), recreate=parents)
+        after = (await table.read()).leases
+        assert sorted(after) == ["s0", "s1", "s2"]
+        assert all(lease.reset is not None and lease.reset.reset_id == reset_id for lease in after.values())
+        assert after["s0"].parents == () and after["s1"].parents == ("s0",)
+
+    run(scenario())
+
+
+def test_nothing_is_deleted_while_a_worker_of_a_release_that_writes_deleted_leases_again_runs() -> None:
+    """A release before deletion wrote a lease at TRIM_HORIZON for every listed shard without one, on
+    every worker, every listing. In a rolling deploy its workers would write a deleted parent's lease
+    again, and its records would be read a second time after its children's. A worker's heartbeat row
+    says whether its release deletes (and so never writes a deleted lease again): nothing is deleted
+    while a row without it is seen."""
+    finished = state(lease("p"), lease("a", "p", at=BEGUN), lease("b", "p", at=BEGUN))
+    finished.workers = {"w1": WorkerRow("w1", 1, None, deletes_leases=True)}
+    assert found(finished) == ["p"]
+    finished.workers["old"] = WorkerRow("old", 1, None)  # a row of the release before
+    assert found(finished) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,8 +11,10 @@ import pytest
 
 from efo.config import Settings, load_settings
 from efo.kinesis.registration import StreamInfo
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
 from efo.sim.loop import run
 from efo.worker.shardsync import ShardSync
 
@@ -119,3 +122,70 @@ def test_a_merged_child_whose_other_parent_has_no_lease_yet_is_left_to_the_liste
     assert table.created == []
     run(_sync(settings, kinesis, table, {"a", "x"}, lists=True).sync())
     assert table.created == [("b", ("x",), Position("TRIM_HORIZON")), ("m", ("a", "b"), Position("TRIM_HORIZON"))]
+
+
+def test_a_bootstrap_completed_after_a_reshard_under_latest_reads_the_shard_that_closed_since_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under LATEST a closed shard's lease is written finished: it closed before the first start, so
+    it holds nothing to read. But a bootstrap cut short (its worker died, or a throttled write made it
+    try again) lists the stream again, after the start: a shard open at the start that closed since
+    holds records written after it, which its SHARD_END lease would skip. Only the listing made
+    before the start moment tells which shards closed before it."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console", initial_position="LATEST")
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+
+    def table(worker: str, clock: SimClock) -> LeaseTable:
+        client = db.client(worker, clock, random.Random(2))
+        return LeaseTable(client, table="t", app="a", stream_arn=STREAM.arn, worker_id=worker, clock=clock)
+
+    async def scenario() -> None:
+        clock = SimClock()
+        first = table("w1", clock)  # lists {a}, writes the meta row (the start), dies before any lease
+        await first.register_partition()
+        await first.create_meta(STREAM.created_at, "LATEST", clock.wall(), lease_partitions=8)
+        kinesis = Kinesis({"a": (), "b": ("a",), "c": ("a",)})  # a split after the start
+        second = table("w2", clock)
+        await ShardSync(settings=settings, stream=STREAM, kinesis=kinesis, table=second, clock=clock).bootstrap()
+        leases = (await second.read()).leases
+        assert leases["a"].checkpoint.kind == "AT_TIMESTAMP"  # not SHARD_END: its records since the start
+        assert leases["b"].checkpoint.kind == leases["c"].checkpoint.kind == "AT_TIMESTAMP"
+
+    run(scenario())
+
+
+def test_a_bootstrap_another_worker_completed_meanwhile_writes_no_more_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bootstrapping worker that is slow (a throttled table, thousands of shards) or paused is taken
+    over: the next completes the bootstrap, runs, and deletes leases that finish (efo.leases.cleanup).
+    The first went on writing its listing's leases, and wrote a deleted one again at the start
+    position, to be read again after its children. It stops once it finds the bootstrap complete
+    (looked at between batches, far shorter than lease.delete_finished_after_s)."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console")
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+
+    class Slow(LeaseTable):
+        created = 0
+
+        async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
+            Slow.created += 1
+            if Slow.created == 40:  # another worker took the bootstrap over and completed it
+                await self.complete_meta()
+            return await super().create_lease(shard_id, parents, start)
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = db.client("w1", clock, random.Random(2))
+        table = Slow(client, table="t", app="a", stream_arn=STREAM.arn, worker_id="w1", clock=clock)
+        kinesis = Kinesis({f"s{n:04}": () for n in range(2000)})
+        await ShardSync(settings=settings, stream=STREAM, kinesis=kinesis, table=table, clock=clock).bootstrap()
+        assert Slow.created < 1000
+
+    run(scenario())
