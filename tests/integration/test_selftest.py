@@ -1,9 +1,9 @@
 """``efo selftest`` on the local stack: the whole path verified, and nothing left behind, whether it
-succeeds, is interrupted (by its test hook with the stream only; by SIGTERM from outside while the
-worker reads: consumer, table and worker to clean up), or fails (its worker refused CreateTable).
+succeeds, is interrupted (by its test hook at the start of each of its seven steps; by SIGTERM from
+outside while the worker reads), or fails (its worker refused CreateTable).
 
-Each of its seven steps interrupted by the hook, and a stream or table not yet deletable when
-interrupted, are tests/unit/test_selftest.py's, on a fake account: a run here costs seconds each."""
+A stream or table not yet deletable when interrupted is tests/unit/test_selftest.py's, on a fake
+account."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 from efo.devstack.faults import FaultClient
 from efo.devstack.stack import StackEndpoints, die_with_parent_process
 from efo.errors import EXIT_OK, EXIT_RUNTIME
-from efo.selftest.run import PREFIX, TEST_INTERRUPT_VARIABLE
+from efo.selftest.run import PREFIX, STEPS, TEST_INTERRUPT_VARIABLE
 
 from .service import Result, efo
 
@@ -90,16 +90,20 @@ def test_the_whole_path_is_verified_and_everything_it_made_is_deleted(
     assert f"deleted stream {name} (with its consumer), table {name}" in result.stdout
 
 
-def test_interrupted_by_its_hook_with_the_stream_made_it_deletes_it(
-    local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
+@pytest.mark.parametrize("step", STEPS)
+def test_interrupted_at_each_step_it_deletes_everything_it_made(
+    step: str, local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
 ) -> None:
-    env = env_of(local_stack, tmp_path, **{TEST_INTERRUPT_VARIABLE: "put"})
+    """Its test hook raises a Ctrl-C at the start of ``step``: whatever the steps before it made (the
+    stream, its consumer, the worker, its table, a split) is deleted, and the worker stopped."""
+    env = env_of(local_stack, tmp_path, **{TEST_INTERRUPT_VARIABLE: step})
     result = efo(env, "selftest", "--yes", "--records", "200", timeout_s=240)
     assert result.code == EXIT_RUNTIME, result.stdout + result.stderr
-    assert "interrupted at step put" in result.stdout
+    assert f"interrupted at step {step}" in result.stdout
     assert "everything it made is deleted" in result.stderr
     name = assert_nothing_left(result, kinesis_client, dynamodb_client, tmp_path)
-    assert f"deleted stream {name} (with its consumer)" in result.stdout
+    if step != STEPS[0]:
+        assert f"deleted stream {name} (with its consumer)" in result.stdout
 
 
 def test_sigterm_from_outside_while_the_worker_reads_deletes_everything(
