@@ -127,7 +127,9 @@ async def _consumer(report: Report, settings: Settings, kinesis: Any, info: Stre
         "kinesis:DescribeStreamConsumer",
         resource,
         lambda: kinesis.describe_stream_consumer(**args),
-        allowed=frozenset({"ResourceNotFoundException"}),
+        # Only a permitted call gets these: the shard is not found (AWS), another subscription to the
+        # probe shard is still open (the local stack, for 3-4 s after one), or calls come too often.
+        allowed=frozenset({"ResourceNotFoundException", "ResourceInUseException", "LimitExceededException"}),
     )
     if not allowed:
         report.add("consumer", resource, "skip", "not checked: the consumer could not be described")
@@ -172,8 +174,9 @@ async def _consumer(report: Report, settings: Settings, kinesis: Any, info: Stre
 async def _subscribe(report: Report, subscriber: Any, consumer_arn: str | None) -> None:
     """kinesis:SubscribeToShard, authorised on the consumer's ARN: one call naming a shard the
     stream does not have (:data:`PROBE_SHARD_ID`), so no worker's subscription is taken over and
-    nothing is read. ResourceNotFoundException (AWS) or a subscription (closed at once: the local
-    stack) answers a permitted call."""
+    nothing is read. ResourceNotFoundException (AWS), a subscription (closed at once: the local
+    stack), ResourceInUseException (another doctor's, just before) or LimitExceededException answers
+    a permitted call."""
     if consumer_arn is None:
         report.add(
             "kinesis:SubscribeToShard",
@@ -195,7 +198,9 @@ async def _subscribe(report: Report, subscriber: Any, consumer_arn: str | None) 
         "kinesis:SubscribeToShard",
         consumer_arn,
         call,
-        allowed=frozenset({"ResourceNotFoundException"}),
+        # Only a permitted call gets these: the shard is not found (AWS), another subscription to the
+        # probe shard is still open (the local stack, for 3-4 s after one), or calls come too often.
+        allowed=frozenset({"ResourceNotFoundException", "ResourceInUseException", "LimitExceededException"}),
         holds=f"allowed (asked for {PROBE_SHARD_ID}, a shard no stream has: no subscription taken over)",
     )
 

@@ -210,3 +210,24 @@ def test_aws_checks_that_do_not_finish_in_time_fail_the_doctor_naming_the_deadli
     [finding] = report.findings
     assert finding.status == "fail" and "did not finish within 0.05 s" in finding.detail, finding
     assert report.exit_code == EXIT_RUNTIME
+
+
+@pytest.mark.parametrize("code", ["ResourceInUseException", "LimitExceededException"])
+def test_a_subscribe_check_refused_for_its_rate_or_an_open_subscription_holds(code: str) -> None:
+    """Found in CI: a doctor run two seconds after another got ResourceInUseException (the local stack
+    refuses a second subscription to the same consumer and shard for 3-4 s; AWS refuses more than one
+    call a second per consumer and shard with LimitExceededException). Both answer a permitted call."""
+    import asyncio
+
+    import botocore.exceptions
+
+    from efo.doctor.stream import _subscribe
+
+    class Busy:
+        async def subscribe_to_shard(self, **_: Any) -> Any:
+            raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "busy"}}, "SubscribeToShard")
+
+    report = Report()
+    asyncio.run(_subscribe(report, Busy(), "arn:aws:kinesis:eu-west-1:1:stream/orders/consumer/c:1"))
+    [finding] = report.findings
+    assert (finding.check, finding.status) == ("kinesis:SubscribeToShard", "ok"), finding
