@@ -197,7 +197,9 @@ def reset_command(
         # --all means them too, so they get a lease at the position, written before the resets, and
         # their children (whose owners read their parents' rows again before applying one) wait for them.
         graph = await list_shards(conn.kinesis, conn.stream.arn) if all_shards else None
-        unleased = [] if graph is None else sorted(set(graph.shards) - set(state.leases))
+        # Parents first: a child's lease written before its parent's (the command dying in between)
+        # would hide the parent from the lister for ever (ShardGraph.needing_leases).
+        unleased = [] if graph is None else graph.parents_first(set(graph.shards) - set(state.leases))
         confirm(
             f"Reset {len(shards) + len(unleased)} shard(s) of application {scope.app!r} on stream "
             f"{conn.stream.name!r} to {position}? {len(owners)} worker(s) hold them and restart them there.",

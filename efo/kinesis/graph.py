@@ -63,11 +63,20 @@ class ShardGraph:
         again. So a lineage's leases must be written in this order: a child's written before its
         parent's (a writer that died in between) would hide the parent for ever."""
         covered = self.ancestors(leased)
-        needed = {shard_id for shard_id in self.shards if shard_id not in leased and shard_id not in covered}
+        return self.parents_first({s for s in self.shards if s not in leased and s not in covered})
+
+    def parents_first(self, shard_ids: Collection[str]) -> list[str]:
+        """``shard_ids`` in an order where each comes after those of its parents among them (and by
+        name otherwise), the order in which a lineage's leases must be written."""
+        among = set(shard_ids)
+        parents = {s: self.shards[s].parents if s in self.shards else () for s in among}
         ordered: list[str] = []
-        waiting = sorted(needed)
-        while waiting:  # a generation at a time: those whose needed parents are placed
-            ready = [s for s in waiting if not any(p in needed and p not in ordered for p in self.shards[s].parents)]
-            ordered += ready or waiting  # nothing ready: a cycle, which no listing has
-            waiting = [s for s in waiting if s not in ready] if ready else []
+        placed: set[str] = set()
+        waiting = sorted(among)
+        while waiting:  # a generation at a time: those whose parents among them are placed
+            ready = [s for s in waiting if not any(p in among and p not in placed for p in parents[s])]
+            ready = ready or waiting  # nothing ready: a cycle, which no listing has
+            ordered += ready
+            placed.update(ready)
+            waiting = [s for s in waiting if s not in placed]
         return ordered

@@ -181,3 +181,11 @@ def test_nothing_is_deleted_while_a_worker_of_a_release_that_writes_deleted_leas
     assert found(finished) == ["p"]
     finished.workers["old"] = WorkerRow("old", 1, None)  # a row of the release before
     assert found(finished) == []
+
+
+def test_a_reset_of_every_shard_writes_deleted_leases_parents_first_whatever_their_names() -> None:
+    """efo checkpoints reset --all writes a lease for every listed shard without one before the
+    resets; a child's written first (the command dying in between) would hide its parent for ever."""
+    graph = listing(z=(), a=("z",), m=("a", "y"), y=())
+    order = graph.parents_first({"z", "a", "m", "y"})
+    assert order.index("z") < order.index("a") < order.index("m") and order.index("y") < order.index("m")
