@@ -28,10 +28,16 @@ def test_every_shard_is_read_again_after_a_worker_whose_leases_were_in_doubt_rec
             await until(lambda: len(w1.coordinator.owned) == 3, what="w1 holding all three")
             w0 = await w1.worker("w0", bootstrap=False)
             async with running(w0) as stop_w0:
-                # w0 joins before w1 may shed (its claims are recent): w0 asks for one lease.
-                await until(lambda: len(w0.coordinator.owned) == 1, what="w0 getting one by asking")
+                # w0 joins before w1 may shed (its claims are recent): w0 asks for one lease. (On a loaded
+                # machine w1's first heartbeats may miss this file's 0.75 s validity: it then releases
+                # what it held and w0 claims two. Either way both read, one shard apart.)
+                await until(
+                    lambda: len(w0.coordinator.owned) >= 1
+                    and len(w0.coordinator.owned) + len(w1.coordinator.owned) == 3,
+                    what="w0 reading one shard or two, w1 the rest",
+                )
                 await asyncio.sleep(2.5)  # past the settling cycles: a spread of one moves nothing
-                assert (len(w0.coordinator.owned), len(w1.coordinator.owned)) == (1, 2)
+                assert sorted((len(w0.coordinator.owned), len(w1.coordinator.owned))) == [1, 2]
 
                 real, failing = w1.table.heartbeat, True
 
