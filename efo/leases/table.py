@@ -433,17 +433,18 @@ class LeaseTable:
     async def read_lease(self, shard_id: str) -> Lease | None:
         """One shard's lease, strongly consistent (a subscription asks this before it resubscribes
         after another subscriber took the shard over)."""
+        return (await self._get_row(await self._lease_key(shard_id))).leases.get(shard_id)
+
+    async def _get_row(self, key: dict[str, Any]) -> TableState:
+        """One row, strongly consistent, as a table state holding it (nothing: no such row)."""
         try:
-            response = await self._ddb.get_item(
-                TableName=self.table, Key=await self._lease_key(shard_id), ConsistentRead=True
-            )
+            response = await self._ddb.get_item(TableName=self.table, Key=key, ConsistentRead=True)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        if "Item" not in response:
-            return None
         state = TableState()
-        self._absorb(state, response["Item"])
-        return state.leases.get(shard_id)
+        if "Item" in response:
+            self._absorb(state, response["Item"])
+        return state
 
     async def holds(self, lease: Lease) -> bool:
         current = await self.read_lease(lease.shard_id)
@@ -617,20 +618,29 @@ class LeaseTable:
     async def delete_finished(self, lease: Lease) -> bool:
         """Delete a finished lease (:mod:`efo.leases.cleanup` says when), if it is still as read: the same
         counter, no owner, SHARD_END, no pending reset. False if it changed (or is gone already)."""
+        partition = await self._partition(lease.shard_id)
+        deleted = await self._delete_if(
+            await self._lease_key(lease.shard_id),
+            "lease_counter = :counter AND attribute_not_exists(lease_owner) "
+            "AND position_kind = :end AND attribute_not_exists(reset_id)",
+            {":counter": {"N": str(lease.counter)}, ":end": {"S": SHARD_END.kind}},
+        )
+        if deleted:
+            await self._changed(partition)
+        else:
+            self._changed_partitions.add(partition)  # not as read: read it again
+        return deleted
+
+    async def _delete_if(self, key: dict[str, Any], condition: str, values: dict[str, Any]) -> bool:
+        """Delete a row if ``condition`` holds; False if it does not (or the row is gone)."""
         try:
             await self._ddb.delete_item(
-                TableName=self.table,
-                Key=await self._lease_key(lease.shard_id),
-                ConditionExpression="lease_counter = :counter AND attribute_not_exists(lease_owner) "
-                "AND position_kind = :end AND attribute_not_exists(reset_id)",
-                ExpressionAttributeValues={":counter": {"N": str(lease.counter)}, ":end": {"S": SHARD_END.kind}},
+                TableName=self.table, Key=key, ConditionExpression=condition, ExpressionAttributeValues=values
             )
         except Exception as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
-                self._changed_partitions.add(await self._partition(lease.shard_id))
                 return False
             raise translate(exc, resource=self._resource()) from None
-        await self._changed(await self._partition(lease.shard_id))
         return True
 
     async def release(self, lease: Lease) -> None:
@@ -827,35 +837,16 @@ class LeaseTable:
 
     async def read_worker(self, worker_id: str) -> WorkerRow | None:
         """One worker's heartbeat row, strongly consistent (None: no row: it stopped, or was reaped)."""
-        try:
-            response = await self._ddb.get_item(
-                TableName=self.table, Key=self._key(WORKER_PREFIX + worker_id), ConsistentRead=True
-            )
-        except Exception as exc:
-            raise translate(exc, resource=self._resource()) from None
-        if "Item" not in response:
-            return None
-        state = TableState()
-        self._absorb(state, response["Item"])
-        return state.workers.get(worker_id)
+        return (await self._get_row(self._key(WORKER_PREFIX + worker_id))).workers.get(worker_id)
 
     async def reap_worker(self, worker_id: str, heartbeat: int) -> bool:
         """Delete a dead worker's heartbeat row, if its counter is still ``heartbeat`` (it did not beat
         since it was seen dead): a worker that starts later sees no row, so it takes that worker's
         leases at once instead of watching it for failover_s, and the heartbeat reads stay small.
         False if the row changed or is gone already."""
-        try:
-            await self._ddb.delete_item(
-                TableName=self.table,
-                Key=self._key(WORKER_PREFIX + worker_id),
-                ConditionExpression="heartbeat = :seen",
-                ExpressionAttributeValues={":seen": {"N": str(heartbeat)}},
-            )
-        except Exception as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise translate(exc, resource=self._resource()) from None
-        return True
+        return await self._delete_if(
+            self._key(WORKER_PREFIX + worker_id), "heartbeat = :seen", {":seen": {"N": str(heartbeat)}}
+        )
 
     async def remove_worker(self) -> None:
         try:
