@@ -187,19 +187,24 @@ def reset_command(
         state = await table.read()
         shards = sorted(state.leases) if all_shards else list(shard_ids)
         missing = [shard for shard in shards if shard not in state.leases]
-        if missing or not shards:
-            raise ResourceNotFound(
-                f"no lease for shard(s) {', '.join(missing) or '(any)'} of application {scope.app!r} on stream "
-                f"{conn.stream.name!r}; see 'efo checkpoints show'"
-            )
-        owners = {state.leases[shard].owner for shard in shards} - {None}
         # Finished shards whose leases were deleted (efo.leases.cleanup) but are still in the stream:
-        # --all means them too, so they get a lease at the position, written before the resets, and
-        # their children (whose owners read their parents' rows again before applying one) wait for them.
-        graph = await list_shards(conn.kinesis, conn.stream.arn) if all_shards else None
+        # --all means them too, and --shard names them, so they get a lease at the position, written
+        # before the resets; their children (whose owners read their parents' rows again before
+        # applying one) wait for them.
+        graph = await list_shards(conn.kinesis, conn.stream.arn) if all_shards or missing else None
+        unknown = [shard for shard in missing if graph is None or shard not in graph.shards]
+        if unknown or not shards:
+            raise ResourceNotFound(
+                f"no lease for shard(s) {', '.join(unknown) or '(any)'} of application {scope.app!r}, and "
+                f"stream {conn.stream.name!r} does not list them (past its retention, or never one of its "
+                "shards); see 'efo checkpoints show' and 'efo shards'"
+            )
+        shards = [shard for shard in shards if shard in state.leases]
+        owners = {state.leases[shard].owner for shard in shards} - {None}
         # Parents first: a child's lease written before its parent's (the command dying in between)
         # would hide the parent from the lister for ever (ShardGraph.needing_leases).
-        unleased = [] if graph is None else graph.parents_first(set(graph.shards) - set(state.leases))
+        wanted = set(graph.shards) if all_shards and graph is not None else set(missing)
+        unleased = [] if graph is None else graph.parents_first(wanted - set(state.leases))
         confirm(
             f"Reset {len(shards) + len(unleased)} shard(s) of application {scope.app!r} on stream "
             f"{conn.stream.name!r} to {position}? {len(owners)} worker(s) hold them and restart them there.",

@@ -512,8 +512,8 @@ def test_consumers_deregister_without_a_terminal_and_without_yes_exits_2_and_lea
             ["checkpoints", "reset", "--shard", "shardId-999", "--to", "LATEST", "--yes"],
             (),
             EXIT_NOT_FOUND,
-            "efo: no lease for shard(s) shardId-999 of application '{app}' on stream '{stream}'; "
-            "see 'efo checkpoints show'",
+            "efo: no lease for shard(s) shardId-999 of application '{app}', and stream '{stream}' does not list "
+            "them (past its retention, or never one of its shards); see 'efo checkpoints show' and 'efo shards'",
         ),
         (
             ["workers", "--app", "nobody"],

@@ -176,6 +176,10 @@ def test_shard_split_during_consumption_loses_nothing_and_keeps_parent_before_ch
     assert restarted.stop() == 0
     assert_exactly(read_output(tmp_path / "out"), before + after + later)
     assert not [e for e in restarted.events() if e.get("shard_id") == parent and e["event"] == "shard.started"]
+    # The parent alone, named: its lease is written again at the position (it had none to reset).
+    again = efo(restarted.env, "checkpoints", "reset", "--shard", parent, "--to", "TRIM_HORIZON", "--yes", "--json")
+    assert again.code == 0, again.stderr
+    assert json.loads(again.stdout)["shard_ids"] == [parent]
     # Reading everything again means the parent too: its lease is written again, before the resets.
     reset = efo(restarted.env, "checkpoints", "reset", "--all", "--to", "TRIM_HORIZON", "--yes", "--json")
     assert reset.code == 0, reset.stderr
