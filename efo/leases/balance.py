@@ -87,16 +87,19 @@ def plan(
     floor, extra = divmod(count, width)
     ceiling = floor + (1 if extra else 0)
 
-    def share(worker: str) -> int:
-        return _share(worker, workers, count, rank_offset, max_leases)
+    members = set(workers)  # asked of every lease: a set, not the list (O(S) a plan, not O(S x W))
+    shares = {worker: _share_of_rank(at, width, count, rank_offset, max_leases) for at, worker in enumerate(workers)}
 
-    load = Counter(lease.owner for lease in leases if lease.owner in workers)
+    def share(worker: str) -> int:
+        return shares[worker]
+
+    load = Counter(lease.owner for lease in leases if lease.owner in members)
     mine, target = load[me], share(me) if room is None else min(share(me), room)
 
     free = [
         lease
         for lease in leases
-        if lease.owner not in workers and (lease.wanted_by == me or lease.shard_id not in reserved_for_others)
+        if lease.owner not in members and (lease.wanted_by == me or lease.shard_id not in reserved_for_others)
     ]
     # What this worker asked for or still holds in the table first; then from its own place in the
     # list (its rank's share of the way along), so that workers claiming at once do not all race
@@ -199,6 +202,11 @@ def answer_requests(
 def _share(worker: str, workers: list[str], count: int, rank_offset: int, max_leases: int | None) -> int:
     """``worker``'s share of ``count`` shards among ``workers`` (sorted): the floor, one more for the
     ``count mod len(workers)`` workers from rank ``rank_offset`` on (around), at most ``max_leases``."""
-    floor, extra = divmod(count, len(workers))
-    base = floor + (1 if (workers.index(worker) - rank_offset) % len(workers) < extra else 0)
+    return _share_of_rank(workers.index(worker), len(workers), count, rank_offset, max_leases)
+
+
+def _share_of_rank(rank: int, width: int, count: int, rank_offset: int, max_leases: int | None) -> int:
+    """:func:`_share` of the worker at ``rank`` (0-based, in name order) of ``width`` workers."""
+    floor, extra = divmod(count, width)
+    base = floor + (1 if (rank - rank_offset) % width < extra else 0)
     return base if max_leases is None else min(base, max_leases)
