@@ -32,7 +32,7 @@ last few cycles is neither shed nor asked for again (no ping-pong); a worker nev
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -81,22 +81,66 @@ def plan(
     ceiling, so no shard stays unread, and never paid for by shedding another in the same cycle;
     ``shed_for_short``: hand over what is above the share to a worker short of its own (False for a
     while after this worker took stale leases: the short worker did not claim what was free)."""
-    leases = sorted(readable, key=lambda lease: lease.shard_id)
+    return plan_by_owner(
+        me,
+        by_owner(readable),
+        live,
+        moved_recently=moved_recently,
+        reserved_for_others=reserved_for_others,
+        stranded=stranded,
+        asked=asked,
+        may_ask=may_ask,
+        max_leases=max_leases,
+        max_steals=max_steals,
+        rank_offset=rank_offset,
+        exact=exact,
+        room=room,
+        stale_free=stale_free,
+        shed_for_short=shed_for_short,
+    )
+
+
+def plan_by_owner(
+    me: str,
+    readable: Mapping[str | None, Mapping[str, Lease]],
+    live: Iterable[str],
+    *,
+    moved_recently: AbstractSet[str] = frozenset(),
+    reserved_for_others: AbstractSet[str] = frozenset(),
+    stranded: AbstractSet[str] = frozenset(),
+    asked: int = 0,
+    may_ask: bool = True,
+    max_leases: int | None = None,
+    max_steals: int = 1,
+    rank_offset: int = 0,
+    exact: bool = False,
+    room: int | None = None,
+    stale_free: AbstractSet[str] = frozenset(),
+    shed_for_short: bool = True,
+) -> Plan:
+    """:func:`plan` of the readable leases grouped by owner (owner, None for nobody -> shard -> lease,
+    as :func:`by_owner` groups them or :class:`efo.leases.readable.ReadableLeases` keeps them): what it
+    costs grows with the free leases and this worker's, not with every lease."""
     workers = sorted(set(live) | {me})
-    count, width = len(leases), len(workers)
+    count, width = sum(len(leases) for leases in readable.values()), len(workers)
     floor, extra = divmod(count, width)
     ceiling = floor + (1 if extra else 0)
 
-    def share(worker: str) -> int:
-        return _share(worker, workers, count, rank_offset, max_leases)
+    members = set(workers)
+    shares = {worker: _share_of_rank(at, width, count, rank_offset, max_leases) for at, worker in enumerate(workers)}
 
-    load = Counter(lease.owner for lease in leases if lease.owner in workers)
+    def share(worker: str) -> int:
+        return shares[worker]
+
+    load = Counter({worker: len(readable.get(worker, {})) for worker in workers})
     mine, target = load[me], share(me) if room is None else min(share(me), room)
 
     free = [
         lease
-        for lease in leases
-        if lease.owner not in workers and (lease.wanted_by == me or lease.shard_id not in reserved_for_others)
+        for owner, leases in readable.items()
+        if owner not in members
+        for lease in leases.values()
+        if lease.wanted_by == me or lease.shard_id not in reserved_for_others
     ]
     # What this worker asked for or still holds in the table first; then from its own place in the
     # list (its rank's share of the way along), so that workers claiming at once do not all race
@@ -136,7 +180,7 @@ def plan(
         )
     )
     if held > target and (held > ceiling or short or (room is not None and held > room)):
-        movable = [lease.shard_id for lease in leases if lease.owner == me and lease.shard_id not in moved_recently]
+        movable = [shard_id for shard_id in readable.get(me, {}) if shard_id not in moved_recently]
         shed = sorted(movable, reverse=True)[: held - target]
 
     ask: list[Lease] = []
@@ -148,13 +192,24 @@ def plan(
             # The most above its own share (the one that will hand over), then the most loaded.
             donor = max(others, key=lambda worker: (load[worker] - share(worker), load[worker], worker))
             if load[donor] - mine >= 2:
-                candidates = [
-                    lease
-                    for lease in leases
-                    if lease.owner == donor and lease.wanted_by is None and lease.shard_id not in moved_recently
-                ]
+                candidates = sorted(
+                    (
+                        lease
+                        for lease in readable.get(donor, {}).values()
+                        if lease.wanted_by is None and lease.shard_id not in moved_recently
+                    ),
+                    key=lambda lease: lease.shard_id,
+                )
                 ask = candidates[: min(room, max_steals - asked)]
     return Plan(claim=claim, shed=shed, ask=ask, target=target, short=short)
+
+
+def by_owner(leases: Iterable[Lease]) -> dict[str | None, dict[str, Lease]]:
+    """The leases grouped by owner (None: nobody), for :func:`plan_by_owner`."""
+    grouped: dict[str | None, dict[str, Lease]] = {}
+    for lease in leases:
+        grouped.setdefault(lease.owner, {})[lease.shard_id] = lease
+    return grouped
 
 
 def target(
@@ -199,6 +254,11 @@ def answer_requests(
 def _share(worker: str, workers: list[str], count: int, rank_offset: int, max_leases: int | None) -> int:
     """``worker``'s share of ``count`` shards among ``workers`` (sorted): the floor, one more for the
     ``count mod len(workers)`` workers from rank ``rank_offset`` on (around), at most ``max_leases``."""
-    floor, extra = divmod(count, len(workers))
-    base = floor + (1 if (workers.index(worker) - rank_offset) % len(workers) < extra else 0)
+    return _share_of_rank(workers.index(worker), len(workers), count, rank_offset, max_leases)
+
+
+def _share_of_rank(rank: int, width: int, count: int, rank_offset: int, max_leases: int | None) -> int:
+    """:func:`_share` of the worker at ``rank`` (0-based, in name order) of ``width`` workers."""
+    floor, extra = divmod(count, width)
+    base = floor + (1 if (rank - rank_offset) % width < extra else 0)
     return base if max_leases is None else min(base, max_leases)

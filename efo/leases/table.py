@@ -207,6 +207,8 @@ class LeaseTable:
         self._bumps_deferred = 0
         self._bumps_due: set[int] = set()
         self._bumps_failed: set[int] = set()  # versions whose move did not land: moved with the next
+        #: Lease partition key -> its rows as the last Query of it found them, parsed (see _absorb).
+        self._parsed: dict[str, dict[str, tuple[dict[str, Any], Lease]]] = {}
 
     def _now(self) -> dict[str, Any]:
         return _stamp(self._clock.wall())
@@ -403,8 +405,12 @@ class LeaseTable:
             items = await _query(self._ddb, self.table, partition, prefix, after=after, consistent=consistent)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
+        parsed = self._parsed.get(partition, {}) if prefix == SHARD_PREFIX else None
+        fresh: dict[str, tuple[dict[str, Any], Lease]] = {}
         for item in items:
-            self._absorb(state, item)
+            self._absorb(state, item, parsed, fresh)
+        if parsed is not None:
+            self._parsed[partition] = fresh  # what this read found: a deleted lease is forgotten
         return state
 
     async def read_meta(self) -> Meta | None:
@@ -451,7 +457,16 @@ class LeaseTable:
         return current is not None and current.owner == self.worker_id and current.counter == lease.counter
 
     @staticmethod
-    def _absorb(state: TableState, item: dict[str, Any]) -> None:
+    def _absorb(
+        state: TableState,
+        item: dict[str, Any],
+        parsed: Mapping[str, tuple[dict[str, Any], Lease]] | None = None,
+        fresh: dict[str, tuple[dict[str, Any], Lease]] | None = None,
+    ) -> None:
+        """``item`` into ``state``. ``parsed``: a lease partition's rows as last read and parsed here
+        (sort key -> (row, lease)): a row equal to the one read last is the same lease object, not
+        parsed again (a partition is read again whole for one change in it, and the lease cycle looks
+        only at leases that are not the objects it saw last); ``fresh`` gets each lease row read."""
         sort_key = item["sk"]["S"]
         if sort_key == META_KEY:
             started = item.get("started_at", {}).get("N")
@@ -484,7 +499,10 @@ class LeaseTable:
                 deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
             )
         elif sort_key.startswith(SHARD_PREFIX):
-            lease = _lease_of(item)
+            known = parsed.get(sort_key) if parsed is not None else None
+            lease = known[1] if known is not None and known[0] == item else _lease_of(item)
+            if fresh is not None:
+                fresh[sort_key] = (item, lease)
             state.leases[lease.shard_id] = lease
 
     async def create_meta(

@@ -50,6 +50,8 @@ class TableView:
         self._holders: dict[str, tuple[str | None, int]] = {}  # shard -> (owner, counter)
         self._moved_at: dict[str, float] = {}
         self._asked_seen: dict[tuple[str, str], float] = {}  # (shard, asker) -> first seen at
+        self._last: dict[str, Lease] = {}  # the leases as the last read showed them
+        self._wanted: dict[str, str] = {}  # shard -> who asked for it, in the last read
         self.live: set[str] = {me}
         self.dead: set[str] = set()  # with a row whose counter did not change for failover_s
         self.doubting: set[str] = set()  # with a row that says it is in doubt
@@ -125,13 +127,27 @@ class TableView:
     # ---- the leases ---------------------------------------------------------------------------
 
     def saw_leases(self, leases: Mapping[str, Lease], *, answered_at: float) -> None:
-        for shard_id, lease in leases.items():
+        """One read of the lease rows. Only the rows that are not the very objects the last read
+        showed are looked at (a lease is immutable, and the cache hands back the same object while its
+        partition is not read again): a cycle costs what changed, not every lease."""
+        last = self._last
+        changed = [shard_id for shard_id, lease in leases.items() if last.get(shard_id) is not lease]
+        if len(leases) - sum(1 for shard_id in changed if shard_id not in last) != len(last):
+            for shard_id in last.keys() - leases.keys():  # gone: its request with it
+                self._wanted.pop(shard_id, None)
+        for shard_id in changed:
+            lease = leases[shard_id]
             holder = (lease.owner, lease.counter)
             if self._holders.get(shard_id, holder) != holder:
                 self._moved_at[shard_id] = answered_at
             self._holders[shard_id] = holder
-        asked = {(lease.shard_id, lease.wanted_by) for lease in leases.values() if lease.wanted_by}
-        self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}  # type: ignore[misc]
+            if lease.wanted_by:
+                self._wanted[shard_id] = lease.wanted_by
+            else:
+                self._wanted.pop(shard_id, None)
+        self._last = dict(leases)  # a copy: the caller may change its own afterwards
+        asked = set(self._wanted.items())
+        self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}
 
     def moved_within(self, seconds: float) -> set[str]:
         now = self._clock.now()

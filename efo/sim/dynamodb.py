@@ -375,17 +375,25 @@ class SimDynamoDB:
         start = 0
         if "ExclusiveStartKey" in request:
             start = bisect.bisect_right(keys, request["ExclusiveStartKey"][table.range_key]["S"])
+        stop = len(keys)
+        sort = condition.sort
+        if condition.prefix_placeholder is not None:  # begins_with: the keys that match are one run
+            prefix = values[condition.prefix_placeholder]["S"]
+            start = stop = max(start, bisect.bisect_left(keys, prefix))
+            while stop < len(keys) and keys[stop].startswith(prefix):
+                stop += 1
+            sort = None
         moment = now if consistent else now - rng.uniform(0.0, self.behaviour.stale_read_s)
         items: list[dict[str, Any]] = []
         read_bytes = 0
         last: str | None = None
-        for sort_key in keys[start:]:
+        for sort_key in keys[start:stop]:
             assert partition is not None
             row = partition.rows[sort_key]
             version = row.latest() if consistent else row.as_of(moment)
             if version is None or version.item is None:
                 continue
-            if condition.sort is not None and not condition.sort({table.range_key: {"S": sort_key}}, values):
+            if sort is not None and not sort({table.range_key: {"S": sort_key}}, values):
                 continue
             read_bytes += version.size
             items.append(

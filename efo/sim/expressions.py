@@ -123,6 +123,9 @@ def condition(text: str) -> Predicate:
 class KeyCondition:
     partition_placeholder: str
     sort: Predicate | None  # on the sort key, or None
+    #: The placeholder of the sort key's prefix when the condition on it is begins_with (the keys
+    #: that match are then one run of the sorted keys), else None.
+    prefix_placeholder: str | None = None
 
 
 @functools.cache
@@ -132,11 +135,15 @@ def key_condition(text: str, hash_key: str, range_key: str) -> KeyCondition:
     if partition is None or partition.group(1) != hash_key or partition.group(2) != "=" or len(atoms) > 2:
         raise UnsupportedExpression(f"key condition {text!r}")
     sort = None
+    prefix = None
     if len(atoms) == 2:
         if range_key not in atoms[1]:
             raise UnsupportedExpression(f"key condition {text!r}")
         sort = _atom(atoms[1])
-    return KeyCondition(partition.group(3), sort)
+        begins = _BEGINS.match(atoms[1].strip())
+        if begins is not None and begins.group(1) == range_key:
+            prefix = begins.group(2)
+    return KeyCondition(partition.group(3), sort, prefix)
 
 
 Update = Callable[[dict[str, Any], Values], None]

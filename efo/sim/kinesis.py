@@ -312,14 +312,21 @@ class SimSubscription:
 
     async def _wait(self, seconds: float) -> None:
         """Until the shard changes (a put, a close, a takeover) or ``seconds`` pass, on the worker's clock."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
         self._shard.waiters.append(woken)
+
+        def expire() -> None:  # one turn of the loop after the timer, as an expiring asyncio.timeout wakes its task
+            loop.call_soon(_resolve, woken)
+
+        # A timer that resolves the future, not ``async with clock.timeout()`` (a context manager, a
+        # Timeout and a cancellation for every idle wait of every subscription): the same wait, the
+        # same turns of the loop, a third of the cost.
+        timer = self._clock.call_later(seconds, expire)
         try:
-            async with self._clock.timeout(seconds):
-                await woken
-        except TimeoutError:
-            pass
+            await woken
         finally:
+            timer.cancel()
             if woken in self._shard.waiters:
                 self._shard.waiters.remove(woken)
 
@@ -361,6 +368,11 @@ class SimSubscription:
 
     def close(self) -> None:
         self.ended = True
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class SimKinesisClient:

@@ -13,7 +13,7 @@ finished is finished, so its children do not wait for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
@@ -29,6 +29,8 @@ from efo.leases.cache import LeaseCache
 from efo.leases.cleanup import deletable
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.model import Lease, TableState
+from efo.leases.readable import ReadableLeases
+from efo.leases.readable import can_read as _can_read_among
 from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
 from efo.observability import METRICS
@@ -95,6 +97,7 @@ class LeaseCycle:
         self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
         self._quiet_until = 0.0  # no shedding to short workers before this (after a stale claim)
         self._gave_at: float | None = None  # when it last handed a lease over for balance (shed, asked, stranded)
+        self._readable = ReadableLeases()  # the leases that can be read now, by owner
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
         self.state: TableState | None = None  # the table as the last cycle saw it
         self._death_check: Timer | None = None  # a cycle when the next worker would turn dead
@@ -153,37 +156,34 @@ class LeaseCycle:
         limit = self._settings.lease.max_leases_per_worker
         # Read once: another stream's cycle may publish while this one awaits its writes.
         rank_offset, room = self._shares.rank_offset(arn), self._shares.room(arn, limit)
-        readable_now = [lease for lease in state.leases.values() if can_read(lease, state)]
+        self._readable.update(state.leases)  # what changed since the last cycle, and the children of that
+        count = self._readable.count
         target = balance.target(
-            self._me, len(readable_now), self.view.live, max_leases=limit or None, rank_offset=rank_offset, room=room
+            self._me, count, self.view.live, max_leases=limit or None, rank_offset=rank_offset, room=room
         )
-        await self._apply_requests(readable_now, target)
+        index = self._readable  # what _apply_requests looks at: this worker's leases in the table or here
+        mine = {**index.owned_by(self._me), **{sid: lease for sid in self._owned if (lease := index.get(sid))}}
+        await self._apply_requests(list(mine.values()), target)
         if self._stopping.is_set() or self._in_doubt():
             return
         handing_over = {sid for sid, owned in self._owned.items() if owned.phase is ShardPhase.RELEASING}
-        readable = []
-        stranded = set()  # ours in the table, not running here (after leases were in doubt, a restart)
-        for lease in readable_now:
-            if lease.shard_id in handing_over:
-                # On its way: the asker's already (so nothing else is shed for it), or free for others.
-                lease = replace(lease, owner=lease.wanted_by if lease.wanted_by in self.view.live else None)
-            elif lease.owner == self._me and lease.shard_id not in self._owned:
-                lease = replace(lease, owner=None)  # ours in the table, not running here: take it back
-                stranded.add(lease.shard_id)
-            readable.append(lease)
+        readable, stranded = self._as_planned(handing_over)
+        live = self.view.live
         METRICS.shards_unowned.labels(stream=self._owned.stream).set(
-            sum(1 for lease in readable if lease.owner is None or self.view.owner_is_dead(lease.owner))
+            sum(len(leases) for owner, leases in readable.items() if owner is None or owner not in live)
         )
-        held = sum(1 for lease in readable if lease.owner == self._me)
-        self._shares.publish(arn, readable=len(readable), held=held)
+        held = len(readable.get(self._me, {}))
+        self._shares.publish(arn, readable=count, held=held)
         interval_s = self._settings.lease.sync_interval_s
         now = self._clock.now()
-        free = (lease.shard_id for lease in readable if lease.owner is None or lease.owner not in self.view.live)
+        free = (
+            shard_id for owner, leases in readable.items() if owner is None or owner not in live for shard_id in leases
+        )
         self._free_since = {shard_id: self._free_since.get(shard_id, now) for shard_id in free}
         stale = {sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s}
         short_for_s = None if self._short_since is None else self._clock.now() - self._short_since
         busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
-        moves = balance.plan(
+        moves = balance.plan_by_owner(
             self._me,
             readable,
             self.view.live,
@@ -206,7 +206,7 @@ class LeaseCycle:
             self._quiet_until = now + QUIET_CYCLES * interval_s
         # What it will hold once these land, before any await: the next stream's room counts it (a
         # lease being shed still counts until its handover is done).
-        self._shares.publish(arn, readable=len(readable), held=held + len(moves.claim))
+        self._shares.publish(arn, readable=count, held=held + len(moves.claim))
         if not moves.short:
             self._short_since = None
         elif self._short_since is None:
@@ -233,6 +233,37 @@ class LeaseCycle:
             await self._delete_finished(state, self._shards.graph)
         self.cycles += 1
         self._after_cycle()
+
+    def _as_planned(self, handing_over: AbstractSet[str]) -> tuple[Mapping[str | None, Mapping[str, Lease]], set[str]]:
+        """The readable leases by owner as the plan is to see them, and the stranded ones: a lease
+        this worker is handing over is on its way (the asker's already, so nothing else is shed for
+        it, or free for others); one that is this worker's in the table but not running here (after
+        its leases were in doubt, a restart) is free, to be taken back. Only the groups these touch
+        are copied: the rest are the index's own, read-only."""
+        index = self._readable
+        mine = index.owned_by(self._me)
+        moved: dict[str, Lease] = {}
+        for shard_id in sorted(handing_over):
+            lease = index.get(shard_id)
+            if lease is not None:
+                moved[shard_id] = replace(lease, owner=lease.wanted_by if lease.wanted_by in self.view.live else None)
+        stranded = {shard_id for shard_id in mine if shard_id not in self._owned}
+        for shard_id in sorted(stranded):
+            moved[shard_id] = replace(mine[shard_id], owner=None)
+        if not moved:
+            return index.by_owner, stranded
+        grouped = dict(index.by_owner)
+        copies: dict[str | None, dict[str, Lease]] = {}
+        for shard_id, lease in moved.items():
+            before = index.get(shard_id)
+            assert before is not None
+            for owner in (before.owner, lease.owner):
+                if owner not in copies:
+                    copies[owner] = dict(grouped.get(owner, {}))
+                    grouped[owner] = copies[owner]
+            del copies[before.owner][shard_id]
+            copies[lease.owner][shard_id] = lease
+        return grouped, stranded
 
     def _watch_deaths(self) -> None:
         """A cycle at the moment the first worker alive now would turn dead (if it does not beat
@@ -476,15 +507,8 @@ class LeaseCycle:
 def can_read(lease: Lease, state: TableState) -> bool:
     """Can be read now: not finished, its parents finished. A parent without a lease is finished: it
     is gone from the stream, or its lease was deleted once it finished (:mod:`efo.leases.cleanup`).
-    (Every lease cycle asks this of every lease.)"""
-    if lease.finished:
-        return False
-    leases = state.leases
-    for parent in lease.parents:
-        parent_lease = leases.get(parent)
-        if parent_lease is not None and not parent_lease.finished:
-            return False
-    return True
+    (Every lease cycle keeps these by owner: :class:`efo.leases.readable.ReadableLeases`.)"""
+    return _can_read_among(lease, state.leases)
 
 
 def parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool:

@@ -104,6 +104,40 @@ def test_a_query_reads_its_sort_key_range_in_pages_of_a_mebibyte() -> None:
     run(scenario())
 
 
+def test_a_begins_with_query_answers_the_keys_with_that_prefix_and_no_other() -> None:
+    """The keys a begins_with matches are one run of the sorted keys, which the query reads alone:
+    over random keys around the prefix (deleted ones too), a Limit and pages, what it answers is
+    every live key that starts with the prefix, in order."""
+
+    async def scenario() -> None:
+        rng = random.Random(5)
+        _, client = _db(stale_read_s=0.0)
+        alphabet = ["s", "sh", "sha", "shard", "shard|", "shard}", "shardz", "a", "t", "shard|0", "shard|00"]
+        keys = sorted({rng.choice(alphabet) + str(rng.randrange(30)) * rng.randrange(2) for _ in range(120)})
+        for sort_key in keys:
+            await client.put_item(TableName=TABLE, Item=_key("p", sort_key))
+        deleted = set(rng.sample(keys, k=10))
+        for sort_key in deleted:
+            await client.delete_item(TableName=TABLE, Key=_key("p", sort_key))
+        for prefix in ("shard|", "shard", "sh", "s", "shard|0", "zz", ""):
+            request: dict[str, Any] = {
+                "TableName": TABLE,
+                "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+                "ExpressionAttributeValues": {":pk": {"S": "p"}, ":prefix": {"S": prefix}},
+                "ConsistentRead": True,
+                "Limit": 7,
+            }
+            found: list[str] = []
+            page = await client.query(**request)
+            found += [item["sk"]["S"] for item in page["Items"]]
+            while "LastEvaluatedKey" in page:
+                page = await client.query(**request, ExclusiveStartKey=page["LastEvaluatedKey"])
+                found += [item["sk"]["S"] for item in page["Items"]]
+            assert found == [k for k in keys if k.startswith(prefix) and k not in deleted], prefix
+
+    run(scenario())
+
+
 def test_an_eventually_consistent_read_may_see_the_table_up_to_its_staleness_ago() -> None:
     async def scenario() -> None:
         _, client = _db(stale_read_s=2.0)

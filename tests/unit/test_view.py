@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from efo.leases.model import WorkerRow
+import random
+from dataclasses import replace
+
+from efo.leases.model import Lease, WorkerRow
 from efo.leases.view import TableView
+from efo.pipeline.records import Position
 from efo.sim.clock import ManualClock
 
 
@@ -111,3 +115,78 @@ def test_a_slow_confirmation_read_counts_a_new_counter_from_its_answer_not_from_
 
 def _row(name: str, beat: int, *, in_doubt: bool = False) -> WorkerRow:
     return WorkerRow(name, beat, None, in_doubt=in_doubt)
+
+
+class _FullRead:
+    """What saw_leases worked out from every lease of every read, before it looked only at what changed."""
+
+    def __init__(self) -> None:
+        self.holders: dict[str, tuple[str | None, int]] = {}
+        self.moved_at: dict[str, float] = {}
+        self.asked_seen: dict[tuple[str, str], float] = {}
+
+    def saw_leases(self, leases: dict[str, Lease], answered_at: float) -> None:
+        for shard_id, lease in leases.items():
+            holder = (lease.owner, lease.counter)
+            if self.holders.get(shard_id, holder) != holder:
+                self.moved_at[shard_id] = answered_at
+            self.holders[shard_id] = holder
+        asked = {(lease.shard_id, lease.wanted_by) for lease in leases.values() if lease.wanted_by}
+        self.asked_seen = {key: self.asked_seen.get(key, answered_at) for key in asked}  # type: ignore[misc]
+
+
+def _changed(rng: random.Random, leases: dict[str, Lease], workers: list[str]) -> dict[str, Lease]:
+    """The next read: some leases moved, asked for, answered, rewritten as they were, deleted or new."""
+    after = dict(leases)
+    for shard_id in rng.sample(sorted(after), k=min(len(after), rng.randrange(4))):
+        lease = after[shard_id]
+        match rng.randrange(6):
+            case 0:
+                after[shard_id] = replace(lease, owner=rng.choice([None, *workers]), counter=lease.counter + 1)
+            case 1:
+                after[shard_id] = replace(lease, wanted_by=rng.choice([None, *workers]))
+            case 2:
+                after[shard_id] = replace(lease)  # the same row read again: a new object, nothing moved
+            case 3:
+                del after[shard_id]
+            case 4:
+                after[shard_id] = replace(lease, owner=lease.owner, counter=lease.counter)
+            case _:
+                after[shard_id] = replace(lease, wanted_by=None, owner=rng.choice(workers))
+    for _ in range(rng.randrange(2)):
+        shard_id = f"s{rng.randrange(40)}"
+        after.setdefault(shard_id, Lease(shard_id, (), rng.choice([None, *workers]), 1, Position("TRIM_HORIZON")))
+    return after
+
+
+def test_looking_only_at_the_leases_that_changed_sees_what_looking_at_every_lease_saw() -> None:
+    """saw_leases skips the leases that are the same objects as in the last read: over random
+    sequences of reads (moves, requests, deletions, rows read again as new objects, the caller
+    changing its map after handing it over), what it knows equals the full recomputation's."""
+    workers = ["me", "a", "b", "c"]
+    for seed in range(150):
+        rng = random.Random(seed)
+        clock = ManualClock()
+        view = TableView("me", failover_s=10.0, heartbeat_interval_s=2.0, clock=clock)
+        view.saw_workers(_rows(dict.fromkeys(workers, 1)), issued_at=0.0, answered_at=0.0, complete=True)
+        full = _FullRead()
+        leases = {
+            f"s{i}": Lease(f"s{i}", (), rng.choice([None, *workers]), 1, Position("TRIM_HORIZON")) for i in range(20)
+        }
+        for step in range(60):
+            clock.t = float(step)
+            leases = _changed(rng, leases, workers)
+            view.saw_leases(leases, answered_at=clock.t)
+            full.saw_leases(leases, clock.t)
+            if rng.random() < 0.2 and leases:  # the cycle puts a lease of its own into the map it was given
+                shard_id = rng.choice(sorted(leases))
+                leases[shard_id] = replace(leases[shard_id], owner="me", counter=leases[shard_id].counter + 1)
+            for window in (0.5, 3.0, 10.0, 1000.0):
+                expected = {shard_id for shard_id, at in full.moved_at.items() if clock.t - at < window}
+                assert view.moved_within(window) == expected, (seed, step, window)
+            expected_reserved = {
+                shard_id
+                for (shard_id, asker), since in full.asked_seen.items()
+                if asker != "me" and clock.t - since < 10.0
+            }
+            assert view.reserved_for_others() == expected_reserved, (seed, step)

@@ -1,0 +1,58 @@
+"""The lease table's reads of lease partitions: a row read again unchanged is the same Lease object."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from efo.leases.table import LeaseTable, _lease_of
+from efo.pipeline.records import Position
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.loop import run
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+BEGUN = Position("AFTER_SEQUENCE_NUMBER", "100")
+
+
+def test_a_lease_row_read_again_unchanged_is_the_same_object_and_a_changed_one_is_parsed_again() -> None:
+    """A change re-reads its whole partition at every worker; only the rows that changed are parsed
+    again, and the rest are the very objects the last read gave (the lease cycle looks only at
+    leases that are not). What a read gives equals parsing every row afresh, whatever came before."""
+    db = SimDynamoDB(random.Random(1), Behaviour(stale_read_s=0.0))
+    db.create_table("t")
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = LeaseTable(
+            db.client("w", clock, random.Random(2)), table="t", app="a", stream_arn="s", worker_id="w", clock=clock
+        )
+        other = LeaseTable(
+            db.client("o", clock, random.Random(3)), table="t", app="a", stream_arn="s", worker_id="o", clock=clock
+        )
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=1)
+        await table.complete_meta()
+        for shard_id in ("s0", "s1", "s2"):
+            await table.create_lease(shard_id, (), BEGUN)
+        first = (await table.read_leases()).leases
+        again = (await table.read_leases()).leases
+        assert all(again[shard_id] is first[shard_id] for shard_id in first)
+        await other.claim(first["s1"])
+        await other.checkpoint(await other.claim(first["s2"]), Position("AFTER_SEQUENCE_NUMBER", "200"))
+        after = (await table.read_leases()).leases
+        assert after["s0"] is first["s0"]
+        assert after["s1"] is not first["s1"] and after["s1"].owner == "o"
+        assert after["s2"].checkpoint == Position("AFTER_SEQUENCE_NUMBER", "200")
+        items = await _items(table)
+        assert after == {shard_id: _lease_of(item) for shard_id, item in items.items()}
+
+    async def _items(table: LeaseTable) -> dict[str, dict]:  # type: ignore[type-arg]
+        response = await table._ddb.query(
+            TableName="t",
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": table.lease_partition_key(0)}},
+            ConsistentRead=True,
+        )
+        return {item["sk"]["S"].removeprefix("shard|"): item for item in response["Items"]}
+
+    run(scenario())
