@@ -361,8 +361,10 @@ def print_comparison(compared: dict[str, Any] | None) -> None:
         "checkpoints/s: local, simulation |"
     )
     print("|---|---|---|---|---|---|")
+    kept_up = None
     for mode in MODES:
         row = compared["windows"].get(mode)
+        kept_up = row["local_kept_up"] if row is not None else kept_up
         if row is None:
             print(f"| {mode} | not measured | | | | |")
             continue
@@ -379,6 +381,11 @@ def print_comparison(compared: dict[str, Any] | None) -> None:
             f"| {mode} | {triple('requests_per_min', 0)} | {triple('read_units_per_s', 1)} | "
             f"{triple('write_units_per_s', 1)} | {ops} | {_n(row['checkpoints_per_s'][0], 1)}, "
             f"{_n(row['checkpoints_per_s'][1], 1)} |"
+        )
+    if kept_up is False:
+        print(
+            "\nDynamoDB Local's run **did not keep up** at this size (its section above says where the time went): "
+            "its counts are those of a fleet running late, not a measure of the simulation."
         )
 
 

@@ -163,3 +163,6 @@ def test_the_simulation_against_dynamodb_local_is_judged_within_a_tenth() -> Non
     verdicts = run_all._against_local(compared)
     assert [v.met for v in verdicts] == [True, False], verdicts  # idle: 85 read units against 70
     assert run_all._against_local(None)[0].measured.startswith("not measured")
+    local["cases"][0]["kept_up"] = False
+    verdicts = run_all._against_local(fleet_sim.compare([sim], local))
+    assert not verdicts[0].met and "did not keep up" in verdicts[0].measured, verdicts
