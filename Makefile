@@ -45,8 +45,9 @@ demo: install
 demo-stream: install
 	$(BIN)/python examples/stream_query.py
 
-# Every benchmark in one run (about 15 minutes here, and the fleet section as long again or more: its
-# larger sizes are bounded by per-phase timeouts), written to docs/benchmarks.md; the quick one
+# Every benchmark in one run (about 15 minutes here, and the fleet section much longer: DynamoDB Local
+# at 1,024 x 16 bounded by per-phase timeouts, then the simulated sizes within a budget of 120 minutes,
+# bench/run_all.py FLEET_SIM_BUDGET_MIN), written to docs/benchmarks.md; the quick one
 # runs tiny sizes in about a minute (its figures mean nothing) to check that the chain works.
 bench: install
 	$(BIN)/python bench/run_all.py

@@ -1,5 +1,7 @@
 """A fleet of workers on one stream: what efo's lease plane costs in DynamoDB, and how fast it
 balances and takes over, at 256 x 4, 1,024 x 16 and 4,096 x 64 (shards x workers), idle and busy.
+``make bench`` runs it at 1,024 x 16, and the larger sizes in simulated time (bench/fleet_sim.py,
+which also compares its counts with this run's).
 
 **What runs.** W real :class:`efo.coordinator.Coordinator` s in this process (one event loop), with
 the default lease settings (failover 10 s, heartbeat 2 s, a lease cycle a second, every lease row

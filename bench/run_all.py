@@ -28,8 +28,25 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
+PHASES = ("start", "busy", "idle", "join", "takeover", "rolling")  # efo.sim.phases.PHASES: what fleet_sim.py runs
 CHECKPOINT_INTERVAL_S = 5.0  # checkpoint.interval_s's default: a busy shard's checkpoints a second are 1 / this
+#: Wall minutes for the fleet's simulated sizes together (bench/fleet_sim.py --budget-min): a size that
+#: does not finish in it is reported as not measured.
+FLEET_SIM_BUDGET_MIN = 120
+#: The simulation's goal sizes (issue 37); a quick run judges the largest size it ran instead.
+FLEET_SIM_GOAL_SIZES = ((4096, 64), (16384, 256))
 ROOT = BENCH.parent
+
+
+@dataclass(frozen=True)
+class Part:
+    """A script run after its benchmark's own, in the same section, given that one's figures
+    (``--against``); its figures go under ``key`` in the benchmark's."""
+
+    key: str
+    script: str
+    full: list[str]
+    quick: list[str]
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,7 @@ class Benchmark:
     full: list[str]
     quick: list[str]
     about: str
+    parts: tuple[Part, ...] = ()
 
 
 BENCHMARKS = [
@@ -120,15 +138,35 @@ BENCHMARKS = [
         "fleet",
         "7. A fleet: lease-plane cost, balance and takeover at scale",
         "fleet.py",
-        ["--sizes", "256x4,1024x16,4096x64", "--window", "60", "--settle", "10"],
+        ["--sizes", "1024x16", "--window", "60", "--settle", "10"],
         ["--sizes", "16x2", "--window", "5", "--settle", "2", "--failover-s", "3", "--phase-timeout", "30"],
         "W real coordinators in one process against the local DynamoDB, with a fake Kinesis of S shards, idle "
         "and busy: DynamoDB requests and units at the wire (fleet and busiest partition key), ListShards calls, "
         "time to balance after the start and after a join, takeover after a worker dies, leases in doubt; beside "
-        "the KCL 2.x and 3.x request models at their defaults. Goals: at 1,024 x 16 the lease plane at most 1/10 "
-        "of the KCL 2.x model's cost and below the KCL 3.x model's (a write unit = 5 read units); at 4,096 x 64 "
-        "busy the busiest partition key under 1/3 of its limits, balanced within 30 s of the start, takeover "
-        "within `failover_s` + 2 s; an idle fleet writes its heartbeats and nothing else.",
+        "the KCL 2.x and 3.x request models at their defaults. Then the same phases and a rolling deploy in "
+        "simulated time (bench/fleet_sim.py: the real code of every worker against efo/sim's DynamoDB and "
+        "Kinesis) at 1,024 x 16, 4,096 x 64 and 16,384 x 256, within a wall-time budget (a size that does not "
+        "finish in it is not measured), and the simulation's requests and units beside DynamoDB Local's at "
+        "1,024 x 16. Goals: at 1,024 x 16 on DynamoDB Local the lease plane at most 1/10 of the KCL 2.x model's "
+        "cost and below the KCL 3.x model's (a write unit = 5 read units), and the simulation within 10 % of its "
+        "requests and units; at 4,096 x 64 and 16,384 x 256 in simulation, balanced within 30 s of a mass start "
+        "and of a join, takeover within `failover_s` + 2 s, no shard unread longer than 5 s in a rolling deploy, "
+        "no lease in doubt (no fault is injected), the lease plane at most 1/10 of the KCL 3.x model's cost, the "
+        "busiest partition key under 1/3 of its limits; an idle fleet writes its heartbeats and nothing else.",
+        (
+            Part(
+                "simulation",
+                "fleet_sim.py",
+                [
+                    *("--sizes", "1024x16,4096x64,16384x256", "--window", "60", "--settle", "10"),
+                    *("--budget-min", str(FLEET_SIM_BUDGET_MIN)),
+                ],
+                [
+                    *("--sizes", "16x2", "--window", "5", "--settle", "2", "--failover-s", "3"),
+                    *("--phase-timeout", "30", "--roll", "2"),
+                ],
+            ),
+        ),
     ),
     Benchmark(
         "bounded",
@@ -221,29 +259,45 @@ BENCHMARKS = [
 
 
 def run(benchmark: Benchmark, quick: bool, workdir: Path) -> dict[str, Any]:
-    """One benchmark as a child process: its markdown, its figures, how long it took."""
-    json_path = workdir / f"{benchmark.key}.json"
-    command = [
-        sys.executable,
-        str(BENCH / benchmark.script),
-        *(benchmark.quick if quick else benchmark.full),
-        "--json",
-        str(json_path),
-    ]
-    log = workdir / f"{benchmark.key}.log"
+    """One benchmark as a child process (then its parts): its markdown, its figures, how long it took."""
     started = time.monotonic()
-    print(f"bench: {benchmark.title} ...", file=sys.stderr, flush=True)
+    result = _run_script(
+        benchmark.key, benchmark.title, benchmark.script, benchmark.quick if quick else benchmark.full, workdir
+    )
+    if "failed" not in result:
+        against = workdir / f"{benchmark.key}.json"
+        for part in benchmark.parts:
+            args = [*(part.quick if quick else part.full), "--against", str(against)]
+            done = _run_script(
+                f"{benchmark.key}-{part.key}", f"{benchmark.title} ({part.script})", part.script, args, workdir
+            )
+            if "failed" in done:
+                result["figures"][part.key] = {"failed": done["failed"]}
+                result["markdown"] += f"\n`{part.script}` failed ({done['failed']}):\n\n```\n{done['tail']}\n```\n"
+            else:
+                result["figures"][part.key] = done["figures"]
+                result["markdown"] += "\n" + done["markdown"].replace(f" --against {against}", "")
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+def _run_script(key: str, title: str, script: str, args: list[str], workdir: Path) -> dict[str, Any]:
+    json_path = workdir / f"{key}.json"
+    command = [sys.executable, str(BENCH / script), *args, "--json", str(json_path)]
+    log = workdir / f"{key}.log"
+    started = time.monotonic()
+    print(f"bench: {title} ...", file=sys.stderr, flush=True)
     with log.open("w") as stderr:
         completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False)
     seconds = time.monotonic() - started
-    print(f"bench: {benchmark.title}: exit {completed.returncode} after {seconds:.0f} s", file=sys.stderr, flush=True)
+    print(f"bench: {title}: exit {completed.returncode} after {seconds:.0f} s", file=sys.stderr, flush=True)
     if completed.returncode != 0 or not json_path.exists():  # reported in the document; the others still run
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        print(f"bench: {benchmark.script} failed (exit {completed.returncode}):\n{tail}", file=sys.stderr)
+        print(f"bench: {script} failed (exit {completed.returncode}):\n{tail}", file=sys.stderr)
         return {"failed": f"exit {completed.returncode}", "tail": tail, "seconds": seconds}
     figures = json.loads(json_path.read_text())
-    # The command as one would type it, without the --json of this run's temporary directory.
-    figures["command"] = figures["command"].split(" --json ")[0]
+    # The command as one would type it, without the --json (and --against) of this run's temporary directory.
+    figures["command"] = figures["command"].split(" --json ")[0].split(" --against ")[0]
     markdown = completed.stdout.replace(f" --json {json_path}", "")
     return {"markdown": markdown, "figures": figures, "seconds": seconds}
 
@@ -442,33 +496,12 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
         )
     else:
         verdicts.append(Verdict(f"fleet {size}: lease-plane cost against the KCL models", "not measured", False))
-    case, size = _fleet_case(cases, 4096, 64)
-    busy = case.get("busy") or {}
-    busiest = busy.get("busiest", {})
-    if busiest:
-        reads = busiest.get("read_units", {}).get("read_units_per_s", 0.0)
-        writes = busiest.get("write_units", {}).get("write_units_per_s", 0.0)
-        measured = f"{reads:,.1f} read, {writes:,.1f} write units/s"
-        if not case["kept_up"]:  # at the rate the fleet reached, not the rate of S busy shards: no measure
-            needed = case["shards"] / CHECKPOINT_INTERVAL_S
-            measured += f" at {busy['checkpoints_per_s']:,.1f} checkpoints/s of {needed:,.0f} (did not keep up)"
-        verdicts.append(
-            Verdict(
-                f"fleet {size} busy: busiest partition key under 1/3 of 3,000 read / 1,000 write units/s",
-                measured,
-                case["kept_up"] and reads < 1000 and writes < 1000 / 3,
-            )
-        )
-    else:
-        verdicts.append(Verdict(f"fleet {size} busy: busiest partition key", "not measured", False))
-    verdicts.append(_within(f"fleet {size}: balanced within 30 s of the start", case, "start", "balanced_s", 30))
+    case = next((c for c in cases if (c["shards"], c["workers"]) == (4096, 64)), None)
+    if case is not None:  # run against DynamoDB Local only when asked for (the simulation runs this size)
+        verdicts += _local_scale_goals(case, figures["failover_s"])
     case, size = _fleet_case(cases, 1024, 16)
     goal = f"fleet {size}: every worker ready (service.ready) within 30 s of starting next to the free shards"
     verdicts.append(_within(goal, case, "start", "ready_s", 30))
-    case, size = _fleet_case(cases, 4096, 64)
-    limit_s = figures["failover_s"] + 2
-    goal = f"fleet {size}: takeover within failover_s + 2 = {limit_s:g} s"
-    verdicts.append(_within(goal, case, "takeover", "takeover_s", limit_s))
     for case in cases:
         idle = case.get("idle")
         if not idle:
@@ -490,6 +523,161 @@ def fleet_goals(figures: dict[str, Any]) -> list[Verdict]:
                     False,
                 )
             )
+    if "simulation" in figures:
+        verdicts += fleet_simulation_goals(figures["simulation"])
+    return verdicts
+
+
+def _local_scale_goals(case: dict[str, Any], failover_s: float) -> list[Verdict]:
+    """4,096 x 64 against DynamoDB Local: busiest key, balance, takeover."""
+    verdicts = []
+    size = f"{case['shards']:,} x {case['workers']}"
+    busy = case.get("busy") or {}
+    busiest = busy.get("busiest", {})
+    if busiest:
+        reads = busiest.get("read_units", {}).get("read_units_per_s", 0.0)
+        writes = busiest.get("write_units", {}).get("write_units_per_s", 0.0)
+        measured = f"{reads:,.1f} read, {writes:,.1f} write units/s"
+        if not case["kept_up"]:  # at the rate the fleet reached, not the rate of S busy shards: no measure
+            needed = case["shards"] / CHECKPOINT_INTERVAL_S
+            measured += f" at {busy['checkpoints_per_s']:,.1f} checkpoints/s of {needed:,.0f} (did not keep up)"
+        verdicts.append(
+            Verdict(
+                f"fleet {size} busy: busiest partition key under 1/3 of 3,000 read / 1,000 write units/s",
+                measured,
+                case["kept_up"] and reads < 1000 and writes < 1000 / 3,
+            )
+        )
+    else:
+        verdicts.append(Verdict(f"fleet {size} busy: busiest partition key", "not measured", False))
+    verdicts.append(_within(f"fleet {size}: balanced within 30 s of the start", case, "start", "balanced_s", 30))
+    limit_s = failover_s + 2
+    goal = f"fleet {size}: takeover within failover_s + 2 = {limit_s:g} s"
+    verdicts.append(_within(goal, case, "takeover", "takeover_s", limit_s))
+    return verdicts
+
+
+def fleet_simulation_goals(sim: dict[str, Any]) -> list[Verdict]:
+    """bench/fleet_sim.py's figures against issue 37's goals, at 4,096 x 64 and 16,384 x 256 (a quick
+    run: its largest size). A size asked for that did not run, or a phase it did not finish, is not
+    measured, never met."""
+    if "failed" in sim:
+        return [Verdict("fleet in simulation", f"bench/fleet_sim.py failed ({sim['failed']})", False)]
+    cases = {(c["shards"], c["workers"]): c for c in sim["cases"]}
+    asked = [(s, w) for s, w in sim["sizes"]]
+    sizes = [size for size in FLEET_SIM_GOAL_SIZES if size in asked] or [max(asked)]
+    verdicts = []
+    for size in sizes:
+        verdicts += _simulated_size_goals(cases.get(size) or {"phases": {}, "why": "not run"}, size, sim["failover_s"])
+    verdicts += _against_local(sim.get("against_local"))
+    return verdicts
+
+
+def _simulated_size_goals(case: dict[str, Any], size: tuple[int, int], failover_s: float) -> list[Verdict]:
+    name = f"fleet {size[0]:,} x {size[1]} in simulation"
+    phases = case["phases"]
+    missing = f"not measured ({case.get('why') or 'not finished'})"
+
+    def seconds(goal: str, phase: str, key: str, limit_s: float) -> Verdict:
+        if phase not in phases:
+            return Verdict(goal, missing, False)
+        value = phases[phase].get(key)
+        return Verdict(
+            goal, "not reached" if value is None else f"{value:.1f} s", value is not None and value <= limit_s
+        )
+
+    limit_s = failover_s + 2
+    verdicts = [
+        seconds(f"{name}: balanced within 30 s of a mass start", "start", "balanced_s", 30),
+        seconds(f"{name}: balanced within 30 s of a join", "join", "balanced_s", 30),
+        seconds(f"{name}: takeover within failover_s + 2 = {limit_s:g} s", "takeover", "takeover_s", limit_s),
+    ]
+    goal = f"{name}: a rolling deploy leaves no shard unread longer than 5 s"
+    roll = phases.get("rolling")
+    if roll is None:
+        verdicts.append(Verdict(goal, missing, False))
+    else:
+        unread, whole = roll["longest_unread_s"], roll["replaced"] == roll["of"]
+        measured = f"{unread:.1f} s ({roll['replaced']} of {roll['of']} workers replaced)"
+        verdicts.append(Verdict(goal, measured, unread <= 5 and whole))
+    goal = f"{name}: no lease in doubt (no fault injected)"
+    done = [phase for phase in PHASES if phase in phases]
+    doubts = {phase: phases[phase]["in_doubt"] for phase in done}
+    measured = ", ".join(f"{phase} {n}" for phase, n in doubts.items())
+    if not done:
+        verdicts.append(Verdict(goal, missing, False))
+    elif len(done) < len(PHASES):
+        verdicts.append(Verdict(goal, f"{measured}; the rest {missing}", False))
+    else:
+        verdicts.append(Verdict(goal, measured, not any(doubts.values())))
+    windows = [phases.get(mode) for mode in ("busy", "idle")]
+    if not all(windows):
+        verdicts += [
+            Verdict(f"{name}: lease-plane cost <= 1/10 of the KCL 3.x model's", missing, False),
+            Verdict(f"{name}: busiest partition key under 1/3 of 3,000 read / 1,000 write units/s", missing, False),
+            Verdict(f"{name} idle: writes = heartbeats only", missing, False),
+        ]
+    else:
+        busy, idle = windows[0] or {}, windows[1] or {}
+        worst = max(busy["ratio_3x"], idle["ratio_3x"])
+        cost = max(busy["cost_per_s"], idle["cost_per_s"])
+        model = busy["models"]["3.x"]["cost_per_s"]
+        verdicts.append(
+            Verdict(
+                f"{name}: lease-plane cost <= 1/10 of the KCL 3.x model's (write = 5 reads)",
+                f"{worst:.3f} ({cost:,.1f} vs {model:,.1f} read units/s)",
+                worst <= 0.1,
+            )
+        )
+        reads = max(busy["busiest_key_read_units_per_s"], idle["busiest_key_read_units_per_s"])
+        writes = max(busy["busiest_key_write_units_per_s"], idle["busiest_key_write_units_per_s"])
+        verdicts.append(
+            Verdict(
+                f"{name}: busiest partition key under 1/3 of 3,000 read / 1,000 write units/s",
+                f"{reads:,.1f} read, {writes:,.1f} write units/s",
+                reads < 1000 and writes < 1000 / 3,
+            )
+        )
+        verdicts.append(
+            Verdict(
+                f"{name} idle: writes = heartbeats only",
+                f"{idle['other_writes_per_min']:,.0f} other writes/min, "
+                f"{idle['heartbeats_per_min']:,.0f} heartbeats/min",
+                idle["other_writes_per_min"] == 0,
+            )
+        )
+    if case.get("violation"):
+        verdicts.append(Verdict(f"{name}: every invariant held", f"'{case['invariant']}' violated", False))
+    return verdicts
+
+
+def _against_local(compared: dict[str, Any] | None) -> list[Verdict]:
+    """The simulation's lease-plane requests and units within 10 % of DynamoDB Local's, busy and idle."""
+    if compared is None:
+        return [
+            Verdict(
+                "fleet: the simulation counts DynamoDB Local's requests and units within 10 %",
+                "not measured (no size run by both)",
+                False,
+            )
+        ]
+    verdicts = []
+    size = f"{compared['shards']:,} x {compared['workers']}"
+    for mode in ("busy", "idle"):
+        goal = f"fleet {size} {mode}: the simulation's lease-plane requests and units within 10 % of DynamoDB Local's"
+        row = compared["windows"].get(mode)
+        if row is None:
+            verdicts.append(Verdict(goal, "not measured", False))
+            continue
+        ratios = row["ratios"]
+        measured = (
+            f"requests {ratios['requests_per_min']:.3f}, read units {ratios['read_units_per_s']:.3f}, "
+            f"write units {ratios['write_units_per_s']:.3f} (simulation / DynamoDB Local)"
+        )
+        kept_up = row.get("local_kept_up") is not False
+        if not kept_up:  # a fleet running late is no measure of what the simulation counts
+            measured += "; DynamoDB Local did not keep up"
+        verdicts.append(Verdict(goal, measured, kept_up and all(abs(r - 1) <= 0.1 for r in ratios.values())))
     return verdicts
 
 

@@ -17,9 +17,9 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Coroutine, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -33,6 +33,8 @@ from efo.sim.loop import run as run_virtual
 MONITOR_INTERVAL_S = 1.0
 PRODUCE_INTERVAL_S = 0.2
 DRAIN_POLL_S = 1.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -301,6 +303,12 @@ async def _until(fleet: Fleet, oracle: Oracle, tasks: list[asyncio.Task[None]], 
 def simulate(config: RunConfig) -> Report:
     """Run ``config`` on a fresh virtual-time loop; the workers' logs go to the trace only."""
     config.check()
+    return in_virtual_time(lambda trace, capture: _main(config, trace, capture))
+
+
+def in_virtual_time(main: Callable[[Trace, _Capture], Coroutine[Any, Any, T]]) -> T:
+    """``main(trace, capture)`` on a fresh virtual-time loop, the workers' log events going to the
+    trace and counted by name (``capture.counts``), nowhere else (efo.sim.phases runs its own main)."""
     trace = Trace()
     capture = _Capture(trace, None)
     previous = structlog.get_config()
@@ -312,6 +320,6 @@ def simulate(config: RunConfig) -> Report:
     logging.getLogger("efo").setLevel(logging.ERROR)
     try:
         with gc_tuning.tuned():  # the collector as `efo run` sets it: the fleet's heap is walked far less often
-            return run_virtual(_main(config, trace, capture))
+            return run_virtual(main(trace, capture))
     finally:
         structlog.configure(**previous)

@@ -27,6 +27,8 @@ SECTIONS = {
     "## 10. The peer, side by side: async-kinesis and efo": "bench/peer.py",
     "## 12. The Spark source beside efo run": "bench/spark_source.py",
 }
+#: Scripts whose tables follow the section's own (a Part of run_all's Benchmark).
+PARTS = {"## 7. A fleet: lease-plane cost, balance and takeover at scale": "bench/fleet_sim.py"}
 
 
 def test_the_quick_benchmark_run_writes_every_table_with_its_command(tmp_path: Path) -> None:
@@ -52,6 +54,11 @@ def test_the_quick_benchmark_run_writes_every_table_with_its_command(tmp_path: P
         assert f"command: `python {script}" in section, section[:400]
         tables = re.findall(r"^\|.*\|\n\|[-:| ]+\|\n(?:\|.*\|\n)+", section, re.MULTILINE)
         assert tables, f"no table with rows in {title!r}"
+        if title in PARTS:
+            part = section.split(f"command: `python {PARTS[title]}", 1)
+            assert len(part) == 2, f"no {PARTS[title]} in {title!r}"
+            assert re.search(r"^\|.*\|\n\|[-:| ]+\|\n(?:\|.*\|\n)+", part[1], re.MULTILINE), part[1][:400]
+            assert " --against " not in part[1], "the command names no temporary file"
 
 
 def test_the_dynamodb_client_benchmark_prints_its_table_with_its_command() -> None:
