@@ -2,7 +2,7 @@
 
 An application on a stream has one control partition, ``pk = <app>|<stream ARN>``, and its lease
 rows spread over ``lease_partitions`` more, ``pk = <app>|<stream ARN>#<n>`` (``n`` = CRC-32 of the
-shard id modulo ``lease_partitions``, fixed at the first start from the shard count: about 128
+shard id modulo ``lease_partitions``, fixed at the first start from the shard count: about 64
 shards a partition, at least 8), so that no partition key carries every checkpoint write of a
 large stream. All of it is read with paginated Queries (never a Scan):
 
@@ -16,6 +16,9 @@ large stream. All of it is read with paginated Queries (never a Scan):
   per shard.
 - lease partition ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting
   position, or :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
+- lease partition ``sk = version``: the partition's mark, ``changes``, moved by every change of a lease
+  there after the change and before the version row (efo.leases.cache: an eventually consistent read
+  whose mark is below the version read before it answered from before the change).
 
 The version and the heartbeats sort after ``meta``, so :meth:`LeaseTable.read_control` reads just
 those (a Query of ``sk > "shard}"``, small whatever the number of shards): a worker reads a lease
@@ -69,6 +72,11 @@ VERSION_KEY = "version"
 MEMBERS_ATTRIBUTE = "members"
 #: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
 AFTER_SHARDS = "shard}"
+#: In a lease partition: the mark, counting its changes (read with its leases, in the same Query).
+MARK_KEY = "version"
+MARK_ATTRIBUTE = "changes"
+#: Sorts before every ``shard|`` key and the mark of a lease partition: a read of its leases takes what follows.
+LEASE_ROWS_AFTER = "shard"
 #: The lease partitions of one read go out this many at once.
 READ_CONCURRENCY = 8
 
@@ -329,19 +337,21 @@ class LeaseTable:
         return state
 
     async def read_leases(self, partitions: Collection[int] | None = None, *, consistent: bool = True) -> TableState:
-        """The lease rows of ``partitions`` (default: all): one paginated Query each, a few at once."""
+        """The lease rows of ``partitions`` (default: all), and in ``versions`` the mark of each (0:
+        none yet): one paginated Query each, a few at once."""
         count = await self.layout()
         wanted = sorted(range(count) if partitions is None else partitions)
         state = TableState()
         slots = asyncio.Semaphore(READ_CONCURRENCY)
 
-        async def one(partition: int) -> TableState:
+        async def one(partition: int) -> tuple[int, TableState]:
             async with slots:
                 key = self.lease_partition_key(partition)
-                return await self._read_state(key, prefix=SHARD_PREFIX, consistent=consistent)
+                return partition, await self._read_state(key, after=LEASE_ROWS_AFTER, consistent=consistent)
 
-        for part in await asyncio.gather(*(one(partition) for partition in wanted)):
+        for partition, part in await asyncio.gather(*(one(partition) for partition in wanted)):
             state.leases.update(part.leases)
+            state.versions[partition] = part.versions.get(-1, 0)
         return state
 
     async def read_control(self) -> TableState:
@@ -463,6 +473,8 @@ class LeaseTable:
                 bootstrapper=item.get("bootstrapper", {}).get("S"),
                 lease_partitions=int(item["lease_partitions"]["N"]) if "lease_partitions" in item else None,
             )
+        elif sort_key == MARK_KEY and MARK_ATTRIBUTE in item:  # a lease partition's mark (-1: its own)
+            state.versions = {-1: int(item[MARK_ATTRIBUTE]["N"])}
         elif sort_key == VERSION_KEY:
             state.versions = {
                 int(name[1:]): int(value["N"])
@@ -766,11 +778,32 @@ class LeaseTable:
                 await self._bump(due)
 
     async def _bump(self, partitions: Collection[int]) -> None:
-        """The change itself has landed; if the version's write fails (throttled, an outage), it is
-        tried again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
-        release the others never learn of would leave its shard unread."""
-        names = sorted(set(partitions) | self._bumps_failed)
+        """The change itself has landed: each partition's mark moves, then (for those whose mark
+        landed) their versions, in one write. What fails (throttled, an outage) is tried again with
+        the next one and at every lease cycle (:meth:`bump_again`) until it lands: a release the
+        others never learn of would leave its shard unread."""
+        wanted = sorted(set(partitions) | self._bumps_failed)
         self._bumps_failed = set()
+        slots = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def mark(partition: int) -> None:
+            async with slots:
+                await self._mark(partition)
+
+        outcomes = await asyncio.gather(*(mark(p) for p in wanted), return_exceptions=True)
+        names = [p for p, outcome in zip(wanted, outcomes, strict=True) if outcome is None]
+        failures = [outcome for outcome in outcomes if outcome is not None]
+        if failures:
+            self._bumps_failed.update(set(wanted) - set(names))
+            first = failures[0]
+            if not isinstance(first, Exception):
+                raise first  # cancelled
+            error = translate(first, resource=self._resource())
+            if not error.retriable:
+                raise error from None
+            log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
+        if not names:
+            return
         try:
             await self._ddb.update_item(
                 TableName=self.table,
@@ -784,6 +817,15 @@ class LeaseTable:
             if not error.retriable:
                 raise error from None
             log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
+
+    async def _mark(self, partition: int) -> None:
+        """Move ``partition``'s mark (after a change there, before its version)."""
+        await self._ddb.update_item(
+            TableName=self.table,
+            Key={"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": MARK_KEY}},
+            UpdateExpression=f"ADD {MARK_ATTRIBUTE} :one",
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
 
     async def bump_again(self) -> None:
         """The versions whose move failed, moved now (if any)."""
