@@ -9,12 +9,12 @@ is read again only when its leases may have changed:
   (:meth:`LeaseCache.stale`): strongly consistent, since this worker acts on it at once;
 - its version moved (another worker changed a lease there): eventually consistent, at half the
   price, since every worker reads it and a strongly consistent read of a whole partition by every
-  worker at once is what the busiest partition key could not serve. A lease partition holds its own
-  count of changes (its mark, moved by every change after the change and before the version), so
-  an answer from before the change is noticed: its mark is below the version just read. Such an
+  worker at once is what the busiest partition key could not serve. A lease partition holds a copy
+  of its version (its mark, set by every change after the change and the version's move), so an
+  answer from before the change is noticed: its mark is below the version just read. Such an
   answer is not used; the partition is read again at the next cycle, eventually consistent once
-  more (a replica behind by a moment has caught up), then strongly (a mark that never moved: a
-  writer of a release before marks, or one that died between the mark and the version).
+  more (a replica behind by a moment has caught up), then strongly (a mark left behind: a writer
+  of a release before marks, a failed mark write, a writer that died after the version).
 
 Besides, every partition is read again about every ``full_read_interval_s`` (at a random moment of
 its second half, so that workers that started together do not read together), eventually

@@ -16,9 +16,9 @@ large stream. All of it is read with paginated Queries (never a Scan):
   per shard.
 - lease partition ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting
   position, or :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
-- lease partition ``sk = version``: the partition's mark, ``changes``, moved by every change of a lease
-  there after the change and before the version row (efo.leases.cache: an eventually consistent read
-  whose mark is below the version read before it answered from before the change).
+- lease partition ``sk = version``: the partition's mark, ``changes``, a copy of its version set by every
+  change of a lease there after the change and the version's move (efo.leases.cache: an eventually
+  consistent read whose mark is below the version read before it answered from before the change).
 
 The version and the heartbeats sort after ``meta``, so :meth:`LeaseTable.read_control` reads just
 those (a Query of ``sk > "shard}"``, small whatever the number of shards): a worker reads a lease
@@ -72,7 +72,7 @@ VERSION_KEY = "version"
 MEMBERS_ATTRIBUTE = "members"
 #: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
 AFTER_SHARDS = "shard}"
-#: In a lease partition: the mark, counting its changes (read with its leases, in the same Query).
+#: In a lease partition: the mark, a copy of its version (read with its leases, in the same Query).
 MARK_KEY = "version"
 MARK_ATTRIBUTE = "changes"
 #: Sorts before every ``shard|`` key and the mark of a lease partition: a read of its leases takes what follows.
@@ -778,38 +778,23 @@ class LeaseTable:
                 await self._bump(due)
 
     async def _bump(self, partitions: Collection[int]) -> None:
-        """The change itself has landed: each partition's mark moves, then (for those whose mark
-        landed) their versions, in one write. What fails (throttled, an outage) is tried again with
-        the next one and at every lease cycle (:meth:`bump_again`) until it lands: a release the
-        others never learn of would leave its shard unread."""
-        wanted = sorted(set(partitions) | self._bumps_failed)
+        """The change itself has landed: the versions move, in one write, then each partition's mark
+        is set to its new version. If the version's write fails (throttled, an outage), it is tried
+        again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
+        release the others never learn of would leave its shard unread. A mark is a copy, not a
+        count: written again, or not at all, it is never ahead of its version (an answer would then
+        vouch for a change it does not hold), and a mark left behind (a failed write, a writer that
+        died after the version, one of a release before marks) costs strong reads until the next
+        change there sets it level again."""
+        names = sorted(set(partitions) | self._bumps_failed)
         self._bumps_failed = set()
-        slots = asyncio.Semaphore(READ_CONCURRENCY)
-
-        async def mark(partition: int) -> None:
-            async with slots:
-                await self._mark(partition)
-
-        outcomes = await asyncio.gather(*(mark(p) for p in wanted), return_exceptions=True)
-        names = [p for p, outcome in zip(wanted, outcomes, strict=True) if outcome is None]
-        failures = [outcome for outcome in outcomes if outcome is not None]
-        if failures:
-            self._bumps_failed.update(set(wanted) - set(names))
-            first = failures[0]
-            if not isinstance(first, Exception):
-                raise first  # cancelled
-            error = translate(first, resource=self._resource())
-            if not error.retriable:
-                raise error from None
-            log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
-        if not names:
-            return
         try:
-            await self._ddb.update_item(
+            answer = await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
                 UpdateExpression="ADD " + ", ".join(f"{_version_attribute(p)} :one" for p in names),
                 ExpressionAttributeValues={":one": {"N": "1"}},
+                ReturnValues="ALL_NEW",
             )
         except Exception as exc:
             self._bumps_failed.update(names)
@@ -817,15 +802,28 @@ class LeaseTable:
             if not error.retriable:
                 raise error from None
             log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
+            return
+        moved = answer.get("Attributes", {})
+        versions = {p: int(moved[_version_attribute(p)]["N"]) for p in names if _version_attribute(p) in moved}
+        await bounded(READ_CONCURRENCY, lambda item: self._mark(*item), list(versions.items()))
 
-    async def _mark(self, partition: int) -> None:
-        """Move ``partition``'s mark (after a change there, before its version)."""
-        await self._ddb.update_item(
-            TableName=self.table,
-            Key={"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": MARK_KEY}},
-            UpdateExpression=f"ADD {MARK_ATTRIBUTE} :one",
-            ExpressionAttributeValues={":one": {"N": "1"}},
-        )
+    async def _mark(self, partition: int, version: int) -> None:
+        """Set ``partition``'s mark to ``version`` (just moved there), unless a later one is set already."""
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key={"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": MARK_KEY}},
+                UpdateExpression=f"SET {MARK_ATTRIBUTE} = :version",
+                ConditionExpression=f"attribute_not_exists({MARK_ATTRIBUTE}) OR {MARK_ATTRIBUTE} < :version",
+                ExpressionAttributeValues={":version": {"N": str(version)}},
+            )
+        except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return  # a later change's mark is there already
+            error = translate(exc, resource=self._resource())
+            if not error.retriable:
+                raise error from None
+            log.warning("version.mark_failed", error=str(error), code=error.code, worker_id=self.worker_id)
 
     async def bump_again(self) -> None:
         """The versions whose move failed, moved now (if any)."""
