@@ -897,9 +897,9 @@ class LeaseTable:
     async def delete_all(self) -> int:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
         meta = await self._meta_item()
-        partitions = [self.partition]
         count = _number(meta, "lease_partitions") or _number(meta, "migrating_to")  # a migration cut short too
-        partitions += [self.lease_partition_key(n) for n in range(count or 0)]
+        # The meta row, which names the lease partitions, goes last: a removal cut short is run again.
+        partitions = [self.lease_partition_key(n) for n in range(count or 0)] + [self.partition]
         deleted = 0
         try:
             for partition in partitions:

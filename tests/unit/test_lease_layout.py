@@ -130,3 +130,46 @@ def test_a_version_moved_without_its_mark_is_caught_up_by_the_next_change() -> N
         assert await _mark_and_version(table, home) == (3, 3)
 
     run(scenario())
+
+
+class FailingDelete(Recording):
+    """Its ``fail_at``-th DeleteItem fails (an outage), once."""
+
+    fail_at = 0
+    deletes = 0
+
+    async def delete_item(self, **request: Any) -> Any:
+        self.deletes += 1
+        if self.deletes == self.fail_at:
+            error = {"Error": {"Code": "InternalServerError", "Message": "try again"}}
+            raise botocore.exceptions.ClientError(error, "DeleteItem")  # type: ignore[arg-type]
+        return await self._client.delete_item(**request)
+
+
+def test_a_removal_cut_short_and_run_again_leaves_no_lease_and_no_mark() -> None:
+    """A mark left from before a removal would stand ahead of the versions that start again from
+    nothing (vouching for changes its answers do not hold), and a lease left would come back: run
+    again after an outage, the removal finds every lease partition still."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = FailingDelete(db.client("w", clock, random.Random(2)))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        for n in range(4):
+            await table.create_lease(f"s{n}", (), Position("TRIM_HORIZON"))
+        client.fail_at = 4  # of 4 leases, their marks, and the meta and version rows
+        try:
+            await table.delete_all()
+        except Exception:
+            pass
+        else:
+            raise AssertionError("the removal did not fail")
+        await table.delete_all()
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        left = await table.read_leases()
+        assert left.leases == {}
+        assert set(left.versions.values()) == {0}
+
+    run(scenario())
