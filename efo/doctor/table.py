@@ -14,7 +14,7 @@ from efo.config import Settings
 from efo.doctor.findings import Report, probe
 from efo.doctor.stream import StreamFacts
 from efo.errors import ConfigError, EfoError
-from efo.leases.model import lease_partitions_for
+from efo.leases.model import MIN_LEASE_PARTITIONS, SHARDS_PER_LEASE_PARTITION, lease_partitions_for
 from efo.leases.table import LeaseTable
 from efo.worker.shardsync import ShardSync
 
@@ -142,7 +142,8 @@ async def _rows(report: Report, settings: Settings, dynamodb: Any, kinesis: Any,
             resource,
             "ok",
             f"{where}: no rows yet; the first start writes them in {partitions} lease partitions "
-            f"(one per 128 shards, at least 8), from {settings.initial_position}",
+            f"(one per {SHARDS_PER_LEASE_PARTITION} shards, at least {MIN_LEASE_PARTITIONS}), "
+            f"from {settings.initial_position}",
         )
         return
     started = meta.started_at.isoformat(timespec="seconds") if meta.started_at else "unknown"

@@ -2,16 +2,26 @@
 
 Every read takes the version row (each lease partition's version and the membership counter: one
 small, strongly consistent GetItem, so that a change is seen at the next cycle); a lease partition
-is read again only when its leases may have changed: its
-version moved, this worker changed a lease there (or a write found one not as read: both from
-:meth:`efo.leases.table.LeaseTable.take_changed`), it was found out of date (:meth:`LeaseCache.stale`):
-those reads are strongly consistent, since they follow a change. Besides, every partition is read
-again about every ``full_read_interval_s`` (at a random moment of its second half, so that workers
-that started together do not read together), eventually consistent: a safety net for a change
-whose version never moved (its writer died in between: a claim fenced on what this cache shows
-then fails and reads the partition again, and the lister writes again a lease it finds missing).
-Checkpoints move no version, so a lease's checkpoint here may be old: a claim starts from the row
-it writes, never from this.
+is read again only when its leases may have changed:
+
+- this worker changed a lease there, or a write found one not as read (both from
+  :meth:`efo.leases.table.LeaseTable.take_changed`), or it was found out of date
+  (:meth:`LeaseCache.stale`): strongly consistent, since this worker acts on it at once;
+- its version moved (another worker changed a lease there): eventually consistent, at half the
+  price, since every worker reads it and a strongly consistent read of a whole partition by every
+  worker at once is what the busiest partition key could not serve. A lease partition holds a copy
+  of its version (its mark, set by every change after the change and the version's move), so an
+  answer from before the change is noticed: its mark is below the version just read. Such an
+  answer is not used; the partition is read again at the next cycle, eventually consistent once
+  more (a replica behind by a moment has caught up), then strongly (a mark left behind: a writer
+  of a release before marks, a failed mark write, a writer that died after the version).
+
+Besides, every partition is read again about every ``full_read_interval_s`` (at a random moment of
+its second half, so that workers that started together do not read together), eventually
+consistent: a safety net for a change whose version never moved (its writer died in between: a
+claim fenced on what this cache shows then fails and reads the partition again, and the lister
+writes again a lease it finds missing). Checkpoints move no version, so a lease's checkpoint here
+may be old: a claim starts from the row it writes, never from this.
 """
 
 from __future__ import annotations
@@ -25,9 +35,12 @@ from efo.leases.model import Lease, TableState
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 
-#: A lease partition read strongly this lately is left out of an eventually consistent read of every
-#: partition: that answer could be older than what this cache holds.
+#: A lease partition read this lately (strongly, or eventually with its mark up to date) is left out of an
+#: eventually consistent read of every partition: that answer could be older than what this cache holds.
 STRONG_IS_FRESH_S = 10.0
+#: A moved version's partition is read eventually consistent this many times while its mark shows the
+#: answer older than the version, then strongly.
+EVENTUAL_TRIES = 2
 #: Every partition is read again at a random moment from this share of ``full_read_interval_s`` to all of it.
 JITTER_FROM = 0.5
 
@@ -51,7 +64,8 @@ class LeaseCache:
         self._read_all_due = 0.0  # the next read of every partition
         self._versions: dict[int, int] = {}  # lease partition -> its version as of its last read
         self._stale: set[int] = set()  # lease partitions found out of date: read them next time
-        self._strong_at: dict[int, float] = {}  # lease partition -> its last strongly consistent read
+        self._fresh_at: dict[int, float] = {}  # lease partition -> its last read known to be up to date
+        self._behind: dict[int, int] = {}  # lease partition -> eventually consistent answers older than its version
         self.answered_at = 0.0  # when the last read's version row was answered
 
     def stale(self, shard_id: str) -> None:
@@ -64,33 +78,56 @@ class LeaseCache:
         control = await self._table.read_version(consistent=True)
         METRICS.lease_reads.labels(stream=self._stream, rows="control").inc()
         now = self.answered_at = self._clock.now()
-        stale = self._table.take_changed() | self._stale  # first: a change from here on is read next time
+        strong = self._table.take_changed() | self._stale  # first: a change from here on is read next time
         self._stale = set()
-        stale |= {p for p, version in control.versions.items() if version > self._versions.get(p, 0)}
+        moved = {p for p, version in control.versions.items() if version > self._versions.get(p, 0)} - strong
+        strong |= {p for p in moved if self._behind.get(p, 0) >= EVENTUAL_TRIES}
+        moved -= strong
+        first = not self._leases
+        everything = first or now >= self._read_all_due
         rest: set[int] = set()
-        everything = not self._leases or now >= self._read_all_due
-        if everything:  # but not what was read strongly so lately that a stale answer could be older
-            recent = {p for p, at in self._strong_at.items() if now - at < STRONG_IS_FRESH_S}
-            rest = set(range(await self._table.layout())) - stale - recent
-        if stale or rest:
+        if everything:  # but not what was read so lately that a stale answer could be older
+            recent = {p for p, at in self._fresh_at.items() if now - at < STRONG_IS_FRESH_S}
+            rest = set(range(await self._table.layout())) - strong - moved - recent
+        if first:  # every partition, each answer checked against the version like a moved one's
+            moved, rest = moved | rest, set()
+        behind: set[int] = set()
+        if strong or moved or rest:
             try:
-                fresh = (await self._table.read_leases(stale)).leases if stale else {}
-                if rest:
-                    fresh.update((await self._table.read_leases(rest, consistent=not self._leases)).leases)
+                fresh = (await self._table.read_leases(strong)) if strong else TableState()
+                if moved or rest:
+                    answer = await self._table.read_leases(moved | rest, consistent=False)
+                    # A moved partition whose mark is below the version just read answered from before
+                    # the change: not used (its rows stay as last read), read again next time; at the
+                    # first read, at once and strongly (there is nothing read before to keep).
+                    behind = {p for p in moved if answer.versions.get(p, 0) < control.versions.get(p, 0)}
+                    fresh.leases.update(
+                        (sid, lease)
+                        for sid, lease in answer.leases.items()
+                        if self._table.partition_of(sid) not in behind
+                    )
+                    if first and behind:
+                        fresh.leases.update((await self._table.read_leases(behind)).leases)
+                        strong, moved, behind = strong | behind, moved - behind, set()
             except EfoError:
-                self._stale |= stale | rest  # still to be read: a failed read forgets nothing
+                self._stale |= strong  # still to be read: a failed read forgets nothing
                 raise
-            for partition in stale:
-                self._strong_at[partition] = now
-            stale |= rest
-            for partition in stale:
+            for partition in behind:
+                self._behind[partition] = self._behind.get(partition, 0) + 1
+            done = strong | (moved - behind)
+            for partition in done:
+                self._fresh_at[partition] = now
+                self._behind.pop(partition, None)
+            done |= rest
+            for partition in done:
                 self._leases[partition] = {}
-            for shard_id, lease in fresh.items():
+            for shard_id, lease in fresh.leases.items():
                 self._leases[self._table.partition_of(shard_id)][shard_id] = lease
-            METRICS.lease_reads.labels(stream=self._stream, rows="leases").inc(len(stale))
+            METRICS.lease_reads.labels(stream=self._stream, rows="leases").inc(len(strong | moved | rest))
         if everything:
             self._read_all_due = now + self._full_read_interval_s * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
         for partition, version in control.versions.items():  # an older answer never moves one back
-            self._versions[partition] = max(self._versions.get(partition, 0), version)
+            if partition not in behind:  # its move is still to be read
+                self._versions[partition] = max(self._versions.get(partition, 0), version)
         leases = {shard_id: lease for part in self._leases.values() for shard_id, lease in part.items()}
         return TableState(leases=leases, versions=control.versions, members=control.members)

@@ -8,11 +8,13 @@ within a tenth, so the formula the README gives operators to size a table is the
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
+from functools import cache as memoized
 
 from efo.config import Settings
 from efo.leases import cache
-from efo.leases.model import lease_partitions_for
+from efo.leases.model import lease_partition_of, lease_partitions_for
 from efo.worker import membership
 
 #: Sizes of the rows read, as DynamoDB counts them (measured at the wire: a lease about 181 B).
@@ -58,4 +60,44 @@ def steady_state(settings: Settings, *, workers: int, shards: int) -> Cost:
         read_units_per_s=workers * (every_cycle / lease.sync_interval_s + every_row + safety_net),
         write_units_per_s=workers / lease.heartbeat_interval_s,
         list_shards_per_min=60 * math.ceil(shards / SHARDS_PER_LIST_PAGE) / settings.shards.sync_interval_s,
+    )
+
+
+#: The share of eventually consistent answers that come from before the change they follow (read again
+#: once more): about none on AWS, whose replicas trail by milliseconds; about half in the simulation,
+#: whose eventually consistent reads see the table as of a moment up to a second ago.
+BEHIND_ON_AWS = 0.0
+BEHIND_AT_MOST = 1.0
+
+
+@memoized
+def largest_partition(shards: int) -> int:
+    """The lease rows of the largest lease partition of a stream created with ``shards`` shards (Kinesis
+    numbers shard ids in order: CRC-32 spreads them within a few rows of the mean)."""
+    partitions = lease_partitions_for(shards)
+    rows = Counter(lease_partition_of(f"shardId-{n:012d}", partitions) for n in range(shards))
+    return max(rows.values(), default=0)
+
+
+@dataclass(frozen=True)
+class KeyPeak:
+    """The busiest lease partition key while its leases change at every cycle (a fleet starting, a
+    rebalance): what every other worker's reads of the changes ask of it, a second."""
+
+    rows: int  # in that partition
+    read_units_per_s: float
+    write_units_per_s: float  # the changes' writes and marks, one worker's each cycle, and its checkpoints
+
+
+def during_changes(settings: Settings, *, workers: int, shards: int, behind: float = BEHIND_ON_AWS) -> KeyPeak:
+    """One lease partition changed by one worker at every cycle: that worker reads it again strongly,
+    every other eventually consistent, ``1 + behind`` times (efo.leases.cache)."""
+    rows = largest_partition(shards)
+    units = math.ceil(rows * LEASE_ROW_B / READ_UNIT_B)
+    per_cycle = units + (workers - 1) * (1 + behind) * 0.5 * units
+    interval_s = settings.lease.sync_interval_s
+    return KeyPeak(
+        rows=rows,
+        read_units_per_s=per_cycle / interval_s,
+        write_units_per_s=2 / interval_s + rows / settings.checkpoint.interval_s,
     )

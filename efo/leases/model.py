@@ -14,8 +14,9 @@ from datetime import datetime
 from efo.pipeline.records import Position
 
 #: Lease partitions at the first start: one per this many shards, at least MIN_LEASE_PARTITIONS. A
-#: partition key serves 1,000 writes a second: 128 busy shards checkpointing every 5 s write 26.
-SHARDS_PER_LEASE_PARTITION = 128
+#: partition key serves 1,000 writes a second: 64 busy shards checkpointing every 5 s write 13; and a
+#: partition that every worker reads after a change stays small (README "What the lease plane costs").
+SHARDS_PER_LEASE_PARTITION = 64
 MIN_LEASE_PARTITIONS = 8
 
 

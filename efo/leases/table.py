@@ -2,7 +2,7 @@
 
 An application on a stream has one control partition, ``pk = <app>|<stream ARN>``, and its lease
 rows spread over ``lease_partitions`` more, ``pk = <app>|<stream ARN>#<n>`` (``n`` = CRC-32 of the
-shard id modulo ``lease_partitions``, fixed at the first start from the shard count: about 128
+shard id modulo ``lease_partitions``, fixed at the first start from the shard count: about 64
 shards a partition, at least 8), so that no partition key carries every checkpoint write of a
 large stream. All of it is read with paginated Queries (never a Scan):
 
@@ -16,6 +16,9 @@ large stream. All of it is read with paginated Queries (never a Scan):
   per shard.
 - lease partition ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting
   position, or :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
+- lease partition ``sk = version``: the partition's mark, ``changes``, a copy of its version set by every
+  change of a lease there after the change and the version's move (efo.leases.cache: an eventually
+  consistent read whose mark is below the version read before it answered from before the change).
 
 The version and the heartbeats sort after ``meta``, so :meth:`LeaseTable.read_control` reads just
 those (a Query of ``sk > "shard}"``, small whatever the number of shards): a worker reads a lease
@@ -69,6 +72,11 @@ VERSION_KEY = "version"
 MEMBERS_ATTRIBUTE = "members"
 #: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
 AFTER_SHARDS = "shard}"
+#: In a lease partition: the mark, a copy of its version (read with its leases, in the same Query).
+MARK_KEY = "version"
+MARK_ATTRIBUTE = "changes"
+#: Sorts before every ``shard|`` key and the mark of a lease partition: a read of its leases takes what follows.
+LEASE_ROWS_AFTER = "shard"
 #: The lease partitions of one read go out this many at once.
 READ_CONCURRENCY = 8
 
@@ -331,19 +339,21 @@ class LeaseTable:
         return state
 
     async def read_leases(self, partitions: Collection[int] | None = None, *, consistent: bool = True) -> TableState:
-        """The lease rows of ``partitions`` (default: all): one paginated Query each, a few at once."""
+        """The lease rows of ``partitions`` (default: all), and in ``versions`` the mark of each (0:
+        none yet): one paginated Query each, a few at once."""
         count = await self.layout()
         wanted = sorted(range(count) if partitions is None else partitions)
         state = TableState()
         slots = asyncio.Semaphore(READ_CONCURRENCY)
 
-        async def one(partition: int) -> TableState:
+        async def one(partition: int) -> tuple[int, TableState]:
             async with slots:
                 key = self.lease_partition_key(partition)
-                return await self._read_state(key, prefix=SHARD_PREFIX, consistent=consistent)
+                return partition, await self._read_state(key, after=LEASE_ROWS_AFTER, consistent=consistent)
 
-        for part in await asyncio.gather(*(one(partition) for partition in wanted)):
+        for partition, part in await asyncio.gather(*(one(partition) for partition in wanted)):
             state.leases.update(part.leases)
+            state.versions[partition] = part.versions.get(-1, 0)
         return state
 
     async def read_control(self) -> TableState:
@@ -478,6 +488,8 @@ class LeaseTable:
                 bootstrapper=item.get("bootstrapper", {}).get("S"),
                 lease_partitions=int(item["lease_partitions"]["N"]) if "lease_partitions" in item else None,
             )
+        elif sort_key == MARK_KEY and MARK_ATTRIBUTE in item:  # a lease partition's mark (-1: its own)
+            state.versions = {-1: int(item[MARK_ATTRIBUTE]["N"])}
         elif sort_key == VERSION_KEY:
             state.versions = {
                 int(name[1:]): int(value["N"])
@@ -784,17 +796,23 @@ class LeaseTable:
                 await self._bump(due)
 
     async def _bump(self, partitions: Collection[int]) -> None:
-        """The change itself has landed; if the version's write fails (throttled, an outage), it is
-        tried again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
-        release the others never learn of would leave its shard unread."""
+        """The change itself has landed: the versions move, in one write, then each partition's mark
+        is set to its new version. If the version's write fails (throttled, an outage), it is tried
+        again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
+        release the others never learn of would leave its shard unread. A mark is a copy, not a
+        count: written again, or not at all, it is never ahead of its version (an answer would then
+        vouch for a change it does not hold), and a mark left behind (a failed write, a writer that
+        died after the version, one of a release before marks) costs strong reads until the next
+        change there sets it level again."""
         names = sorted(set(partitions) | self._bumps_failed)
         self._bumps_failed = set()
         try:
-            await self._ddb.update_item(
+            answer = await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
                 UpdateExpression="ADD " + ", ".join(f"{_version_attribute(p)} :one" for p in names),
                 ExpressionAttributeValues={":one": {"N": "1"}},
+                ReturnValues="ALL_NEW",
             )
         except Exception as exc:
             self._bumps_failed.update(names)
@@ -802,6 +820,28 @@ class LeaseTable:
             if not error.retriable:
                 raise error from None
             log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
+            return
+        moved = answer.get("Attributes", {})
+        versions = {p: int(moved[_version_attribute(p)]["N"]) for p in names if _version_attribute(p) in moved}
+        await bounded(READ_CONCURRENCY, lambda item: self._mark(*item), list(versions.items()))
+
+    async def _mark(self, partition: int, version: int) -> None:
+        """Set ``partition``'s mark to ``version`` (just moved there), unless a later one is set already."""
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key={"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": MARK_KEY}},
+                UpdateExpression=f"SET {MARK_ATTRIBUTE} = :version",
+                ConditionExpression=f"attribute_not_exists({MARK_ATTRIBUTE}) OR {MARK_ATTRIBUTE} < :version",
+                ExpressionAttributeValues={":version": {"N": str(version)}},
+            )
+        except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return  # a later change's mark is there already
+            error = translate(exc, resource=self._resource())
+            if not error.retriable:
+                raise error from None
+            log.warning("version.mark_failed", error=str(error), code=error.code, worker_id=self.worker_id)
 
     async def bump_again(self) -> None:
         """The versions whose move failed, moved now (if any)."""
@@ -875,9 +915,9 @@ class LeaseTable:
     async def delete_all(self) -> int:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
         meta = await self._meta_item()
-        partitions = [self.partition]
         count = _number(meta, "lease_partitions") or _number(meta, "migrating_to")  # a migration cut short too
-        partitions += [self.lease_partition_key(n) for n in range(count or 0)]
+        # The meta row, which names the lease partitions, goes last: a removal cut short is run again.
+        partitions = [self.lease_partition_key(n) for n in range(count or 0)] + [self.partition]
         deleted = 0
         try:
             for partition in partitions:

@@ -1,0 +1,175 @@
+"""The lease partitions' layout, against the simulated DynamoDB: each lease partition's mark (which
+tells an eventually consistent answer from before a change, efo.leases.cache)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import botocore.exceptions
+
+from efo.leases.table import MARK_KEY, VERSION_KEY, LeaseTable
+from efo.pipeline.records import Position
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.loop import run
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+class Recording:
+    """A DynamoDB client that notes the row of every UpdateItem."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.updates: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def update_item(self, **request: Any) -> Any:
+        self.updates.append((request["Key"]["pk"]["S"], request["Key"]["sk"]["S"]))
+        return await self._client.update_item(**request)
+
+
+def _db() -> SimDynamoDB:
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+    return db
+
+
+def test_a_change_moves_its_version_then_sets_its_partition_s_mark_to_it_and_a_read_returns_the_marks() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = Recording(db.client("w", clock, random.Random(2)))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.create_lease("s0", (), Position("TRIM_HORIZON"))
+        home = table.partition_of("s0")
+        mark = (table.lease_partition_key(home), MARK_KEY)
+        version = (table.partition, VERSION_KEY)
+        assert client.updates == [version, mark]
+        client.updates.clear()
+        await table.claim((await table.read()).leases["s0"])
+        assert client.updates == [(table.lease_partition_key(home), "shard|s0"), version, mark]
+        read = await table.read_leases()
+        assert read.versions == {p: (2 if p == home else 0) for p in range(8)}
+        assert set(read.leases) == {"s0"}, "the mark is no lease"
+        assert (await table.read_version()).versions == {home: 2}
+
+    run(scenario())
+
+
+class FailingVersion(Recording):
+    """Its next ``fail`` writes of the version row are throttled (before they reach the table)."""
+
+    fail = 0
+
+    async def update_item(self, **request: Any) -> Any:
+        if request["Key"]["sk"]["S"] == VERSION_KEY and "#" not in request["Key"]["pk"]["S"] and self.fail:
+            self.fail -= 1
+            error = {"Error": {"Code": "ThrottlingException", "Message": "slow down"}}
+            raise botocore.exceptions.ClientError(error, "UpdateItem")  # type: ignore[arg-type]
+        return await super().update_item(**request)
+
+
+async def _mark_and_version(table: LeaseTable, partition: int) -> tuple[int, int]:
+    mark = (await table.read_leases([partition])).versions[partition]
+    return mark, (await table.read_version()).versions.get(partition, 0)
+
+
+def test_a_version_write_tried_again_leaves_the_mark_no_further_than_the_version() -> None:
+    """A mark ahead of its version vouches for changes an answer does not hold: one ahead, an
+    eventually consistent answer that misses the next change shows a mark equal to that change's
+    version and is used, so the change (a release, a handover request) goes unseen until the safety
+    net. A throttled version write, moved again at the next cycle, must not move the mark twice."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = FailingVersion(db.client("w", clock, random.Random(2)))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.create_lease("s0", (), Position("TRIM_HORIZON"))
+        home = table.partition_of("s0")
+        client.fail = 1
+        await table.claim((await table.read()).leases["s0"])  # its version write throttled
+        await table.bump_again()
+        mark, version = await _mark_and_version(table, home)
+        assert version == 2
+        assert mark <= version, "the mark ran ahead of the version"
+
+    run(scenario())
+
+
+def test_a_version_moved_without_its_mark_is_caught_up_by_the_next_change() -> None:
+    """A worker of the release before marks (a rolling deploy), or a table that predates them, moves
+    the version alone: its answers then look behind and are read strongly. The next change by a
+    worker that writes marks brings the mark level again, so that this costs a while, not forever."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = db.client("w", clock, random.Random(2))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.create_lease("s0", (), Position("TRIM_HORIZON"))
+        home = table.partition_of("s0")
+        await client.update_item(  # what a worker before marks wrote after its change
+            TableName="t",
+            Key={"pk": {"S": table.partition}, "sk": {"S": VERSION_KEY}},
+            UpdateExpression=f"ADD p{home} :one",
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
+        mark, version = await _mark_and_version(table, home)
+        assert mark < version
+        await table.claim((await table.read()).leases["s0"])
+        assert await _mark_and_version(table, home) == (3, 3)
+
+    run(scenario())
+
+
+class FailingDelete(Recording):
+    """Its ``fail_at``-th DeleteItem fails (an outage), once."""
+
+    fail_at = 0
+    deletes = 0
+
+    async def delete_item(self, **request: Any) -> Any:
+        self.deletes += 1
+        if self.deletes == self.fail_at:
+            error = {"Error": {"Code": "InternalServerError", "Message": "try again"}}
+            raise botocore.exceptions.ClientError(error, "DeleteItem")  # type: ignore[arg-type]
+        return await self._client.delete_item(**request)
+
+
+def test_a_removal_cut_short_and_run_again_leaves_no_lease_and_no_mark() -> None:
+    """A mark left from before a removal would stand ahead of the versions that start again from
+    nothing (vouching for changes its answers do not hold), and a lease left would come back: run
+    again after an outage, the removal finds every lease partition still."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = FailingDelete(db.client("w", clock, random.Random(2)))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        for n in range(4):
+            await table.create_lease(f"s{n}", (), Position("TRIM_HORIZON"))
+        client.fail_at = 4  # of 4 leases, their marks, and the meta and version rows
+        try:
+            await table.delete_all()
+        except Exception:
+            pass
+        else:
+            raise AssertionError("the removal did not fail")
+        await table.delete_all()
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        left = await table.read_leases()
+        assert left.leases == {}
+        assert set(left.versions.values()) == {0}
+
+    run(scenario())
