@@ -415,7 +415,8 @@ class LeaseTable:
             items = await _query(self._ddb, self.table, partition, prefix, after=after, consistent=consistent)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        parsed = self._parsed.get(partition, {}) if prefix == SHARD_PREFIX else None
+        # A lease partition's rows (with its mark): a row as read last is not parsed again.
+        parsed = None if partition == self.partition else self._parsed.get(partition, {})
         fresh: dict[str, tuple[dict[str, Any], Lease]] = {}
         for item in items:
             self._absorb(state, item, parsed, fresh)
