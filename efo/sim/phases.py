@@ -40,7 +40,7 @@ from typing import Any
 from efo.leases.cost import steady_state
 from efo.sim.fleet import Fleet, FleetConfig, SimWorker
 from efo.sim.invariants import Oracle, Trace, Violation
-from efo.sim.run import RunConfig, _Capture, _monitor, _produce, in_virtual_time, usage_rates
+from efo.sim.run import Capture, RunConfig, in_virtual_time, monitor, produce, usage_rates
 
 PHASES = ("start", "busy", "idle", "join", "takeover", "rolling")
 HOLD_CYCLES = 2  # balanced for this many lease cycles in a row (bench/fleet.py's HOLD_CYCLES)
@@ -174,7 +174,7 @@ class Unread:
 
 
 class _Scenario:
-    def __init__(self, config: PhasesConfig, trace: Trace, capture: _Capture) -> None:
+    def __init__(self, config: PhasesConfig, trace: Trace, capture: Capture) -> None:
         self.config = config
         self.fleet = Fleet(config.fleet, config.seed, trace)
         capture.clock = self.fleet.clock
@@ -221,7 +221,7 @@ class _Scenario:
 
     def busy(self, on: bool) -> None:
         if on and self.producer is None:
-            self.producer = asyncio.create_task(_produce(self.fleet), name="producer")
+            self.producer = asyncio.create_task(produce(self.fleet), name="producer")
         elif not on and self.producer is not None:
             self.producer.cancel()
             self.producer = None
@@ -358,7 +358,7 @@ class _Scenario:
 
     async def run(self, report: PhasesReport, progress: Callable[[PhasesReport], None] | None) -> None:
         wall_started = time.perf_counter()
-        self.tasks.append(asyncio.create_task(_monitor(self.fleet, self.oracle), name="monitor"))
+        self.tasks.append(asyncio.create_task(monitor(self.fleet, self.oracle), name="monitor"))
         self.tasks.append(asyncio.create_task(self._sample(), name="unread"))
         steps: dict[str, Callable[[], Any]] = {
             "start": self.start,
@@ -407,7 +407,7 @@ def run_phases(config: PhasesConfig, progress: Callable[[PhasesReport], None] | 
     config.check()
     report = PhasesReport(config.seed, config.fleet.shards, config.fleet.workers)
 
-    async def main(trace: Trace, capture: _Capture) -> PhasesReport:
+    async def main(trace: Trace, capture: Capture) -> PhasesReport:
         await _Scenario(config, trace, capture).run(report, progress)
         return report
 

@@ -90,7 +90,7 @@ class Report:
         return asdict(self)
 
 
-class _Capture:
+class Capture:
     """Every worker's log events (info and above) into the trace and a count by name."""
 
     def __init__(self, trace: Trace, clock: Any) -> None:
@@ -113,7 +113,7 @@ _TRACED = frozenset(
 )
 
 
-async def _produce(fleet: Fleet) -> None:
+async def produce(fleet: Fleet) -> None:
     rate = fleet.config.records_per_shard_s
     if rate <= 0:
         return
@@ -132,13 +132,13 @@ async def _produce(fleet: Fleet) -> None:
             fleet.stream.put(key, f"{key}:{counter}".encode())
 
 
-async def _monitor(fleet: Fleet, oracle: Oracle) -> None:
+async def monitor(fleet: Fleet, oracle: Oracle) -> None:
     while True:
         await fleet.clock.sleep(MONITOR_INTERVAL_S)
         oracle.watch(fleet.clock.now(), fleet, fleet.readable())
 
 
-async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
+async def _main(config: RunConfig, trace: Trace, capture: Capture) -> Report:
     wall_started = time.perf_counter()
     random.seed(config.seed)  # what production code draws itself (retry jitter) comes from the seed too
     fleet = Fleet(config.fleet, config.seed, trace)
@@ -149,8 +149,8 @@ async def _main(config: RunConfig, trace: Trace, capture: _Capture) -> Report:
     window: dict[str, Any] = {}
     try:
         await fleet.add(config.fleet.workers)
-        tasks.append(asyncio.create_task(_produce(fleet), name="producer"))
-        tasks.append(asyncio.create_task(_monitor(fleet, oracle), name="monitor"))
+        tasks.append(asyncio.create_task(produce(fleet), name="producer"))
+        tasks.append(asyncio.create_task(monitor(fleet, oracle), name="monitor"))
         chaos = asyncio.create_task(
             faults.inject(fleet, config.faults, random.Random(fleet.rng.random()), config.duration_s), name="faults"
         )
@@ -327,11 +327,11 @@ def simulate(config: RunConfig) -> Report:
     return in_virtual_time(lambda trace, capture: _main(config, trace, capture))
 
 
-def in_virtual_time(main: Callable[[Trace, _Capture], Coroutine[Any, Any, T]]) -> T:
+def in_virtual_time(main: Callable[[Trace, Capture], Coroutine[Any, Any, T]]) -> T:
     """``main(trace, capture)`` on a fresh virtual-time loop, the workers' log events going to the
     trace and counted by name (``capture.counts``), nowhere else (efo.sim.phases runs its own main)."""
     trace = Trace()
-    capture = _Capture(trace, None)
+    capture = Capture(trace, None)
     previous = structlog.get_config()
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, capture],
