@@ -153,6 +153,13 @@ class Result:
         return self.error_lines[0]
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A suite started in the background (``make test &``, nohup) hands its children SIGINT ignored, and
+    Python then never turns it into KeyboardInterrupt: efo selftest's interrupt hook (a real SIGINT) did
+    nothing. A command run from a terminal has SIGINT's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def efo(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> Result:
     """One ``efo`` command as a subprocess, its output captured."""
     started = time.monotonic()
@@ -163,6 +170,7 @@ def efo(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> Result:
         text=True,
         timeout=timeout_s,
         check=False,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     return Result(completed.returncode, completed.stdout, completed.stderr, time.monotonic() - started)
 
