@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 
 from efo.devstack.stack import StackEndpoints
 
-from .service import ServiceRun, create_stream, service_env, unique
+from .service import ServiceRun, arrow_env, create_stream, unique
 
 pytestmark = pytest.mark.integration
 
@@ -142,13 +142,12 @@ def test_256_shards_all_subscribed_at_once_through_the_proxy_and_efo_run_gets_re
         assert probe["data"] == {shard_id: shard_id.encode() for shard_id in shard_ids}
 
         run = ServiceRun(
-            service_env(
+            arrow_env(  # the sink is not what this measures: no JVM to start
                 local_stack,
                 stream=stream,
                 app=unique("scale-app"),
-                output=tmp_path / "out",
+                sink_dir=tmp_path / "out",
                 initial_position="TRIM_HORIZON",
-                EFO_SINK="console",
             ),
             tmp_path / "efo-run.log",
         )

@@ -143,8 +143,8 @@ def test_sigterm_while_the_sink_hangs_exits_within_the_shutdown_timeout_with_exi
     log = hanging.log_path.read_text()
     assert "efo: " in log and "Traceback" not in log
 
-    fixed = ServiceRun(
-        service_env(local_stack, stream=stream, app=app, output=tmp_path / "out", initial_position="TRIM_HORIZON"),
+    fixed = ServiceRun(  # the sink mended: the JVM-free one, as the restart is what is checked
+        arrow_env(local_stack, stream=stream, app=app, sink_dir=tmp_path / "out", initial_position="TRIM_HORIZON"),
         tmp_path / "fixed.log",
     ).start()
     wait_for_rows(tmp_path / "out", len(puts), fixed)
