@@ -66,11 +66,13 @@ test-integration: install
 
 # Every chaos scenario at full size (tests/chaos; make test runs one iteration of a reduced set),
 # EFO_CHAOS_ITERATIONS times each; prints the table and writes it to docs/chaos.md.
-# EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run. Then EFO_SIM_SEEDS simulated runs
-# with random faults (docs/simulation.md); a violation prints the command that replays its seed.
+# EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run. Then the tests too long for make test
+# (marked long: the quick run of every benchmark), and EFO_SIM_SEEDS simulated runs with random faults
+# (docs/simulation.md); a violation prints the command that replays its seed.
 chaos: install
 	EFO_CHAOS_SIZE=full EFO_CHAOS_ITERATIONS=$(EFO_CHAOS_ITERATIONS) EFO_CHAOS_TABLE=docs/chaos.md \
 		$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+	EFO_LONG_TESTS=1 $(BIN)/python -m pytest tests -m long $(PYTEST_ARGS)
 	$(BIN)/python bench/sim_seeds.py --count $(EFO_SIM_SEEDS) --first $(EFO_SIM_FIRST_SEED) --out docs/simulation.md
 
 lint: install

@@ -95,3 +95,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         outcomes = [Outcome.from_json(value) for name, value in after if name == REPORT_PROPERTY]
         if outcomes:
             summary(terminalreporter, outcomes)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` run only with EFO_LONG_TESTS=1 (``make chaos``), to keep ``make test`` short."""
+    if os.environ.get("EFO_LONG_TESTS") == "1":
+        return
+    long = [item for item in items if item.get_closest_marker("long")]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [item for item in items if not item.get_closest_marker("long")]
