@@ -1,6 +1,6 @@
 """``efo selftest`` on the local stack: the whole path verified, and nothing left behind, whether it
-succeeds, is interrupted (by its test hook at the start of each of its seven steps; by SIGTERM from
-outside while the worker reads), or fails (its worker refused CreateTable).
+succeeds, is interrupted (by its test hook at the start of each of its seven steps, three of them in
+make test; by SIGTERM from outside while the worker reads), or fails (its worker refused CreateTable).
 
 A stream or table not yet deletable when interrupted is tests/unit/test_selftest.py's, on a fake
 account."""
@@ -90,7 +90,15 @@ def test_the_whole_path_is_verified_and_everything_it_made_is_deleted(
     assert f"deleted stream {name} (with its consumer), table {name}" in result.stdout
 
 
-@pytest.mark.parametrize("step", STEPS)
+#: One step of each state the clean-up meets on the local stack (a stream; a stream, its consumer, the
+#: worker and its table; all that and a split) runs in make test; the other steps are long tests (make
+#: chaos). tests/unit/test_selftest.py interrupts every step on a fake account in make test.
+IN_MAKE_TEST = ("put", "split", "verify")
+
+
+@pytest.mark.parametrize(
+    "step", [step if step in IN_MAKE_TEST else pytest.param(step, marks=pytest.mark.long) for step in STEPS]
+)
 def test_interrupted_at_each_step_it_deletes_everything_it_made(
     step: str, local_stack: StackEndpoints, kinesis_client: Any, dynamodb_client: Any, tmp_path: Path
 ) -> None:
