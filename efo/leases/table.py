@@ -215,6 +215,8 @@ class LeaseTable:
         self._bumps_deferred = 0
         self._bumps_due: set[int] = set()
         self._bumps_failed: set[int] = set()  # versions whose move did not land: moved with the next
+        self._bumps_waiting: set[int] = set()  # changed while a version write was under way: the next carries them
+        self._bumping = asyncio.Lock()  # one version write under way at a time
         #: Lease partition key -> its rows as the last Query of it found them, parsed (see _absorb).
         self._parsed: dict[str, dict[str, tuple[dict[str, Any], Lease]]] = {}
 
@@ -798,14 +800,29 @@ class LeaseTable:
 
     async def _bump(self, partitions: Collection[int]) -> None:
         """The change itself has landed: the versions move, in one write, then each partition's mark
-        is set to its new version. If the version's write fails (throttled, an outage), it is tried
-        again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
-        release the others never learn of would leave its shard unread. A mark is a copy, not a
-        count: written again, or not at all, it is never ahead of its version (an answer would then
-        vouch for a change it does not hold), and a mark left behind (a failed write, a writer that
-        died after the version, one of a release before marks) costs strong reads until the next
-        change there sets it level again."""
+        is set to its new version. One version write is under way at a time, and it carries every
+        change that landed before it started: changes that land meanwhile (a stop's releases, a
+        cycle's handovers completing together) wait for it and move in the next write, together,
+        so that a burst of changes costs a few writes of the control key, not one each. Each caller
+        returns once a write that started after its change landed has moved its partitions (and
+        their marks), as if it had written alone.
+
+        If the version's write fails (throttled, an outage), it is tried again with the next one
+        and at every lease cycle (:meth:`bump_again`) until it lands: a release the others never
+        learn of would leave its shard unread. A mark is a copy, not a count: written again, or not
+        at all, it is never ahead of its version (an answer would then vouch for a change it does
+        not hold), and a mark left behind (a failed write, a writer that died after the version, one
+        of a release before marks) costs strong reads until the next change there sets it level again."""
+        self._bumps_waiting.update(partitions)
+        async with self._bumping:
+            if not partitions or self._bumps_waiting & set(partitions):  # not carried by the write before
+                names, self._bumps_waiting = self._bumps_waiting, set()
+                await self._bump_now(names)
+
+    async def _bump_now(self, partitions: Collection[int]) -> None:
         names = sorted(set(partitions) | self._bumps_failed)
+        if not names:
+            return
         self._bumps_failed = set()
         try:
             answer = await self._ddb.update_item(
