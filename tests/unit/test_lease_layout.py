@@ -213,3 +213,23 @@ def test_releases_under_way_together_move_the_version_once_together_not_once_eac
         assert all(after[p] > before[p] for p in touched)
 
     run(scenario())
+
+
+def test_a_release_tells_the_next_owner_when_its_shard_was_last_subscribed_to() -> None:
+    """Kinesis takes the next owner's SubscribeToShard 5 s after the last one that succeeded: the
+    released lease says when that was, so the next owner calls then, neither sooner nor later."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = LeaseTable(db.client("w", clock, random.Random(2)), table="t", app="a", stream_arn="s", worker_id="w")
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.create_lease("s0", (), Position("TRIM_HORIZON"))
+        held = await table.claim((await table.read()).leases["s0"])
+        assert held.subscribed_at is None
+        await table.release(held, subscribed_at=NOW)
+        other = LeaseTable(db.client("v", clock, random.Random(3)), table="t", app="a", stream_arn="s", worker_id="v")
+        taken = await other.claim((await other.read()).leases["s0"])
+        assert taken.owner == "v" and taken.subscribed_at == NOW
+
+    run(scenario())
