@@ -19,6 +19,7 @@ import random
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import structlog
@@ -107,6 +108,8 @@ class ShardSubscription:
         lease_check: Callable[[], Awaitable[bool]] | None = None,
         on_phase: Callable[[ShardPhase], None] = lambda phase: None,
         on_first_event: Callable[[Position], Awaitable[None]] | None = None,
+        on_subscribed: Callable[[datetime], None] = lambda at: None,
+        previous_call_at: datetime | None = None,
         series: ShardSeries | None = None,
         logger: Any = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -136,8 +139,11 @@ class ShardSubscription:
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream
         self._clock = clock
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng)
+        self._on_subscribed = on_subscribed
         self._last_call_at = -1e9
         self._last_success_at = -1e9
+        self._previous_call_at = previous_call_at  # the previous owner's: Kinesis counts its 5 s from it
+        self._refused_since: float | None = None  # ResourceInUse at the start of a subscription, since
         self._started = False
         self._expired_restart = False  # restarted at TRIM_HORIZON once after an expired position
         self._held: Grant | None = None  # budget kept for the event a backpressure timeout left unread
@@ -153,6 +159,9 @@ class ShardSubscription:
                 self._held = None
 
     async def _run(self) -> ShardEnded:
+        if self._previous_call_at is not None:  # its 5 s by this worker's clocks; a clock ahead waits 5 s at most
+            since_s = (self._clock.wall() - self._previous_call_at).total_seconds()
+            self._last_success_at = self._clock.now() - min(max(since_s, 0.0), MIN_RENEW_INTERVAL_S)
         while True:
             await self._pace()
             self.attempt += 1
@@ -192,7 +201,7 @@ class ShardSubscription:
                     raise error from None
                 if self._streaming and error.code == "ResourceInUseException":
                     await self._confirm_lease()
-                await self._retry_after(error)
+                await self._retry_after(error, paced=self._refused_in_use(error))
                 continue
             METRICS.subscriptions_ended.labels(
                 stream=self.stream, outcome="renewal" if ended is None else "shard_end"
@@ -204,8 +213,21 @@ class ShardSubscription:
     def _resource(self) -> str:
         return f"shard {self.shard_id} of stream {self.stream!r} (consumer {self._consumer_arn})"
 
-    async def _retry_after(self, error: EfoError) -> None:
-        delay_s = self._backoff.next_delay_s()
+    def _refused_in_use(self, error: EfoError) -> bool:
+        """The call was refused because another subscribed to the shard less than 5 s ago (the
+        previous owner, or this one before a clock's skew): Kinesis takes the next call once those
+        5 s are over, so calls go on at its pace of one a second, no backoff, for 5 s; then (the
+        consumer not active, say) the backoff."""
+        if self._streaming or error.code != "ResourceInUseException":
+            return False
+        now = self._clock.now()
+        if self._refused_since is None:
+            self._refused_since = now
+        return now - self._refused_since <= MIN_RENEW_INTERVAL_S
+
+    async def _retry_after(self, error: EfoError, *, paced: bool = False) -> None:
+        """Wait before the next attempt: the backoff, or (``paced``) nothing but :meth:`_pace`."""
+        delay_s = 0.0 if paced else self._backoff.next_delay_s()
         METRICS.subscription_errors.labels(stream=self.stream, code=error.code or type(error).__name__).inc()
         self._log.warning(
             "subscription.retry",
@@ -283,6 +305,8 @@ class ShardSubscription:
     async def _subscribe_once(self) -> ShardEnded | None:
         response = await self._call()
         self._last_success_at = self._clock.now()
+        self._refused_since = None
+        self._on_subscribed(self._clock.wall())
         self._streaming = True
         METRICS.subscriptions_started.labels(stream=self.stream).inc()
         stream = response["EventStream"]

@@ -30,6 +30,7 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -116,6 +117,9 @@ class OwnedShard:
     phase: ShardPhase = ShardPhase.SUBSCRIBING
     task: asyncio.Task[Any] | None = None
     first_event: bool = False
+    #: When this claim last subscribed to its shard (a SubscribeToShard that succeeded), by the
+    #: wall clock: written with its release, for the next owner (Lease.subscribed_at).
+    subscribed_at: datetime | None = None
     children: tuple[str, ...] = ()
     clock: Clock = SYSTEM_CLOCK
     claimed_at: float = field(init=False)
@@ -132,6 +136,10 @@ class OwnedShard:
             shard_id=self.shard_id, epoch=self.epoch, worker_id=self.worker_id
         )
         self.series = METRICS.shard(self.stream, self.shard_id)
+
+    def subscribed(self, at: datetime) -> None:
+        """A SubscribeToShard of this claim succeeded, at ``at`` (the wall clock)."""
+        self.subscribed_at = at
 
     @classmethod
     def claim(

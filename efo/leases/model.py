@@ -48,6 +48,9 @@ class Lease:
     wanted_by: str | None = None  # a worker asked the owner to hand the lease over (a steal)
     reset: PendingReset | None = None
     lag_ms: int | None = None  # MillisBehindLatest of the owner's last event, as of updated_at
+    #: When the owner that released it last subscribed to its shard (a SubscribeToShard that
+    #: succeeded), by its clock: Kinesis refuses the next owner's call until 5 s after that.
+    subscribed_at: datetime | None = None
 
     @property
     def finished(self) -> bool:

@@ -77,6 +77,9 @@ MARK_KEY = "version"
 MARK_ATTRIBUTE = "changes"
 #: Sorts before every ``shard|`` key and the mark of a lease partition: a read of its leases takes what follows.
 LEASE_ROWS_AFTER = "shard"
+#: On a released lease's row until its next claim: when its last owner last subscribed to its shard
+#: (epoch seconds), so that the next owner's first SubscribeToShard comes when Kinesis takes it.
+SUBSCRIBED_ATTRIBUTE = "subscribed_at"
 #: The lease partitions of one read go out this many at once.
 READ_CONCURRENCY = 8
 
@@ -115,6 +118,7 @@ def _position_of(item: dict[str, Any], prefix: str = "") -> Position:
 def _lease_of(item: dict[str, Any]) -> Lease:
     reset_id = item.get("reset_id", {}).get("S")
     lag = item.get("lag_ms", {}).get("N")
+    subscribed = item.get(SUBSCRIBED_ATTRIBUTE, {}).get("N")
     return Lease(
         shard_id=item["sk"]["S"].removeprefix(SHARD_PREFIX),
         parents=tuple(p["S"] for p in item.get("parents", {}).get("L", [])),
@@ -125,6 +129,7 @@ def _lease_of(item: dict[str, Any]) -> Lease:
         wanted_by=item.get("wanted_by", {}).get("S"),
         reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
         lag_ms=int(lag) if lag is not None else None,
+        subscribed_at=datetime.fromtimestamp(float(subscribed), UTC) if subscribed is not None else None,
     )
 
 
@@ -215,6 +220,8 @@ class LeaseTable:
         self._bumps_deferred = 0
         self._bumps_due: set[int] = set()
         self._bumps_failed: set[int] = set()  # versions whose move did not land: moved with the next
+        self._bumps_waiting: set[int] = set()  # changed while a version write was under way: the next carries them
+        self._bumping = asyncio.Lock()  # one version write under way at a time
         #: Lease partition key -> its rows as the last Query of it found them, parsed (see _absorb).
         self._parsed: dict[str, dict[str, tuple[dict[str, Any], Lease]]] = {}
 
@@ -590,14 +597,17 @@ class LeaseTable:
         update.values[":me"] = {"S": self.worker_id}
         update.next_counter()
         update.removes.append("wanted_by")
+        update.removes.append(SUBSCRIBED_ATTRIBUTE)  # a held lease's row stays as small as before
         if lease.reset is not None:
             update.apply_reset(lease.reset, self._clock.wall())
         else:
             update.values[":end"] = {"S": SHARD_END.kind}
             update.conditions.append("position_kind <> :end")
         # The row as it is now: its checkpoint may be newer than the one read (checkpoint writes
-        # do not move the version, so a worker's last read of the leases may not have it).
-        return _lease_of(await self._update(lease, update, returning=True))
+        # do not move the version, so a worker's last read of the leases may not have it). When its
+        # last owner subscribed is as read: the claim is fenced on the counter that release moved.
+        taken = _lease_of(await self._update(lease, update, returning=True))
+        return replace(taken, subscribed_at=lease.subscribed_at)
 
     async def apply_reset(self, lease: Lease) -> Lease:
         """Apply the lease's pending reset without taking it: the owner's (a new claim of the same
@@ -674,12 +684,17 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         return True
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, *, subscribed_at: datetime | None = None) -> None:
         """Give the lease up (a clean stop, a handover), so the next worker takes it at once; a
-        steal request stays, so the worker that asked takes it first."""
+        steal request stays, so the worker that asked takes it first. ``subscribed_at``: when this
+        worker last subscribed to the shard, so that the next owner's first call comes as soon as
+        Kinesis takes it (5 s after that), neither sooner (refused) nor later (a backoff)."""
         update = _Update()
         update.fence(lease)
         update.removes.append("lease_owner")
+        if subscribed_at is not None:
+            update.sets.append(f"{SUBSCRIBED_ATTRIBUTE} = :subscribed")
+            update.values[":subscribed"] = {"N": f"{subscribed_at.timestamp():.3f}"}
         update.next_counter()
         await self._update(lease, update)
         await self._changed(await self._partition(lease.shard_id))
@@ -798,14 +813,29 @@ class LeaseTable:
 
     async def _bump(self, partitions: Collection[int]) -> None:
         """The change itself has landed: the versions move, in one write, then each partition's mark
-        is set to its new version. If the version's write fails (throttled, an outage), it is tried
-        again with the next one and at every lease cycle (:meth:`bump_again`) until it lands: a
-        release the others never learn of would leave its shard unread. A mark is a copy, not a
-        count: written again, or not at all, it is never ahead of its version (an answer would then
-        vouch for a change it does not hold), and a mark left behind (a failed write, a writer that
-        died after the version, one of a release before marks) costs strong reads until the next
-        change there sets it level again."""
+        is set to its new version. One version write is under way at a time, and it carries every
+        change that landed before it started: changes that land meanwhile (a stop's releases, a
+        cycle's handovers completing together) wait for it and move in the next write, together,
+        so that a burst of changes costs a few writes of the control key, not one each. Each caller
+        returns once a write that started after its change landed has moved its partitions (and
+        their marks), as if it had written alone.
+
+        If the version's write fails (throttled, an outage), it is tried again with the next one
+        and at every lease cycle (:meth:`bump_again`) until it lands: a release the others never
+        learn of would leave its shard unread. A mark is a copy, not a count: written again, or not
+        at all, it is never ahead of its version (an answer would then vouch for a change it does
+        not hold), and a mark left behind (a failed write, a writer that died after the version, one
+        of a release before marks) costs strong reads until the next change there sets it level again."""
+        self._bumps_waiting.update(partitions)
+        async with self._bumping:
+            if not partitions or self._bumps_waiting & set(partitions):  # not carried by the write before
+                names, self._bumps_waiting = self._bumps_waiting, set()
+                await self._bump_now(names)
+
+    async def _bump_now(self, partitions: Collection[int]) -> None:
         names = sorted(set(partitions) | self._bumps_failed)
+        if not names:
+            return
         self._bumps_failed = set()
         try:
             answer = await self._ddb.update_item(

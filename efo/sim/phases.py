@@ -31,6 +31,7 @@ ends the run: the phases before it are reported, the others are not measured.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -408,6 +409,7 @@ def run_phases(config: PhasesConfig, progress: Callable[[PhasesReport], None] | 
     report = PhasesReport(config.seed, config.fleet.shards, config.fleet.workers)
 
     async def main(trace: Trace, capture: Capture) -> PhasesReport:
+        random.seed(config.seed)  # what production code draws itself (retry jitter) comes from the seed too
         await _Scenario(config, trace, capture).run(report, progress)
         return report
 

@@ -146,6 +146,8 @@ class ShardRunner:
             lease_check=lambda: self._table.holds(owned.lease),
             on_phase=owned.enter,
             on_first_event=lambda first: self._checkpointer.pin(owned),
+            on_subscribed=owned.subscribed,
+            previous_call_at=owned.lease.subscribed_at,
             series=owned.series,
             logger=owned.log,
             clock=self._clock,
@@ -296,7 +298,7 @@ class ShardRunner:
         backoff = self._backoff()
         while True:
             try:
-                await self._table.release(owned.lease)
+                await self._table.release(owned.lease, subscribed_at=owned.subscribed_at)
                 break
             except LeaseLost as exc:
                 self._owned.lose(owned, str(exc))

@@ -52,7 +52,7 @@ class Table:
         self.calls.append(("checkpoint", position))
         return replace(lease, checkpoint=position)
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, *, subscribed_at: datetime | None = None) -> None:
         self._throttle("release")
         self.calls.append(("release", lease.shard_id))
 

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -27,7 +28,7 @@ from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, 
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, after, shard_key
-from efo.sim.clock import SimClock
+from efo.sim.clock import EPOCH, SimClock
 from efo.sim.loop import run as run_virtual
 
 SHARD = "shardId-000000000001"
@@ -399,7 +400,11 @@ RETRIABLE = [
 ]
 
 
-@pytest.mark.parametrize("error", RETRIABLE)
+#: ResourceInUse at the start is retried at Kinesis's pace first (the 5 s rule), not after a backoff.
+BACKED_OFF = [param for param in RETRIABLE if param.id != "ResourceInUseException"]
+
+
+@pytest.mark.parametrize("error", BACKED_OFF)
 def test_retriable_error_is_retried_after_a_backoff_within_bounds(error: BaseException) -> None:
     h = harness([error, [shard_end()]], rng=lambda: 0.5)
     assert run(h.subscription.run()).child_shard_ids == ("shardId-000000000002",)
@@ -518,7 +523,7 @@ def _assert_paced(h: Harness) -> None:
 
 
 def test_calls_are_never_closer_than_one_second_even_with_the_shortest_backoff() -> None:
-    h = harness([client_error("ResourceInUseException")] * 4 + [[shard_end()]], rng=lambda: 0.0)
+    h = harness([client_error("LimitExceededException")] * 4 + [[shard_end()]], rng=lambda: 0.0)
     run(h.subscription.run())
     times = [c.at for c in h.client.calls]
     # backoff 0.15, 0.3, 0.6 is raised to the 1 s floor; 1.2 is longer than it
@@ -546,6 +551,53 @@ def test_a_retry_after_a_failure_still_keeps_five_seconds_from_the_last_success(
     times = [c.at for c in h.client.calls]
     assert times[1] >= 5.0
     _assert_paced(h)
+
+
+def test_a_claim_calls_first_five_seconds_after_the_previous_owner_s_call_neither_sooner_nor_later() -> None:
+    """Kinesis refuses a call within 5 s of the last successful one (the previous owner's, in a
+    handover): the released lease says when that was, and the next owner's first call waits just so
+    long. Before, it called at once, was refused, and backed off past the 5 s (issue 37: 6.8 s unread
+    in a rolling deploy)."""
+    h = harness([[shard_end()]], previous_call_at=EPOCH - timedelta(seconds=2))
+    run(h.subscription.run())
+    assert [c.at for c in h.client.calls] == pytest.approx([3.0])
+
+
+@pytest.mark.parametrize(("ago_s", "first_at"), [(30.0, 0.0), (5.0, 0.0), (-60.0, 5.0)])
+def test_a_previous_call_long_ago_waits_for_nothing_and_one_ahead_of_the_clock_at_most_five_seconds(
+    ago_s: float, first_at: float
+) -> None:
+    h = harness([[shard_end()]], previous_call_at=EPOCH - timedelta(seconds=ago_s))
+    run(h.subscription.run())
+    assert [c.at for c in h.client.calls] == pytest.approx([first_at])
+
+
+def test_resource_in_use_at_the_start_is_retried_every_second_until_kinesis_takes_the_call() -> None:
+    """Refused because another subscribed less than 5 s ago (a previous owner whose call the lease
+    did not say): the call goes again every second, the pace Kinesis allows, not after a growing
+    backoff that overshoots the moment it would be taken."""
+    h = harness([client_error("ResourceInUseException")] * 5 + [[shard_end()]], rng=lambda: 0.999999)
+    run(h.subscription.run())
+    assert [c.at for c in h.client.calls] == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    _assert_paced(h)
+
+
+def test_resource_in_use_for_longer_than_five_seconds_falls_back_to_the_backoff() -> None:
+    """Past 5 s, ResourceInUse is not the 5 s rule (a consumer not ACTIVE, say): back off as for
+    any other error, rather than call every second for ever."""
+    h = harness([client_error("ResourceInUseException")] * 10 + [[shard_end()]], rng=lambda: 0.999999)
+    run(h.subscription.run())
+    times = [c.at for c in h.client.calls]
+    assert times[:7] == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert times[10] - times[9] > 2.0, times
+    _assert_paced(h)
+
+
+def test_a_successful_call_is_reported_with_its_wall_clock_time() -> None:
+    seen: list[datetime] = []
+    h = harness([client_error("ResourceInUseException"), [shard_end()]], on_subscribed=seen.append)
+    run(h.subscription.run())
+    assert seen == [h.clock.wall()] and h.clock.now() == pytest.approx(1.0)
 
 
 def test_pacing_holds_across_a_long_mixed_script() -> None:

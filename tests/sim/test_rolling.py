@@ -1,0 +1,45 @@
+"""A rolling deploy in simulated time leaves no shard unread longer than 5 s (issue 37's goal).
+
+Kinesis refuses a SubscribeToShard of the same consumer and shard within 5 s of the last successful
+one (ResourceInUseException; efo/sim/kinesis.py models it as AWS documents it). A fast roll moves
+some shards twice within 5 s: from a worker that stops to one of the old workers that stops next,
+then on. The next owner used to call at once, be refused, and back off past the moment Kinesis
+would take the call; and a lease left free by workers that disagree on the shares while the fleet
+changes every second waited STALE_FREE_CYCLES (then 5) cycles for anyone to take it. At 128 shards
+on 8 workers that left a shard unread 5.5 to 6 s (seeds 1 to 3).
+
+Not yet met at every seed: a shard handed to an old worker that is stopped moments after its
+subscription began still waits out that subscription's 5 s (seeds 5 and 9, 7.0 and 6.75 s). Only
+dealing a stopping worker's leases to the workers that replaced the old ones would avoid the second
+move (the report of issue 37 says how)."""
+
+from __future__ import annotations
+
+import pytest
+
+from efo.sim.fleet import FleetConfig
+from efo.sim.phases import PhasesConfig, run_phases
+
+GOAL_S = 5.0
+TWICE_TO_A_STOPPING_WORKER = pytest.mark.xfail(
+    strict=True, reason="a shard moved to an old worker stopped just after it subscribed waits out the 5 s"
+)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [1, 2, 3, pytest.param(5, marks=TWICE_TO_A_STOPPING_WORKER), pytest.param(9, marks=TWICE_TO_A_STOPPING_WORKER)],
+)
+def test_a_rolling_deploy_leaves_no_shard_unread_longer_than_five_seconds(
+    seed: int, record_property: pytest.RecordProperty
+) -> None:
+    config = PhasesConfig(
+        fleet=FleetConfig(shards=128, workers=8, records_per_shard_s=1.0), seed=seed, settle_s=5, window_s=5
+    )
+    report = run_phases(config)
+    assert report.violation is None, report.violation
+    rolling = report.phases["rolling"]
+    record_property(f"rolling_128x8_seed{seed}", f"longest unread {rolling['longest_unread_s']:.2f} s")
+    assert rolling["replaced"] == rolling["of"] == 8, rolling
+    assert rolling["claims"] > 128, "some shards moved twice: what the goal is about"
+    assert rolling["longest_unread_s"] <= GOAL_S, rolling
