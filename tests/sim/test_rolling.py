@@ -28,7 +28,15 @@ TWICE_TO_A_STOPPING_WORKER = pytest.mark.xfail(
 
 @pytest.mark.parametrize(
     "seed",
-    [1, 2, 3, pytest.param(5, marks=TWICE_TO_A_STOPPING_WORKER), pytest.param(9, marks=TWICE_TO_A_STOPPING_WORKER)],
+    # Seeds 1-3 each failed before the next owner paced its first call; one stays in make test (10 s),
+    # the others run in make chaos (long), with the two known to fail.
+    [
+        1,
+        pytest.param(2, marks=pytest.mark.long),
+        pytest.param(3, marks=pytest.mark.long),
+        pytest.param(5, marks=[TWICE_TO_A_STOPPING_WORKER, pytest.mark.long]),
+        pytest.param(9, marks=[TWICE_TO_A_STOPPING_WORKER, pytest.mark.long]),
+    ],
 )
 def test_a_rolling_deploy_leaves_no_shard_unread_longer_than_five_seconds(
     seed: int, record_property: pytest.RecordProperty
