@@ -1,0 +1,303 @@
+"""The lease partitions' generations (efo.leases.model.Layout), against the simulated DynamoDB: a
+table grows without moving a lease, writers that know different generations write one lease a
+shard, every worker finds every lease, and a release that cannot read a layout refuses it."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from efo.config import load_settings
+from efo.errors import LayoutOutdated
+from efo.kinesis.registration import StreamInfo
+from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
+from efo.leases.table import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX, LeaseTable
+from efo.pipeline.records import Position
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.loop import run
+from efo.worker.shardsync import ShardSync
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+START = Position("TRIM_HORIZON")
+
+
+def _db() -> SimDynamoDB:
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+    return db
+
+
+def _table(db: SimDynamoDB, worker: str, clock: SimClock) -> LeaseTable:
+    client = db.client(worker, clock, random.Random(2))
+    return LeaseTable(client, table="t", app="a", stream_arn="s", worker_id=worker, clock=clock)
+
+
+def _items(db: SimDynamoDB) -> list[tuple[str, str]]:
+    """(pk, sk) of every item in the table now."""
+    return [
+        (pk, sk)
+        for pk, partition in db.tables["t"].partitions.items()
+        for sk, row in partition.rows.items()
+        if (latest := row.latest()) is not None and latest.item is not None
+    ]
+
+
+def _lease_rows(db: SimDynamoDB) -> Counter[str]:
+    """Shard id -> how many lease rows it has, in every partition of the table."""
+    return Counter(sk.removeprefix(SHARD_PREFIX) for pk, sk in _items(db) if "#" in pk and sk.startswith(SHARD_PREFIX))
+
+
+# ---- the layout alone -------------------------------------------------------------------------------
+
+
+def test_a_generation_numbers_its_partitions_after_every_one_before_it() -> None:
+    layout = Layout((8, 16, 40))
+    assert layout.partitions == 64 and layout.grown and not Layout((8,)).grown
+    for n in range(500):
+        shard = f"shardId-{n:012d}"
+        assert 0 <= layout.home(shard) == layout.candidate(shard, 0) < 8
+        assert 8 <= layout.candidate(shard, 1) < 24
+        assert 24 <= layout.newest(shard) == layout.candidate(shard, 2) < 64
+    with pytest.raises(ValueError):
+        Layout(())
+    with pytest.raises(ValueError):
+        Layout((8, 0))
+
+
+def test_a_layout_grows_only_once_the_open_shards_outgrow_its_newest_generation() -> None:
+    layout = Layout((8,))
+    assert layout.grown_for(8 * SHARDS_PER_LEASE_PARTITION) is None
+    grown = layout.grown_for(8 * SHARDS_PER_LEASE_PARTITION + 1)
+    assert grown is not None and grown.sizes[:1] == (8,)
+    # sized for twice the open shards: the stream may double before the next growth
+    assert grown.sizes[1] * SHARDS_PER_LEASE_PARTITION >= 2 * (8 * SHARDS_PER_LEASE_PARTITION + 1)
+    assert grown.grown_for(2 * (8 * SHARDS_PER_LEASE_PARTITION + 1)) is None
+
+
+def test_from_64_to_16384_shards_by_doublings_no_generation_s_partition_is_asked_to_hold_more_than_its_share() -> None:
+    """Each growth happens when the open shards pass 64 a partition of the newest generation; every
+    new lease goes there, so a partition of it holds at most its share of the open shards then."""
+    layout, shards = Layout((8,)), 64
+    while shards <= 16_384:
+        grown = layout.grown_for(shards)
+        if grown is not None:
+            layout = grown
+        assert shards <= SHARDS_PER_LEASE_PARTITION * layout.sizes[-1]
+        shards *= 2
+    assert len(layout.sizes) <= 8 and layout.partitions <= 4 * 16_384 // SHARDS_PER_LEASE_PARTITION
+
+
+# ---- the table -------------------------------------------------------------------------------------
+
+
+def test_a_grown_table_writes_new_leases_in_its_newest_generation_and_reads_old_and_new_ones() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        for n in range(20):
+            await table.create_lease(f"old-{n}", (), START, reserve=n % 2 == 0)  # a first start writes none
+        layout = await table.lease_layout()
+        assert await table.grow(layout, Layout((8, 16)))
+        assert not await table.grow(layout, Layout((8, 32))), "grown by another worker already"
+        for n in range(20):
+            await table.create_lease(f"new-{n}", (), START)
+            assert 8 <= table.partition_of(f"new-{n}") < 24
+        # a worker started now reads the meta row and finds every lease, and where each is
+        other = _table(db, "w2", clock)
+        leases = (await other.read()).leases
+        assert set(leases) == {f"old-{n}" for n in range(20)} | {f"new-{n}" for n in range(20)}
+        assert all(other.partition_of(f"old-{n}") < 8 for n in range(20)), "leases never move"
+        # and changes them where they are, even one it never read (a reservation says where)
+        third = _table(db, "w3", clock)
+        assert (await third.read_lease("new-3")) == leases["new-3"]
+        claimed = await other.claim(leases["old-3"])
+        await other.checkpoint(claimed, Position("AFTER_SEQUENCE_NUMBER", "9"))
+        assert (await third.read_lease("old-3")) is not None
+        assert _lease_rows(db) == Counter({shard: 1 for shard in leases})
+
+    run(scenario())
+
+
+def test_writers_that_know_different_generations_write_one_lease_a_shard_whichever_writes_first() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        stale, grower = _table(db, "stale", clock), _table(db, "grower", clock)
+        await grower.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await stale.lease_layout()  # it read the layout before the growth, and not since
+        assert await grower.grow(await grower.lease_layout(), Layout((8, 64)))
+        moved = [f"s{n}" for n in range(40) if Layout((8, 64)).newest(f"s{n}") != Layout((8,)).home(f"s{n}")]
+        assert len(moved) == 40
+        for n, shard in enumerate(moved):
+            first, second = (stale, grower) if n % 2 else (grower, stale)
+            assert await first.create_lease(shard, (), START)
+            assert not await second.create_lease(shard, (), START), "a second lease for one shard"
+            assert first.partition_of(shard) == second.partition_of(shard)
+        assert _lease_rows(db) == Counter(dict.fromkeys(moved, 1))
+
+    run(scenario())
+
+
+def test_a_lease_written_before_the_table_grew_is_not_written_again_in_the_new_generation() -> None:
+    """A first start's leases (and those of a release before reservations) have no reservation: a
+    writer of the grown layout looks for the lease in its partition of generation 0 first."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.create_lease("a", (), START, reserve=False)
+        assert await table.grow(await table.lease_layout(), Layout((8, 64)))
+        other = _table(db, "w2", clock)
+        assert not await other.create_lease("a", (), START)
+        assert other.partition_of("a") == Layout((8,)).home("a")
+        assert _lease_rows(db) == Counter({"a": 1})
+        assert not any(sk.startswith(RESERVED_PREFIX) for _, sk in _items(db))
+
+    run(scenario())
+
+
+def test_a_worker_reads_the_new_generation_once_a_lease_there_moves_its_version() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        reader, grower = _table(db, "reader", clock), _table(db, "grower", clock)
+        await grower.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        assert await reader.layout() == 8
+        assert await grower.grow(await grower.lease_layout(), Layout((8, 16)))
+        await grower.create_lease("n", (), START)
+        versions = (await reader.read_version()).versions
+        assert await reader.layout() == 24 and grower.partition_of("n") in versions
+        assert set((await reader.read_leases()).leases) == {"n"}
+
+    run(scenario())
+
+
+def test_a_grown_table_is_removed_whole_every_generation_and_reservation() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.create_lease("a", (), START)
+        assert await table.grow(await table.lease_layout(), Layout((8, 16)))
+        await table.create_lease("b", (), START)
+        assert await table.grow(await table.lease_layout(), Layout((8, 16, 32)))
+        await table.create_lease("c", (), START)
+        assert any(sk.startswith(RESERVED_PREFIX) for _, sk in _items(db))
+        await table.delete_all()
+        assert _items(db) == []
+
+    run(scenario())
+
+
+def test_a_grown_meta_row_cannot_be_read_as_a_count_of_partitions_by_a_release_before_generations() -> None:
+    """A release before generations reads ``lease_partitions`` as a number (``item[...]["N"]``): on a
+    grown table it fails there, before it reads or writes a lease, rather than miss every lease of
+    the partitions it does not know; its ``reset --delete-all`` deletes them all (``migrating_to``)."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        assert await table.grow(await table.lease_layout(), Layout((8, 16)))
+        raw = db.client("operator", clock)
+        key = {"pk": {"S": table.partition}, "sk": {"S": META_KEY}}
+        item: dict[str, Any] = (await raw.get_item(TableName="t", Key=key, ConsistentRead=True))["Item"]
+        assert item["lease_partitions"] == {"S": GROWN}
+        with pytest.raises(KeyError):
+            int(item["lease_partitions"]["N"])  # what the release before generations does
+        assert item["migrating_to"] == {"N": "24"}
+        assert item["layout_format"] == {"N": str(LAYOUT_FORMAT)}
+
+    run(scenario())
+
+
+def test_a_layout_of_a_later_format_is_refused_naming_the_table_the_field_and_what_to_do() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        assert await table.grow(await table.lease_layout(), Layout((8, 16)))
+        await db.client("later", clock).update_item(  # what a later release would write
+            TableName="t",
+            Key={"pk": {"S": table.partition}, "sk": {"S": META_KEY}},
+            UpdateExpression="SET layout_format = :later",
+            ExpressionAttributeValues={":later": {"N": str(LAYOUT_FORMAT + 1)}},
+        )
+        with pytest.raises(LayoutOutdated) as refused:
+            await _table(db, "w2", clock).read()
+        message = str(refused.value)
+        assert "'t'" in message and "layout_format" in message and "run the release that wrote it" in message
+
+    run(scenario())
+
+
+def test_heartbeat_rows_say_this_release_reads_generations() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.heartbeat()
+        row = await table.read_worker("w1")
+        assert row is not None and row.reads_generations
+        assert not WorkerRow("old", 1, None).reads_generations
+
+    run(scenario())
+
+
+def test_the_lister_grows_the_layout_only_once_no_heartbeat_row_is_of_a_release_before_generations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console")
+    db = _db()
+    stream = StreamInfo("s", "s", NOW, "ACTIVE", 2)
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table.heartbeat()
+        raw = db.client("operator", clock)
+        await raw.put_item(  # the heartbeat row of a release before generations
+            TableName="t",
+            Item={"pk": {"S": table.partition}, "sk": {"S": "worker|old"}, "heartbeat": {"N": "1"}},
+        )
+        sync = ShardSync(settings=settings, stream=stream, kinesis=None, table=table, clock=clock)
+        assert not await sync.grow(8 * SHARDS_PER_LEASE_PARTITION + 1), "an older release runs"
+        assert await _table(db, "w2", clock).layout() == 8
+        await raw.delete_item(  # it stopped
+            TableName="t", Key={"pk": {"S": table.partition}, "sk": {"S": "worker|old"}}
+        )
+        assert not await sync.grow(8 * SHARDS_PER_LEASE_PARTITION), "not outgrown"
+        assert await sync.grow(8 * SHARDS_PER_LEASE_PARTITION + 1)
+        assert (await _table(db, "w2", clock).lease_layout()).sizes == (8, 17)
+        # a lister whose layout is old loses the race to grow, and adopts the grown one
+        late_table = _table(db, "w3", clock)
+        late = ShardSync(settings=settings, stream=stream, kinesis=None, table=late_table, clock=clock)
+        await late_table.relayout()
+        await table.grow(await table.lease_layout(), Layout((8, 17, 64)))
+        assert not await late.grow(17 * SHARDS_PER_LEASE_PARTITION + 1)
+        assert (await late_table.lease_layout()).sizes == (8, 17, 64)
+
+    run(scenario())
