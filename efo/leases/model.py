@@ -59,7 +59,7 @@ class Layout:
 
     def candidate(self, shard_id: str, generation: int) -> int:
         """The one partition of ``generation`` that may hold ``shard_id``'s lease."""
-        return sum(self.sizes[:generation]) + lease_partition_of(shard_id, self.sizes[generation])
+        return self.base(generation) + lease_partition_of(shard_id, self.sizes[generation])
 
     def home(self, shard_id: str) -> int:
         """``shard_id``'s partition of generation 0: its reservation row, and its lease if written there."""
@@ -69,13 +69,18 @@ class Layout:
         """Where a lease of ``shard_id`` written now goes: its partition of the newest generation."""
         return self.candidate(shard_id, len(self.sizes) - 1)
 
-    def grown_for(self, open_shards: int) -> Layout | None:
-        """This layout with one generation more, if ``open_shards`` are more than the newest generation
-        should hold (SHARDS_PER_LEASE_PARTITION a partition); sized for twice that many, so that the
-        stream may double before the next. None: no growth is due."""
-        if open_shards <= SHARDS_PER_LEASE_PARTITION * self.sizes[-1]:
+    def base(self, generation: int) -> int:
+        """The first partition of ``generation``."""
+        return sum(self.sizes[:generation])
+
+    def grown_for(self, newest_rows: int, open_shards: int) -> Layout | None:
+        """This layout with one generation more, if the newest generation holds more lease rows than it
+        should (SHARDS_PER_LEASE_PARTITION a partition: every new lease goes there, a finished one stays
+        until it is deleted), sized for twice the open shards (or those rows), so that the stream may
+        double before the next. None: no growth is due."""
+        if newest_rows <= SHARDS_PER_LEASE_PARTITION * self.sizes[-1]:
             return None
-        return Layout((*self.sizes, lease_partitions_for(2 * open_shards)))
+        return Layout((*self.sizes, lease_partitions_for(2 * max(open_shards, newest_rows))))
 
 
 @dataclass(frozen=True, slots=True)

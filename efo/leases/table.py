@@ -675,6 +675,12 @@ class LeaseTable:
             await self._changed(partition)
         return created
 
+    def newest_rows(self, shard_ids: Iterable[str]) -> int:
+        """How many of these leases (as read) are in the newest generation's partitions."""
+        assert self._layout is not None, "the layout has not been read"
+        first = self._layout.base(len(self._layout.sizes) - 1)
+        return sum(1 for shard_id in shard_ids if self._where.get(shard_id, -1) >= first)
+
     async def grow(self, layout: Layout, grown: Layout) -> bool:
         """Add ``grown``'s newest generation to the table, if its layout is still ``layout`` (False:
         another worker changed it first; read it again). Nothing moves: the next new leases go there."""

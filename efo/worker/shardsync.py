@@ -10,9 +10,9 @@ before it wrote them) and finishes the leases of shards gone from the stream. Wh
 lease is taken from the lease cycle's last read of the table, not from a read of its own.
 
 The worker that lists also grows the lease table's layout (efo.leases.model.Layout): when the
-stream's open shards are more than the newest generation of lease partitions should hold (64 a
-partition), it adds a generation sized for twice as many, so that no lease partition key holds the
-leases of a stream resharded far beyond its first start. Only while every heartbeat row is of a
+newest generation of lease partitions holds more leases than it should (64 a partition: every new
+lease goes there), it adds a generation sized for twice the open shards, so that no lease partition
+key holds the leases of a stream resharded far beyond its first start. Only while every heartbeat row is of a
 release that reads generations: an older one would miss the leases written in partitions it does
 not know (it cannot start once the table grew: it fails on the meta row).
 """
@@ -240,10 +240,13 @@ class ShardSync:
         await self.grow(sum(1 for shard_id in graph.shards if shard_id not in closed))
 
     async def grow(self, open_shards: int) -> bool:
-        """A generation of lease partitions more, if ``open_shards`` outgrew the newest and every worker
-        reads generations (True: this worker added it)."""
+        """A generation of lease partitions more, if the leases (as the lease cycle last read them) outgrew
+        the newest and every worker reads generations (True: this worker added it)."""
         layout = await self._table.lease_layout()
-        grown = layout.grown_for(open_shards)
+        leased = self.leased()
+        if leased is None:
+            return False
+        grown = layout.grown_for(self._table.newest_rows(leased), open_shards)
         if grown is None:
             return False
         workers = await self._table.read_workers(consistent=True)

@@ -15,6 +15,7 @@ import pytest
 from efo.config import load_settings
 from efo.errors import LayoutOutdated
 from efo.kinesis.registration import StreamInfo
+from efo.leases import cost, model
 from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
 from efo.leases.table import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX, LeaseTable
 from efo.pipeline.records import Position
@@ -70,27 +71,42 @@ def test_a_generation_numbers_its_partitions_after_every_one_before_it() -> None
         Layout((8, 0))
 
 
-def test_a_layout_grows_only_once_the_open_shards_outgrow_its_newest_generation() -> None:
+def test_a_layout_grows_only_once_its_newest_generation_holds_more_leases_than_its_share() -> None:
     layout = Layout((8,))
-    assert layout.grown_for(8 * SHARDS_PER_LEASE_PARTITION) is None
-    grown = layout.grown_for(8 * SHARDS_PER_LEASE_PARTITION + 1)
+    full = 8 * SHARDS_PER_LEASE_PARTITION
+    assert layout.grown_for(full, 10 * full) is None
+    grown = layout.grown_for(full + 1, 300)
     assert grown is not None and grown.sizes[:1] == (8,)
-    # sized for twice the open shards: the stream may double before the next growth
-    assert grown.sizes[1] * SHARDS_PER_LEASE_PARTITION >= 2 * (8 * SHARDS_PER_LEASE_PARTITION + 1)
-    assert grown.grown_for(2 * (8 * SHARDS_PER_LEASE_PARTITION + 1)) is None
+    # sized for twice the open shards (or the rows, if more): the stream may double before the next
+    assert grown.sizes[1] * SHARDS_PER_LEASE_PARTITION >= 2 * (full + 1)
+    assert Layout((8,)).grown_for(full + 1, 1000) == Layout((8, 32))
+    assert grown.grown_for(0, 10 * full) is None, "nothing written in the new generation yet"
 
 
-def test_from_64_to_16384_shards_by_doublings_no_generation_s_partition_is_asked_to_hold_more_than_its_share() -> None:
-    """Each growth happens when the open shards pass 64 a partition of the newest generation; every
-    new lease goes there, so a partition of it holds at most its share of the open shards then."""
-    layout, shards = Layout((8,)), 64
-    while shards <= 16_384:
-        grown = layout.grown_for(shards)
-        if grown is not None:
-            layout = grown
-        assert shards <= SHARDS_PER_LEASE_PARTITION * layout.sizes[-1]
-        shards *= 2
-    assert len(layout.sizes) <= 8 and layout.partitions <= 4 * 16_384 // SHARDS_PER_LEASE_PARTITION
+def test_from_4_shards_to_16384_by_splits_no_lease_partition_holds_more_than_twice_its_share() -> None:
+    """Every new lease goes to the newest generation, which grows once it holds more than its share:
+    a key never holds many more than 64 leases, whatever the first start's size. The worst case for
+    the rows: no finished lease is deleted; the lister looks every 256 splits."""
+    layout, rows = Layout((8,)), Counter[int]()
+    open_shards = [f"shardId-{n:012d}" for n in range(4)]
+    for shard_id in open_shards:
+        rows[layout.home(shard_id)] += 1
+    born = len(open_shards)
+    splits = 0
+    while len(open_shards) < 16_384:
+        parent = open_shards.pop(0)
+        for _ in range(2):
+            child = f"shardId-{born:012d}"
+            born += 1
+            open_shards.append(child)
+            rows[layout.newest(child)] += 1
+        splits += 1
+        if splits % 256 == 0:
+            newest = sum(count for partition, count in rows.items() if partition >= layout.base(len(layout.sizes) - 1))
+            layout = layout.grown_for(newest, len(open_shards)) or layout
+        del parent
+    assert max(rows.values()) <= 2 * SHARDS_PER_LEASE_PARTITION, (max(rows.values()), layout.sizes)
+    assert len(layout.sizes) <= 8, layout.sizes
 
 
 # ---- the table -------------------------------------------------------------------------------------
@@ -269,6 +285,7 @@ def test_the_lister_grows_the_layout_only_once_no_heartbeat_row_is_of_a_release_
     for name in list(os.environ):
         if name.startswith("EFO_"):
             monkeypatch.delenv(name)
+    monkeypatch.setattr(model, "SHARDS_PER_LEASE_PARTITION", 4)  # 8 partitions hold 32 leases
     settings = load_settings(stream="s", app="a", sink="console")
     db = _db()
     stream = StreamInfo("s", "s", NOW, "ACTIVE", 2)
@@ -277,6 +294,10 @@ def test_the_lister_grows_the_layout_only_once_no_heartbeat_row_is_of_a_release_
         clock = SimClock()
         table = _table(db, "w1", clock)
         await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        async with table.changing():
+            for n in range(33):
+                await table.create_lease(f"s{n}", (), START)
+        leased = {f"s{n}" for n in range(32)}
         await table.heartbeat()
         raw = db.client("operator", clock)
         await raw.put_item(  # the heartbeat row of a release before generations
@@ -284,20 +305,46 @@ def test_the_lister_grows_the_layout_only_once_no_heartbeat_row_is_of_a_release_
             Item={"pk": {"S": table.partition}, "sk": {"S": "worker|old"}, "heartbeat": {"N": "1"}},
         )
         sync = ShardSync(settings=settings, stream=stream, kinesis=None, table=table, clock=clock)
-        assert not await sync.grow(8 * SHARDS_PER_LEASE_PARTITION + 1), "an older release runs"
+        sync.leased = lambda: leased
+        # another lister (the one before, still listing once more) read the table before the growth
+        late_table = _table(db, "w3", clock)
+        late = ShardSync(settings=settings, stream=stream, kinesis=None, table=late_table, clock=clock)
+        late.leased = lambda: {f"s{n}" for n in range(33)}
+        await late_table.read()
+        assert not await sync.grow(40), "not outgrown: 32 leases, 8 partitions of 4"
+        leased.add("s32")
+        assert not await sync.grow(40), "an older release runs"
         assert await _table(db, "w2", clock).layout() == 8
         await raw.delete_item(  # it stopped
             TableName="t", Key={"pk": {"S": table.partition}, "sk": {"S": "worker|old"}}
         )
-        assert not await sync.grow(8 * SHARDS_PER_LEASE_PARTITION), "not outgrown"
-        assert await sync.grow(8 * SHARDS_PER_LEASE_PARTITION + 1)
-        assert (await _table(db, "w2", clock).lease_layout()).sizes == (8, 17)
-        # a lister whose layout is old loses the race to grow, and adopts the grown one
-        late_table = _table(db, "w3", clock)
-        late = ShardSync(settings=settings, stream=stream, kinesis=None, table=late_table, clock=clock)
-        await late_table.relayout()
-        await table.grow(await table.lease_layout(), Layout((8, 17, 64)))
-        assert not await late.grow(17 * SHARDS_PER_LEASE_PARTITION + 1)
-        assert (await late_table.lease_layout()).sizes == (8, 17, 64)
+        assert await sync.grow(40)
+        assert (await _table(db, "w2", clock).lease_layout()).sizes == (8, 20)
+        assert not await late.grow(40), "grown by the other lister first"
+        assert (await late_table.lease_layout()).sizes == (8, 20), "the other's growth adopted"
+        assert not await late.grow(40), "no lease in its newest generation yet"
 
     run(scenario())
+
+
+def test_the_safety_net_of_a_grown_table_reads_each_partition_by_its_own_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's example: 16,384 shards on 256 workers, in a table grown from a first start of 64
+    shards by doublings (8 + 32 + 128 + 512 partitions, every lease in the newest generation once the
+    older ones' finished leases are deleted), against a table whose first start had 16,384."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console")
+    layout, shards = Layout((8,)), 64
+    while shards < 16_384:
+        shards *= 2
+        layout = layout.grown_for(shards, shards) or layout
+    assert layout.sizes == (8, 32, 128, 512)
+    fresh = cost.steady_state(settings, workers=256, shards=16_384)
+    even = cost.steady_state(settings, workers=256, shards=16_384, partition_rows=[64] * 256)
+    assert even == fresh
+    rows = [0] * (layout.partitions - 512) + [32] * 512
+    grown = cost.steady_state(settings, workers=256, shards=16_384, partition_rows=rows)
+    safety_net = grown.read_units_per_s - fresh.read_units_per_s + 256 / 225 * 1024 * 0.5
+    assert safety_net == pytest.approx(256 / 225 * (168 + 512 * 2) * 0.5)
+    assert round(safety_net) == 678 and round(256 / 225 * 1024 * 0.5) == 583
