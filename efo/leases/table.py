@@ -3,8 +3,8 @@
 An application on a stream has one control partition, ``pk = <app>|<stream ARN>``, and its lease
 rows spread over lease partitions, ``pk = <app>|<stream ARN>#<n>``, so that no partition key carries
 every checkpoint write of a large stream. The first start makes ``lease_partitions`` of them (about
-64 shards a partition, at least 8): generation 0. When the stream's open shards outgrow the newest
-generation, the worker that lists the stream adds one (:meth:`LeaseTable.grow`), numbered after the
+64 shards a partition, at least 8): generation 0. When the leases in the newest generation outgrow
+it, the worker that lists the stream adds one (:meth:`LeaseTable.grow`), numbered after the
 partitions before it (efo.leases.model.Layout). Leases never move: each is written once, in the
 partition of its shard (CRC-32 of the shard id modulo the generation's size) in the newest
 generation its writer knew, and found by reading every partition. All of it is read with paginated
@@ -231,6 +231,7 @@ class LeaseTable:
         self._layout: Layout | None = None
         #: Shard id -> the lease partition its lease was last read from (or written to): a lease never moves.
         self._where: dict[str, int] = {}
+        self._relaid_for = -1  # the highest partition beyond the layout that made read_version read it again
         #: Lease partitions where this client changed a lease, or where a conditional write of it
         #: failed (the lease was not as read), since :meth:`take_changed`: what it read there may be old.
         self._changed_partitions: set[int] = set()
@@ -460,7 +461,9 @@ class LeaseTable:
         state = TableState()
         if "Item" in response:
             self._absorb(state, response["Item"])
-        if self._layout is not None and any(p >= self._layout.partitions for p in state.versions):
+        beyond = max(state.versions, default=-1)
+        if self._layout is not None and beyond >= self._layout.partitions and beyond > self._relaid_for:
+            self._relaid_for = beyond  # once for each such partition: never a read of the meta row a cycle
             await self.relayout()
         return state
 

@@ -348,3 +348,42 @@ def test_the_safety_net_of_a_grown_table_reads_each_partition_by_its_own_rows(mo
     safety_net = grown.read_units_per_s - fresh.read_units_per_s + 256 / 225 * 1024 * 0.5
     assert safety_net == pytest.approx(256 / 225 * (168 + 512 * 2) * 0.5)
     assert round(safety_net) == 678 and round(256 / 225 * 1024 * 0.5) == 583
+
+
+class CountingMeta:
+    """A DynamoDB client that counts the GetItems of the meta row."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.meta_reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def get_item(self, **request: Any) -> Any:
+        self.meta_reads += request["Key"]["sk"]["S"] == META_KEY
+        return await self._client.get_item(**request)
+
+
+def test_a_version_beyond_the_layout_that_the_meta_row_does_not_explain_reads_it_once_not_every_cycle() -> None:
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = CountingMeta(db.client("w1", clock, random.Random(2)))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w1", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        assert await table.layout() == 8
+        await db.client("other", clock).update_item(  # a version of partition 9, which no meta row names
+            TableName="t",
+            Key={"pk": {"S": table.partition}, "sk": {"S": "version"}},
+            UpdateExpression="ADD p9 :one",
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
+        reads = client.meta_reads
+        for _ in range(5):
+            await table.read_version()
+        assert client.meta_reads == reads + 1
+        assert await table.layout() == 8
+
+    run(scenario())
