@@ -256,6 +256,16 @@ class ShardSync:
             return False
         if await self._table.grow(layout, grown):
             self._log.info("lease.layout_grew", open_shards=open_shards, generations=list(grown.sizes))
+            # A worker of an older release that read the meta row just before the growth, and whose
+            # heartbeat landed after the rows above were read, runs with the old layout: said, since
+            # nothing here can stop it (it misses the new generation's leases; restarted, it fails on
+            # the grown meta row).
+            workers = await self._table.read_workers(consistent=True)
+            older = sorted(worker_id for worker_id, row in workers.items() if not row.reads_generations)
+            if older:
+                self._log.error(
+                    "lease.layout_grew_under_older", older_workers=older[:8], action="stop them and run this release"
+                )
             return True
         await self._table.relayout()  # another worker grew it first: adopt that
         return False

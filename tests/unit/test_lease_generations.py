@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from efo.config import load_settings
 from efo.errors import LayoutOutdated
@@ -385,5 +386,40 @@ def test_a_version_beyond_the_layout_that_the_meta_row_does_not_explain_reads_it
             await table.read_version()
         assert client.meta_reads == reads + 1
         assert await table.layout() == 8
+
+    run(scenario())
+
+
+def test_a_worker_of_an_older_release_that_started_while_the_layout_grew_is_logged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its heartbeat row landed between the lister's read of the rows and its growth of the layout."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(model, "SHARDS_PER_LEASE_PARTITION", 4)
+    settings = load_settings(stream="s", app="a", sink="console")
+    db = _db()
+
+    class Racing(LeaseTable):
+        async def grow(self, layout: Layout, grown: Layout) -> bool:
+            await db.client("old", SimClock()).put_item(  # the older worker's first heartbeat lands now
+                TableName="t", Item={"pk": {"S": self.partition}, "sk": {"S": "worker|old"}, "heartbeat": {"N": "1"}}
+            )
+            return await super().grow(layout, grown)
+
+    async def scenario() -> None:
+        clock = SimClock()
+        table = Racing(db.client("w1", clock), table="t", app="a", stream_arn="s", worker_id="w1", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=1)
+        async with table.changing():
+            for n in range(5):
+                await table.create_lease(f"s{n}", (), START)
+        sync = ShardSync(settings=settings, stream=StreamInfo("s", "s", NOW, "ACTIVE", 2), kinesis=None, table=table)
+        sync.leased = lambda: {f"s{n}" for n in range(5)}
+        with structlog.testing.capture_logs() as logged:
+            assert await sync.grow(5)
+        errors = [entry for entry in logged if entry["event"] == "lease.layout_grew_under_older"]
+        assert [(entry["older_workers"], entry["log_level"]) for entry in errors] == [(["old"], "error")]
 
     run(scenario())
