@@ -14,7 +14,7 @@ import pytest
 import structlog.testing
 
 from efo.config import load_settings
-from efo.errors import LayoutOutdated
+from efo.errors import LayoutOutdated, LeaseLost
 from efo.kinesis.registration import StreamInfo
 from efo.leases import cost, model
 from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
@@ -421,5 +421,46 @@ def test_a_worker_of_an_older_release_that_started_while_the_layout_grew_is_logg
             assert await sync.grow(5)
         errors = [entry for entry in logged if entry["event"] == "lease.layout_grew_under_older"]
         assert [(entry["older_workers"], entry["log_level"]) for entry in errors] == [(["old"], "error")]
+
+    run(scenario())
+
+
+def test_an_eventually_consistent_answer_from_before_a_lease_was_deleted_does_not_send_its_writes_there() -> None:
+    """Review: a first start's lease (no reservation) finished and deleted, the table grown, the shard's
+    lease written again (an operator's reset: ``request_reset(recreate=...)``) in the newest generation.
+    A worker that then reads its old partition eventually consistent, from a replica a moment behind,
+    must still write the lease where it is, not fail on the deleted row at every cycle."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        writer, reader = _table(db, "writer", clock), _table(db, "reader", clock)
+        await writer.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await writer.create_lease("s", (), START, reserve=False)
+        await clock.sleep(5.0)
+        home = Layout((8,)).home("s")
+        assert set((await reader.read_leases()).leases) == {"s"} and reader.partition_of("s") == home
+        lease = (await writer.read_leases()).leases["s"]
+        finished = await writer.finish(await writer.claim(lease))
+        assert await writer.delete_finished(finished)
+        assert await writer.grow(await writer.lease_layout(), Layout((8, 16)))
+        await writer.request_reset(["s"], START, recreate={"s": ()})
+        newest = writer.partition_of("s")
+        assert newest >= 8 and _lease_rows(db) == Counter({"s": 1})
+        await reader.relayout()
+        again = (await reader.read_leases()).leases["s"]
+        assert reader.partition_of("s") == newest
+        # the old partition, eventually consistent: a replica up to a second behind still shows "s" there
+        stale = await reader.read_leases({home}, consistent=False)
+        assert "s" in stale.leases, "the replica was not behind: the test shows nothing"
+        # what the lease cycle does: claim; a failed claim reads the partitions it touched again, strongly
+        for _ in range(2):
+            try:
+                await reader.claim(again)
+                break
+            except LeaseLost:
+                await reader.read_leases(reader.take_changed())
+        else:
+            raise AssertionError(f"every claim of 's' went to partition {reader.partition_of('s')}, not {newest}")
 
     run(scenario())
