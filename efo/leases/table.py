@@ -810,7 +810,7 @@ class LeaseTable:
         if deleted:
             await self._changed(partition)
         else:
-            self._changed_partitions.add(partition)  # not as read: read it again
+            self._not_as_read(lease.shard_id, partition)
         return deleted
 
     async def _delete_if(self, key: dict[str, Any], condition: str, values: dict[str, Any]) -> bool:
@@ -904,7 +904,7 @@ class LeaseTable:
         except Exception as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
                 # The row was not as read: what was read of its partition is out of date.
-                self._changed_partitions.add(await self._partition(lease.shard_id))
+                self._not_as_read(lease.shard_id, await self._partition(lease.shard_id))
                 if missing is not None:
                     raise ResourceNotFound(f"{missing} in {self._resource()}") from None
                 raise LeaseLost(f"lease of shard {lease.shard_id} is no longer held by {self.worker_id}") from None
@@ -919,6 +919,15 @@ class LeaseTable:
         """``shard_id``'s lease changed, but its partition's version did not move (its writer died in
         between): move it now, so that every worker reads that partition again."""
         await self._changed(await self._partition(shard_id))
+
+    def _not_as_read(self, shard_id: str, partition: int) -> None:
+        """A conditional write of ``shard_id``'s lease in ``partition`` failed: that partition is read
+        again, and in a grown table where the lease is is asked of its reservation at its next write
+        (a read from a replica behind may have shown it where it was deleted, before it was written
+        again in another generation: an operator's reset)."""
+        self._changed_partitions.add(partition)
+        if self._layout is not None and self._layout.grown:
+            self._where.pop(shard_id, None)
 
     def take_changed(self) -> set[int]:
         """The lease partitions changed through this client (or found not as read) since the last call."""
