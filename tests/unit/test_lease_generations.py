@@ -8,6 +8,7 @@ import os
 import random
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -464,3 +465,39 @@ def test_an_eventually_consistent_answer_from_before_a_lease_was_deleted_does_no
             raise AssertionError(f"every claim of 's' went to partition {reader.partition_of('s')}, not {newest}")
 
     run(scenario())
+
+
+def test_the_readme_safety_net_of_a_grown_table_counts_the_leases_where_they_were_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review: leases never move, so the leases of 16,384 shards grown to from 64 by splits are in the
+    generations that were newest when each was written, not all in the last one (which is added once
+    the one before it is full). The lister looks every 256 splits; finished leases are deleted."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console")
+    layout = Layout((8,))
+    where = {f"shardId-{n:012d}": layout.home(f"shardId-{n:012d}") for n in range(64)}
+    open_shards, born, splits = list(where), 64, 0
+    while len(open_shards) < 16_384:
+        open_shards.pop(0)
+        for child in (f"shardId-{born:012d}", f"shardId-{born + 1:012d}"):
+            open_shards.append(child)
+            where[child] = layout.newest(child)
+        born, splits = born + 2, splits + 1
+        if splits % 256 == 0:
+            newest = sum(1 for partition in where.values() if partition >= layout.base(len(layout.sizes) - 1))
+            layout = layout.grown_for(newest, len(open_shards)) or layout
+    rows = Counter(where[shard_id] for shard_id in open_shards)
+    fresh = cost.steady_state(settings, workers=256, shards=16_384)
+    grown = cost.steady_state(
+        settings, workers=256, shards=16_384, partition_rows=[rows[n] for n in range(layout.partitions)]
+    )
+    safety_net = round(grown.read_units_per_s - fresh.read_units_per_s + 256 / 225 * 1024 * 0.5)
+    sizes = " + ".join(map(str, layout.sizes))
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert f"({sizes} partitions" in readme and f"{safety_net} read units a second for the safety net" in readme, (
+        sizes,
+        safety_net,
+    )
