@@ -330,9 +330,9 @@ def test_the_lister_grows_the_layout_only_once_no_heartbeat_row_is_of_a_release_
 
 
 def test_the_safety_net_of_a_grown_table_reads_each_partition_by_its_own_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's example: 16,384 shards on 256 workers, in a table grown from a first start of 64
-    shards by doublings (8 + 32 + 128 + 512 partitions, every lease in the newest generation once the
-    older ones' finished leases are deleted), against a table whose first start had 16,384."""
+    """The formula's arithmetic: 16,384 shards on 256 workers, in a layout of doublings (8 + 32 + 128 +
+    512 partitions) with every lease in the last generation, against a table whose first start had
+    16,384 (the README's example, leases where they were written, is the test below)."""
     for name in list(os.environ):
         if name.startswith("EFO_"):
             monkeypatch.delenv(name)
