@@ -15,14 +15,14 @@ import pytest
 import structlog.testing
 
 from efo.config import load_settings
-from efo.errors import LayoutOutdated, LeaseLost
+from efo.errors import EfoError, LayoutOutdated, LeaseLost
 from efo.kinesis.registration import StreamInfo
 from efo.leases import cost, model
 from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
 from efo.leases.table import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX, LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
-from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.dynamodb import Behaviour, SimDynamoDB, client_error
 from efo.sim.loop import run
 from efo.worker.shardsync import ShardSync
 
@@ -501,3 +501,41 @@ def test_the_readme_safety_net_of_a_grown_table_counts_the_leases_where_they_wer
         sizes,
         safety_net,
     )
+
+
+class FailingMeta(CountingMeta):
+    """A DynamoDB client whose next ``fail`` GetItems of the meta row are throttled (after the SDK's retries)."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.fail = 0
+
+    async def get_item(self, **request: Any) -> Any:
+        if request["Key"]["sk"]["S"] == META_KEY and self.fail:
+            self.fail -= 1
+            raise client_error("GetItem", "ProvisionedThroughputExceededException", "throttled")
+        return await super().get_item(**request)
+
+
+def test_a_worker_whose_read_of_the_grown_meta_row_failed_reads_it_again_at_its_next_cycle() -> None:
+    """Review: the version names a partition of a generation this worker does not know; its read of the
+    meta row is throttled. Its next cycle must read it again, or it never reads the new generation's
+    partitions in its full reads (until a lease lands in a partition beyond that one)."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = FailingMeta(db.client("w1", clock, random.Random(2)))
+        reader = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w1", clock=clock)
+        grower = _table(db, "grower", clock)
+        await grower.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        assert await reader.layout() == 8
+        assert await grower.grow(await grower.lease_layout(), Layout((8, 16)))
+        await grower.create_lease("n", (), START)
+        client.fail = 1
+        with pytest.raises(EfoError):
+            await reader.read_version()
+        await reader.read_version()
+        assert await reader.layout() == 24
+
+    run(scenario())
