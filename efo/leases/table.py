@@ -463,8 +463,8 @@ class LeaseTable:
             self._absorb(state, response["Item"])
         beyond = max(state.versions, default=-1)
         if self._layout is not None and beyond >= self._layout.partitions and beyond > self._relaid_for:
+            await self.relayout()  # a failed read is made again at the next cycle
             self._relaid_for = beyond  # once for each such partition: never a read of the meta row a cycle
-            await self.relayout()
         return state
 
     async def relayout(self) -> Layout:
