@@ -539,3 +539,34 @@ def test_a_worker_whose_read_of_the_grown_meta_row_failed_reads_it_again_at_its_
         assert await reader.layout() == 24
 
     run(scenario())
+
+
+def test_the_version_row_of_a_grown_table_is_read_at_its_size_every_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: the version row holds a counter for every lease partition of every generation; the 922
+    partitions of a table grown from 64 shards to 16,384 make it more than one read unit, which every
+    worker reads strongly at every cycle: the formula counts one."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="a", sink="console")
+    layout = Layout((8, 18, 48, 112, 240, 496))
+    db = _db()
+
+    async def version_row_b() -> int:
+        clock = SimClock()
+        table = _table(db, "w1", clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        await table._bump(range(layout.partitions))
+        item = db.tables["t"].partitions[table.partition].rows["version"].latest()
+        assert item is not None
+        return item.size
+
+    units = -(-run(version_row_b()) // cost.READ_UNIT_B)
+    assert units == 2
+    rows = [0] * (layout.partitions - 256) + [64] * 256
+    fresh = cost.steady_state(settings, workers=256, shards=16_384)
+    grown = cost.steady_state(settings, workers=256, shards=16_384, partition_rows=rows)
+    safety_net = 256 / 225 * (layout.partitions - 256) * 0.5  # an empty partition: one unit, eventually consistent
+    assert grown.read_units_per_s - fresh.read_units_per_s == pytest.approx(
+        safety_net + 256 * (units - 1) / settings.lease.sync_interval_s
+    )
