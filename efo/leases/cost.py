@@ -21,6 +21,8 @@ from efo.worker import membership
 #: Sizes of the rows read, as DynamoDB counts them (measured at the wire: a lease about 181 B).
 HEARTBEAT_ROW_B = 250
 LEASE_ROW_B = 200
+#: The version row's counter of one lease partition (``p<n>``: its name and number), about 8 B.
+VERSION_ENTRY_B = 8
 #: DynamoDB's read unit (strongly consistent; eventually consistent costs half) and ListShards' page.
 READ_UNIT_B = 4096
 SHARDS_PER_LIST_PAGE = 1000
@@ -56,9 +58,11 @@ def steady_state(settings: Settings, *, workers: int, shards: int, partition_row
         per_partition = math.ceil(shards / partitions * LEASE_ROW_B / READ_UNIT_B) * 0.5
         read_all = partitions * per_partition
     else:
+        partitions = len(partition_rows)
         read_all = sum(math.ceil(rows * LEASE_ROW_B / READ_UNIT_B) or 1 for rows in partition_rows) * 0.5
     watched = min(membership.WATCHED, workers - 1)
-    every_cycle = 1 + 0.5 * watched  # the version row, strongly; the watched rows, eventually
+    version = math.ceil(partitions * VERSION_ENTRY_B / READ_UNIT_B)  # a counter per lease partition
+    every_cycle = version + 0.5 * watched  # the version row, strongly; the watched rows, eventually
     every_row = math.ceil(workers * HEARTBEAT_ROW_B / READ_UNIT_B) / _mean_interval_s(
         membership.ALL_ROWS_EVERY_S, membership.JITTER_FROM
     )
