@@ -11,7 +11,8 @@ from efo.leases.table import META_KEY, SHARD_PREFIX
 
 def shard_leases(dynamodb: Any, table: str, app: str, stream_arn: str) -> dict[str, dict[str, Any]]:
     """Shard id -> its lease row, strongly consistent, all pages, from every lease partition that
-    the meta row names; {} while the table or the application's first start does not exist."""
+    the meta row names (of every generation: efo.leases.model.Layout); {} while the table or the
+    application's first start does not exist."""
     control = f"{app}|{stream_arn}"
     try:
         meta = dynamodb.get_item(
@@ -21,8 +22,10 @@ def shard_leases(dynamodb: Any, table: str, app: str, stream_arn: str) -> dict[s
         return {}  # the first worker has not created it yet
     if meta is None or "lease_partitions" not in meta:
         return {}
+    generations = [int(size["N"]) for size in meta.get("lease_generations", {}).get("L", [])]
+    partitions = sum(generations) if generations else int(meta["lease_partitions"]["N"])
     items = []
-    for partition in range(int(meta["lease_partitions"]["N"])):
+    for partition in range(partitions):
         pages = dynamodb.get_paginator("query").paginate(
             TableName=table,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :shard)",

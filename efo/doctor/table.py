@@ -147,11 +147,14 @@ async def _rows(report: Report, settings: Settings, dynamodb: Any, kinesis: Any,
         )
         return
     started = meta.started_at.isoformat(timespec="seconds") if meta.started_at else "unknown"
+    layout = meta.layout
+    assert layout is not None  # check() refused a table of the layout before lease partitions
+    grown = f" in {len(layout.sizes)} generations ({'+'.join(map(str, layout.sizes))})" if layout.grown else ""
     report.add(
         "table.layout",
         resource,
         "ok",
-        f"{where}: written for this stream, {meta.lease_partitions} lease partitions, first start {started} from "
+        f"{where}: written for this stream, {layout.partitions} lease partitions{grown}, first start {started} from "
         f"{meta.initial_position}",
     )
     read, everything = await probe(report, "dynamodb:Query", f"{resource} (lease partitions)", table.read)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache as memoized
 
@@ -20,6 +21,8 @@ from efo.worker import membership
 #: Sizes of the rows read, as DynamoDB counts them (measured at the wire: a lease about 181 B).
 HEARTBEAT_ROW_B = 250
 LEASE_ROW_B = 200
+#: The version row's counter of one lease partition (``p<n>``: its name and number), about 8 B.
+VERSION_ENTRY_B = 8
 #: DynamoDB's read unit (strongly consistent; eventually consistent costs half) and ListShards' page.
 READ_UNIT_B = 4096
 SHARDS_PER_LIST_PAGE = 1000
@@ -44,18 +47,26 @@ def _mean_interval_s(interval_s: float, jitter_from: float) -> float:
     return interval_s * (1 + jitter_from) / 2
 
 
-def steady_state(settings: Settings, *, workers: int, shards: int) -> Cost:
+def steady_state(settings: Settings, *, workers: int, shards: int, partition_rows: Sequence[int] | None = None) -> Cost:
     """The lease plane's use (everything but the checkpoints) of ``workers`` sharing ``shards`` once
-    nothing changes: no worker starts or stops, no lease moves."""
+    nothing changes: no worker starts or stops, no lease moves. ``partition_rows``: the lease rows of
+    each lease partition (a table whose layout grew: efo.leases.model.Layout); by default, those of a
+    table whose first start had ``shards``, spread evenly."""
     lease = settings.lease
-    partitions = lease_partitions_for(shards)
+    if partition_rows is None:
+        partitions = lease_partitions_for(shards)
+        per_partition = math.ceil(shards / partitions * LEASE_ROW_B / READ_UNIT_B) * 0.5
+        read_all = partitions * per_partition
+    else:
+        partitions = len(partition_rows)
+        read_all = sum(math.ceil(rows * LEASE_ROW_B / READ_UNIT_B) or 1 for rows in partition_rows) * 0.5
     watched = min(membership.WATCHED, workers - 1)
-    every_cycle = 1 + 0.5 * watched  # the version row, strongly; the watched rows, eventually
+    version = math.ceil(partitions * VERSION_ENTRY_B / READ_UNIT_B)  # a counter per lease partition
+    every_cycle = version + 0.5 * watched  # the version row, strongly; the watched rows, eventually
     every_row = math.ceil(workers * HEARTBEAT_ROW_B / READ_UNIT_B) / _mean_interval_s(
         membership.ALL_ROWS_EVERY_S, membership.JITTER_FROM
     )
-    per_partition = math.ceil(shards / partitions * LEASE_ROW_B / READ_UNIT_B) * 0.5
-    safety_net = partitions * per_partition / _mean_interval_s(lease.full_read_interval_s, cache.JITTER_FROM)
+    safety_net = read_all / _mean_interval_s(lease.full_read_interval_s, cache.JITTER_FROM)
     return Cost(
         read_units_per_s=workers * (every_cycle / lease.sync_interval_s + every_row + safety_net),
         write_units_per_s=workers / lease.heartbeat_interval_s,

@@ -29,6 +29,60 @@ def lease_partition_of(shard_id: str, partitions: int) -> int:
     return zlib.crc32(shard_id.encode()) % partitions
 
 
+#: The meta row's ``layout_format`` that this release reads: 1, lease partitions in generations
+#: (``lease_generations``). A table of a later format is refused (:class:`~efo.errors.LayoutOutdated`).
+LAYOUT_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The lease partitions of an application's table, in generations: the first start's (``sizes[0]``
+    partitions, numbered from 0), then each one a growth added (numbered after all before it). Leases
+    never move: a lease is written once, in a partition of the newest generation its writer knew (by
+    CRC-32 of the shard id within that generation), and the shard's reservation row (in its partition
+    of generation 0) names that partition, so that writers that know different generations agree."""
+
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sizes or min(self.sizes) < 1:
+            raise ValueError(f"a layout has at least one generation of at least one partition, not {self.sizes}")
+
+    @property
+    def partitions(self) -> int:
+        """Every lease partition, of every generation."""
+        return sum(self.sizes)
+
+    @property
+    def grown(self) -> bool:
+        return len(self.sizes) > 1
+
+    def candidate(self, shard_id: str, generation: int) -> int:
+        """The one partition of ``generation`` that may hold ``shard_id``'s lease."""
+        return self.base(generation) + lease_partition_of(shard_id, self.sizes[generation])
+
+    def home(self, shard_id: str) -> int:
+        """``shard_id``'s partition of generation 0: its reservation row, and its lease if written there."""
+        return lease_partition_of(shard_id, self.sizes[0])
+
+    def newest(self, shard_id: str) -> int:
+        """Where a lease of ``shard_id`` written now goes: its partition of the newest generation."""
+        return self.candidate(shard_id, len(self.sizes) - 1)
+
+    def base(self, generation: int) -> int:
+        """The first partition of ``generation``."""
+        return sum(self.sizes[:generation])
+
+    def grown_for(self, newest_rows: int, open_shards: int) -> Layout | None:
+        """This layout with one generation more, if the newest generation holds more lease rows than it
+        should (SHARDS_PER_LEASE_PARTITION a partition: every new lease goes there, a finished one stays
+        until it is deleted), sized for twice the open shards (or those rows), so that the stream may
+        double before the next. None: no growth is due."""
+        if newest_rows <= SHARDS_PER_LEASE_PARTITION * self.sizes[-1]:
+            return None
+        return Layout((*self.sizes, lease_partitions_for(2 * max(open_shards, newest_rows))))
+
+
 @dataclass(frozen=True, slots=True)
 class PendingReset:
     """An operator's ``efo checkpoints reset``: the owner applies it (or whoever claims it next)."""
@@ -70,6 +124,16 @@ class Meta:
     complete: bool = True
     bootstrapper: str | None = None  # the worker that wrote it, and writes the first start's leases
     lease_partitions: int | None = None  # None: a table written before lease partitions (to migrate)
+    #: The lease partitions' generations (a table never grown: one, ``lease_partitions``).
+    lease_generations: tuple[int, ...] = ()
+    layout_format: int = 0  # 0: a table never grown; LAYOUT_FORMAT, or later: ``lease_generations`` holds it
+
+    @property
+    def layout(self) -> Layout | None:
+        """The lease partitions (None: a table of the layout before them)."""
+        if self.lease_generations:
+            return Layout(self.lease_generations)
+        return Layout((self.lease_partitions,)) if self.lease_partitions is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +151,9 @@ class WorkerRow:
     #: Its release deletes finished leases, and so never writes again the lease of a shard that a leased
     #: shard descends from (False: a release before that, which would: efo.leases.cleanup waits for it).
     deletes_leases: bool = False
+    #: Its release reads the lease partitions' generations and writes a reservation before each new lease
+    #: (False: a release before, which would miss the leases of a grown table: no growth while it runs).
+    reads_generations: bool = False
 
 
 @dataclass(slots=True)

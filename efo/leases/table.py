@@ -1,14 +1,23 @@
 """The lease and checkpoint table in DynamoDB.
 
 An application on a stream has one control partition, ``pk = <app>|<stream ARN>``, and its lease
-rows spread over ``lease_partitions`` more, ``pk = <app>|<stream ARN>#<n>`` (``n`` = CRC-32 of the
-shard id modulo ``lease_partitions``, fixed at the first start from the shard count: about 64
-shards a partition, at least 8), so that no partition key carries every checkpoint write of a
-large stream. All of it is read with paginated Queries (never a Scan):
+rows spread over lease partitions, ``pk = <app>|<stream ARN>#<n>``, so that no partition key carries
+every checkpoint write of a large stream. The first start makes ``lease_partitions`` of them (about
+64 shards a partition, at least 8): generation 0. When the leases in the newest generation outgrow
+it, the worker that lists the stream adds one (:meth:`LeaseTable.grow`), numbered after the
+partitions before it (efo.leases.model.Layout). Leases never move: each is written once, in the
+partition of its shard (CRC-32 of the shard id modulo the generation's size) in the newest
+generation its writer knew, and found by reading every partition. All of it is read with paginated
+Queries (never a Scan):
 
 - control ``sk = meta``: the stream's creation time (a stream deleted and recreated under the same
   name has the same ARN but a new creation time), the initial position of the first start, the
-  worker that bootstraps it, and ``lease_partitions``.
+  worker that bootstraps it, and ``lease_partitions`` (generation 0's). A grown table's holds the
+  sizes of its generations in ``lease_generations``, the newest's number in ``lease_generation``,
+  ``layout_format`` (a later format is refused) and every partition's count in ``migrating_to`` (what
+  an older release's ``efo checkpoints reset --delete-all`` deletes); its ``lease_partitions`` is a
+  string, on which an older release, which would miss the leases of the partitions it does not know,
+  fails before it reads or writes a lease.
 - control ``sk = version``: one counter per lease partition, ``p<n>``, moved by every change of a
   lease of that partition other than its checkpoint (a claim, a release, SHARD_END, a handover
   request, a reset, a new lease).
@@ -16,6 +25,10 @@ large stream. All of it is read with paginated Queries (never a Scan):
   per shard.
 - lease partition ``sk = shard|<id>``: owner, lease counter, parents, and the checkpoint (a starting
   position, or :data:`~efo.pipeline.records.SHARD_END` once the sink committed the shard's last record).
+- lease partition ``sk = made|<id>``: a shard's reservation, in its partition of generation 0, written
+  (conditionally) before its lease: the partition that holds the lease, so that two writers that know
+  different generations write one lease, where the first said (a lease without one, written before
+  reservations or by a first start, is in that same partition of generation 0).
 - lease partition ``sk = version``: the partition's mark, ``changes``, a copy of its version set by every
   change of a lease there after the change and the version's move (efo.leases.cache: an eventually
   consistent read whose mark is below the version read before it answered from before the change).
@@ -49,7 +62,9 @@ from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded
 from efo.errors import ConfigError, LayoutOutdated, LeaseLost, ResourceNotFound, error_code, translate
 from efo.leases.model import (
+    LAYOUT_FORMAT,
     MIN_LEASE_PARTITIONS,
+    Layout,
     Lease,
     Meta,
     PendingReset,
@@ -67,6 +82,10 @@ WORKER_PREFIX = "worker|"
 #: The registry partition: one row per application partition of the table (``sk = <app>|<stream ARN>``).
 REGISTRY_PK = "efo:partitions"
 SHARD_PREFIX = "shard|"
+#: A shard's reservation (the partition of its lease), in its lease partition of generation 0.
+RESERVED_PREFIX = "made|"
+#: A grown table's ``lease_partitions``: a string, which an older release fails to read as a number.
+GROWN = "grown: see lease_generations; efo of this table's layout_format or later reads it"
 VERSION_KEY = "version"
 #: On the version row: moved by every change of who is alive (efo.leases.membership).
 MEMBERS_ATTRIBUTE = "members"
@@ -213,7 +232,11 @@ class LeaseTable:
         self.reads: str | None = None
         self._heartbeat = 0
         self._started_at = clock.wall().isoformat()
-        self.lease_partitions: int | None = None  # from the meta row, once read
+        self.lease_partitions: int | None = None  # every lease partition, of every generation (the meta row's)
+        self._layout: Layout | None = None
+        #: Shard id -> the lease partition its lease was last read from (or written to): a lease never moves.
+        self._where: dict[str, int] = {}
+        self._relaid_for = -1  # the highest partition beyond the layout that made read_version read it again
         #: Lease partitions where this client changed a lease, or where a conditional write of it
         #: failed (the lease was not as read), since :meth:`take_changed`: what it read there may be old.
         self._changed_partitions: set[int] = set()
@@ -235,15 +258,21 @@ class LeaseTable:
         return f"{self.partition}#{partition}"
 
     async def layout(self) -> int:
-        """The number of lease partitions (read from the meta row once); ResourceNotFound before the
-        application's first start, LayoutOutdated for a table of the layout before lease partitions."""
-        if self.lease_partitions is None:
+        """The number of lease partitions, of every generation (read from the meta row once, and again
+        when the version row names a partition beyond them: :meth:`read_version`); ResourceNotFound
+        before the application's first start, LayoutOutdated for a table of a layout this release
+        does not read."""
+        return (await self.lease_layout()).partitions
+
+    async def lease_layout(self) -> Layout:
+        """The lease partitions' generations, as :meth:`layout` reads them."""
+        if self._layout is None:
             meta = await self.read_meta()
             if meta is None:
                 raise self._not_started()
             self.adopt(meta)
-        assert self.lease_partitions is not None
-        return self.lease_partitions
+        assert self._layout is not None
+        return self._layout
 
     def _not_started(self) -> ResourceNotFound:
         return ResourceNotFound(
@@ -252,28 +281,84 @@ class LeaseTable:
         )
 
     def adopt(self, meta: Meta) -> None:
-        """Take the lease partitions from ``meta``, or refuse a table of the layout before them."""
-        if meta.lease_partitions is None:
+        """Take the lease partitions from ``meta``, or refuse a table of a layout this release does not
+        read: the one before lease partitions, or a later format (it would miss leases)."""
+        if meta.layout_format > LAYOUT_FORMAT:
+            raise LayoutOutdated(
+                f"{self._resource()} holds the leases of application {self.app!r} in lease partitions of "
+                f"layout_format {meta.layout_format} (its meta row, sk = {META_KEY!r} under pk = {self.partition!r}), "
+                f"which a later release of efo wrote; this release reads layout_format {LAYOUT_FORMAT} at most and "
+                "would miss leases: run the release that wrote it (or a later one), not this one"
+            )
+        layout = meta.layout
+        if layout is None:
             raise LayoutOutdated(
                 f"{self._resource()} holds the leases of application {self.app!r} in the layout of efo before "
                 "lease partitions (every row under one partition key): stop every worker of the application, "
                 "then run 'efo checkpoints migrate' with the same configuration (it moves the rows; nothing "
                 "checkpointed is lost), and start them again"
             )
-        self.lease_partitions = meta.lease_partitions
+        self._layout = layout
+        self.lease_partitions = layout.partitions
 
     def partition_of(self, shard_id: str) -> int:
-        """The lease partition of ``shard_id`` (the layout is known: :meth:`layout` was awaited)."""
-        assert self.lease_partitions is not None, "the layout has not been read"
-        return lease_partition_of(shard_id, self.lease_partitions)
+        """The lease partition of ``shard_id``, a lease this client read or wrote (the layout is known:
+        :meth:`layout` was awaited; in a table never grown, of any shard)."""
+        assert self._layout is not None, "the layout has not been read"
+        known = self._where.get(shard_id)
+        if known is not None:
+            return known
+        assert not self._layout.grown, f"the lease of {shard_id} was not read: its partition is not known"
+        return self._layout.home(shard_id)
 
     async def _partition(self, shard_id: str) -> int:
-        await self.layout()
-        return self.partition_of(shard_id)
+        """The lease partition of ``shard_id``: where it was read, or, in a grown table, where its
+        reservation says (none: its partition of generation 0, where a lease written before the
+        table grew is)."""
+        layout = await self.lease_layout()
+        known = self._where.get(shard_id)
+        if known is not None:
+            return known
+        if not layout.grown:
+            return layout.home(shard_id)
+        reserved = await self._reserved(layout, shard_id)
+        partition = layout.home(shard_id) if reserved is None else reserved
+        self._where[shard_id] = partition
+        return partition
+
+    def _row_key(self, partition: int, shard_id: str) -> dict[str, Any]:
+        return {"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": SHARD_PREFIX + shard_id}}
 
     async def _lease_key(self, shard_id: str) -> dict[str, Any]:
-        partition = await self._partition(shard_id)
-        return {"pk": {"S": self.lease_partition_key(partition)}, "sk": {"S": SHARD_PREFIX + shard_id}}
+        return self._row_key(await self._partition(shard_id), shard_id)
+
+    def _reservation_key(self, layout: Layout, shard_id: str) -> dict[str, Any]:
+        return {"pk": {"S": self.lease_partition_key(layout.home(shard_id))}, "sk": {"S": RESERVED_PREFIX + shard_id}}
+
+    async def _reserved(self, layout: Layout, shard_id: str) -> int | None:
+        """The partition ``shard_id``'s reservation names, strongly consistent (None: no reservation)."""
+        try:
+            response = await self._ddb.get_item(
+                TableName=self.table, Key=self._reservation_key(layout, shard_id), ConsistentRead=True
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        return _number(response.get("Item"), "partition")
+
+    async def _place(self, shard_id: str) -> int:
+        """Where a new lease of ``shard_id`` goes: its partition of the newest generation this client
+        knows, unless it has a lease already written before reservations (in its partition of
+        generation 0) or a reservation (written by a writer that may know other generations): then
+        where that is. The reservation is written first, conditionally, so every writer agrees."""
+        layout = await self.lease_layout()
+        home, newest = layout.home(shard_id), layout.newest(shard_id)
+        if newest != home and shard_id in (await self._get_row(self._row_key(home, shard_id))).leases:
+            return home  # written before this table grew (or at its first start): no reservation
+        reserved = {"partition": {"N": str(newest)}, "updated_at": self._now()}
+        if await self._put_new(self._reservation_key(layout, shard_id), reserved):
+            return newest
+        found = await self._reserved(layout, shard_id)
+        return home if found is None else found  # None: deleted meanwhile (the operator's reset)
 
     def _resource(self) -> str:
         return f"DynamoDB table {self.table!r}"
@@ -360,6 +445,7 @@ class LeaseTable:
 
         for partition, part in await asyncio.gather(*(one(partition) for partition in wanted)):
             state.leases.update(part.leases)
+            self._where.update(dict.fromkeys(part.leases, partition))
             state.versions[partition] = part.versions.get(-1, 0)
         return state
 
@@ -371,7 +457,8 @@ class LeaseTable:
 
     async def read_version(self, *, consistent: bool = True) -> TableState:
         """The version row alone: each lease partition's version and the membership counter (one
-        small GetItem)."""
+        small GetItem). A version of a partition beyond the layout known here (the table grew, and a
+        lease was written there) reads the meta row again: every partition of it is read from then on."""
         try:
             response = await self._ddb.get_item(
                 TableName=self.table, Key=self._key(VERSION_KEY), ConsistentRead=consistent
@@ -381,7 +468,23 @@ class LeaseTable:
         state = TableState()
         if "Item" in response:
             self._absorb(state, response["Item"])
+        beyond = max(state.versions, default=-1)
+        if self._layout is not None and beyond >= self._layout.partitions and beyond > self._relaid_for:
+            await self.relayout()  # a failed read is made again at the next cycle
+            self._relaid_for = beyond  # once for each such partition: never a read of the meta row a cycle
         return state
+
+    async def relayout(self) -> Layout:
+        """The meta row read again (the table may have grown since it was read)."""
+        meta = await self.read_meta()
+        if meta is None:
+            raise self._not_started()
+        before = self._layout
+        self.adopt(meta)
+        assert self._layout is not None
+        if before is not None and self._layout != before:
+            log.info("lease.layout_read", generations=list(self._layout.sizes), partitions=self._layout.partitions)
+        return self._layout
 
     async def read_workers(self, *, consistent: bool = False) -> dict[str, WorkerRow]:
         """Every worker's heartbeat row (one paginated Query; eventually consistent unless told)."""
@@ -488,13 +591,16 @@ class LeaseTable:
         sort_key = item["sk"]["S"]
         if sort_key == META_KEY:
             started = item.get("started_at", {}).get("N")
+            generations = item.get("lease_generations", {}).get("L", [])
             state.meta = Meta(
                 stream_created_at=datetime.fromtimestamp(float(item["stream_created_at"]["N"]), UTC),
                 initial_position=item["initial_position"]["S"],
                 started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
                 complete=item.get("complete", {}).get("BOOL", True),
                 bootstrapper=item.get("bootstrapper", {}).get("S"),
-                lease_partitions=int(item["lease_partitions"]["N"]) if "lease_partitions" in item else None,
+                lease_partitions=_number(item, "lease_partitions"),  # a string in a grown table
+                lease_generations=tuple(int(size["N"]) for size in generations),
+                layout_format=_number(item, "layout_format") or 0,
             )
         elif sort_key == MARK_KEY and MARK_ATTRIBUTE in item:  # a lease partition's mark (-1: its own)
             state.versions = {-1: int(item[MARK_ATTRIBUTE]["N"])}
@@ -517,6 +623,7 @@ class LeaseTable:
                 reads=item.get("reads", {}).get("S"),
                 in_doubt=item.get("in_doubt", {}).get("BOOL", False),
                 deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
+                reads_generations=item.get("reads_generations", {}).get("BOOL", False),
             )
         elif sort_key.startswith(SHARD_PREFIX):
             known = parsed.get(sort_key) if parsed is not None else None
@@ -559,18 +666,62 @@ class LeaseTable:
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
 
-    async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
-        """A lease row for a newly seen shard, unowned; ``start=SHARD_END`` marks it finished (never read)."""
+    async def create_lease(
+        self, shard_id: str, parents: tuple[str, ...], start: Position, *, reserve: bool = True
+    ) -> bool:
+        """A lease row for a newly seen shard, unowned; ``start=SHARD_END`` marks it finished (never read).
+        Where its reservation says (written first: :meth:`_place`); ``reserve=False`` (the first start's
+        leases, written before the table can grow): in its partition of generation 0, with none."""
         item: dict[str, Any] = {
             "parents": {"L": [{"S": p} for p in parents]},
             "lease_counter": {"N": "0"},
             "updated_at": self._now(),
             **_position_item(start),
         }
-        created = await self._put_new(await self._lease_key(shard_id), item)
+        partition = await self._place(shard_id) if reserve else (await self.lease_layout()).home(shard_id)
+        self._where[shard_id] = partition
+        created = await self._put_new(self._row_key(partition, shard_id), item)
         if created:  # not when another worker created it first (and moved the version)
-            await self._changed(await self._partition(shard_id))
+            await self._changed(partition)
         return created
+
+    def newest_rows(self, shard_ids: Iterable[str]) -> int:
+        """How many of these leases (as read) are in the newest generation's partitions."""
+        assert self._layout is not None, "the layout has not been read"
+        first = self._layout.base(len(self._layout.sizes) - 1)
+        return sum(1 for shard_id in shard_ids if self._where.get(shard_id, -1) >= first)
+
+    async def grow(self, layout: Layout, grown: Layout) -> bool:
+        """Add ``grown``'s newest generation to the table, if its layout is still ``layout`` (False:
+        another worker changed it first; read it again). Nothing moves: the next new leases go there."""
+        assert grown.sizes[:-1] == layout.sizes, (layout, grown)
+        if layout.grown:
+            condition, values = "lease_generation = :was", {":was": {"N": str(len(layout.sizes) - 1)}}
+        else:
+            condition = "attribute_not_exists(lease_generation) AND lease_partitions = :was"
+            values = {":was": {"N": str(layout.sizes[0])}}
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key=self._key(META_KEY),
+                UpdateExpression="SET lease_partitions = :grown, lease_generations = :sizes, "
+                "lease_generation = :newest, layout_format = :format, migrating_to = :all",
+                ConditionExpression=condition,
+                ExpressionAttributeValues={
+                    **values,
+                    ":grown": {"S": GROWN},
+                    ":sizes": {"L": [{"N": str(size)} for size in grown.sizes]},
+                    ":newest": {"N": str(len(grown.sizes) - 1)},
+                    ":format": {"N": str(LAYOUT_FORMAT)},
+                    ":all": {"N": str(grown.partitions)},
+                },
+            )
+        except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise translate(exc, resource=self._resource()) from None
+        self._layout, self.lease_partitions = grown, grown.partitions
+        return True
 
     async def _put_new(self, key: dict[str, Any], attributes: dict[str, Any]) -> bool:
         try:
@@ -669,7 +820,7 @@ class LeaseTable:
         if deleted:
             await self._changed(partition)
         else:
-            self._changed_partitions.add(partition)  # not as read: read it again
+            self._not_as_read(lease.shard_id, partition)
         return deleted
 
     async def _delete_if(self, key: dict[str, Any], condition: str, values: dict[str, Any]) -> bool:
@@ -768,7 +919,7 @@ class LeaseTable:
         except Exception as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
                 # The row was not as read: what was read of its partition is out of date.
-                self._changed_partitions.add(await self._partition(lease.shard_id))
+                self._not_as_read(lease.shard_id, await self._partition(lease.shard_id))
                 if missing is not None:
                     raise ResourceNotFound(f"{missing} in {self._resource()}") from None
                 raise LeaseLost(f"lease of shard {lease.shard_id} is no longer held by {self.worker_id}") from None
@@ -783,6 +934,15 @@ class LeaseTable:
         """``shard_id``'s lease changed, but its partition's version did not move (its writer died in
         between): move it now, so that every worker reads that partition again."""
         await self._changed(await self._partition(shard_id))
+
+    def _not_as_read(self, shard_id: str, partition: int) -> None:
+        """A conditional write of ``shard_id``'s lease in ``partition`` failed: that partition is read
+        again, and in a grown table where the lease is is asked of its reservation at its next write
+        (a read from a replica behind may have shown it where it was deleted, before it was written
+        again in another generation: an operator's reset)."""
+        self._changed_partitions.add(partition)
+        if self._layout is not None and self._layout.grown:
+            self._where.pop(shard_id, None)
 
     def take_changed(self) -> set[int]:
         """The lease partitions changed through this client (or found not as read) since the last call."""
@@ -896,6 +1056,7 @@ class LeaseTable:
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},
                     "deletes_leases": {"BOOL": True},  # efo.leases.cleanup: no older release runs
+                    "reads_generations": {"BOOL": True},  # efo.worker.shardsync: the table may grow
                     **({"consumer_arn": {"S": self.consumer_arn}} if self.consumer_arn else {}),
                     **({"reads": {"S": self.reads}} if self.reads else {}),
                 },
@@ -946,7 +1107,8 @@ class LeaseTable:
     async def delete_all(self) -> int:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
         meta = await self._meta_item()
-        count = _number(meta, "lease_partitions") or _number(meta, "migrating_to")  # a migration cut short too
+        # Every generation's (a grown table's migrating_to), or a migration's cut short.
+        count = _number(meta, "lease_partitions") or _number(meta, "migrating_to")
         # The meta row, which names the lease partitions, goes last: a removal cut short is run again.
         partitions = [self.lease_partition_key(n) for n in range(count or 0)] + [self.partition]
         deleted = 0
@@ -957,7 +1119,7 @@ class LeaseTable:
                     deleted += 1
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        self.lease_partitions = None
+        self.lease_partitions, self._layout, self._where = None, None, {}
         return deleted
 
     async def migrate(self) -> int:
@@ -970,6 +1132,12 @@ class LeaseTable:
         meta = await self._meta_item()
         if meta is None:
             raise self._not_started()
+        if "lease_generations" in meta:  # grown: in lease partitions since long before
+            state = TableState()
+            self._absorb(state, meta)
+            assert state.meta is not None
+            self.adopt(state.meta)
+            return 0
         try:
             old = await _query(self._ddb, self.table, self.partition, SHARD_PREFIX)
             copied = 0
@@ -984,7 +1152,7 @@ class LeaseTable:
                 await self._ddb.delete_item(TableName=self.table, Key={"pk": item["pk"], "sk": item["sk"]})
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        self.lease_partitions = partitions
+        self._layout, self.lease_partitions = Layout((partitions,)), partitions
         if old:
             await self._bump(range(partitions))
         log.info("table.migrated", table=self.table, app=self.app, leases=len(old), lease_partitions=partitions)

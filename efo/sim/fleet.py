@@ -276,6 +276,14 @@ class Fleet:
         if row is None or not row["sk"]["S"].startswith("shard|"):
             return
         shard_id = row["sk"]["S"].removeprefix("shard|")
+        held = self.lease_rows.get(shard_id)
+        if before is None and after is not None and held is not None and held["pk"]["S"] != after["pk"]["S"]:
+            self.oracle.fail(
+                self.clock.now(),
+                "one lease a shard",
+                f"{client} wrote a lease of {shard_id} under {after['pk']['S']}, which has one under {held['pk']['S']}",
+                shard_id,
+            )
         if after is None:
             self.lease_rows.pop(shard_id, None)
         else:

@@ -8,6 +8,9 @@ Checked at every change of a lease row (the simulated DynamoDB reports each one 
 - **nothing skipped**: when a checkpoint lands, every record of the shard before it was committed
   by a sink (some worker's, some claim's): what lies behind a checkpoint is never read again;
 - **parents first**: a subscription to a shard starts only once each of its parents is finished;
+- **one lease a shard**: no shard's lease is written in a lease partition while it has one in
+  another (a table whose layout grew: efo.leases.model.Layout; checked by the fleet, which sees
+  every lease row);
 - **finished stays finished**: a shard whose SHARD_END landed gets no new lease (after its lease was
   deleted) and no subscription (the simulation makes no operator resets);
 - **no false death**: a lease goes straight from one owner to another only when the owner does not

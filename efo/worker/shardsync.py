@@ -8,6 +8,13 @@ worker needs to list the stream to follow a reshard. One worker lists it all the
 for its end): it writes a lease for any shard that has none (the children of a worker that died
 before it wrote them) and finishes the leases of shards gone from the stream. Which shards have a
 lease is taken from the lease cycle's last read of the table, not from a read of its own.
+
+The worker that lists also grows the lease table's layout (efo.leases.model.Layout): when the
+newest generation of lease partitions holds more leases than it should (64 a partition: every new
+lease goes there), it adds a generation sized for twice the open shards, so that no lease partition
+key holds the leases of a stream resharded far beyond its first start. Only while every heartbeat row is of a
+release that reads generations: an older one would miss the leases written in partitions it does
+not know (it cannot start once the table grew: it fails on the meta row).
 """
 
 from __future__ import annotations
@@ -157,6 +164,8 @@ class ShardSync:
                         # this worker's writes would bring back at the start position.
                         self._log.warning("leases.bootstrap_completed_elsewhere", written=first)
                         return
+                # No reservations: the table grows only once its first start is complete, and a lease
+                # with none is where every writer of a grown table looks first (LeaseTable._place).
                 await bounded(
                     BOOTSTRAP_CONCURRENCY,
                     lambda shard: self._table.create_lease(
@@ -165,6 +174,7 @@ class ShardSync:
                         first_start_position(
                             initial, graph, shard.shard_id, started_at, listed_before_start=listed_before_start
                         ),
+                        reserve=False,
                     ),
                     shards[first : first + BOOTSTRAP_BATCH],
                 )
@@ -226,6 +236,39 @@ class ShardSync:
         await self._write({shard_id: graph.shards[shard_id].parents for shard_id in graph.needing_leases(known)})
         self.graph, self.listed_at = graph, asked_at
         self._on_listed()
+        closed = {parent for shard in graph.shards.values() for parent in shard.parents}
+        await self.grow(sum(1 for shard_id in graph.shards if shard_id not in closed))
+
+    async def grow(self, open_shards: int) -> bool:
+        """A generation of lease partitions more, if the leases (as the lease cycle last read them) outgrew
+        the newest and every worker reads generations (True: this worker added it)."""
+        layout = await self._table.lease_layout()
+        leased = self.leased()
+        if leased is None:
+            return False
+        grown = layout.grown_for(self._table.newest_rows(leased), open_shards)
+        if grown is None:
+            return False
+        workers = await self._table.read_workers(consistent=True)
+        older = sorted(worker_id for worker_id, row in workers.items() if not row.reads_generations)
+        if older:
+            self._log.info("lease.layout_growth_waits", open_shards=open_shards, older_workers=older[:8])
+            return False
+        if await self._table.grow(layout, grown):
+            self._log.info("lease.layout_grew", open_shards=open_shards, generations=list(grown.sizes))
+            # A worker of an older release that read the meta row just before the growth, and whose
+            # heartbeat landed after the rows above were read, runs with the old layout: said, since
+            # nothing here can stop it (it misses the new generation's leases; restarted, it fails on
+            # the grown meta row).
+            workers = await self._table.read_workers(consistent=True)
+            older = sorted(worker_id for worker_id, row in workers.items() if not row.reads_generations)
+            if older:
+                self._log.error(
+                    "lease.layout_grew_under_older", older_workers=older[:8], action="stop them and run this release"
+                )
+            return True
+        await self._table.relayout()  # another worker grew it first: adopt that
+        return False
 
     async def born(self, children: Mapping[str, tuple[str, ...]]) -> None:
         """A lease, read from its own beginning, for each of these new shards (with their parents) that

@@ -11,6 +11,7 @@ import pytest
 
 from efo.config import Settings, load_settings
 from efo.kinesis.registration import StreamInfo
+from efo.leases.model import Layout
 from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
@@ -48,7 +49,9 @@ class Table:
         self.created: list[tuple[str, tuple[str, ...], Position]] = []
         self.unseen: list[str] = []
 
-    async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
+    async def create_lease(
+        self, shard_id: str, parents: tuple[str, ...], start: Position, *, reserve: bool = True
+    ) -> bool:
         if shard_id in self.existing:
             return False
         self.existing.add(shard_id)
@@ -57,6 +60,12 @@ class Table:
 
     async def unseen_change(self, shard_id: str) -> None:
         self.unseen.append(shard_id)
+
+    async def lease_layout(self) -> Layout:
+        return Layout((8,))  # room for 512 leases: no growth
+
+    def newest_rows(self, shard_ids: set[str]) -> int:
+        return len(shard_ids)
 
 
 @pytest.fixture
@@ -174,11 +183,13 @@ def test_a_bootstrap_another_worker_completed_meanwhile_writes_no_more_leases(mo
     class Slow(LeaseTable):
         created = 0
 
-        async def create_lease(self, shard_id: str, parents: tuple[str, ...], start: Position) -> bool:
+        async def create_lease(
+            self, shard_id: str, parents: tuple[str, ...], start: Position, *, reserve: bool = True
+        ) -> bool:
             Slow.created += 1
             if Slow.created == 40:  # another worker took the bootstrap over and completed it
                 await self.complete_meta()
-            return await super().create_lease(shard_id, parents, start)
+            return await super().create_lease(shard_id, parents, start, reserve=reserve)
 
     async def scenario() -> None:
         clock = SimClock()
