@@ -47,9 +47,9 @@ def test_a_batch_the_sink_commits_while_a_fatal_error_stops_the_service_is_check
                 loop.call_later(0.5, w.driver.release_held)  # the sink finishes the batch a moment later
                 return await describe(**kwargs)
 
-            async def slow_release(lease: Any) -> None:
+            async def slow_release(lease: Any, **how: Any) -> None:
                 await asyncio.sleep(2)  # a loaded DynamoDB: the final writes take a while
-                await release(lease)
+                await release(lease, **how)
 
             kinesis.describe_stream_consumer = describe_and_commit_soon  # type: ignore[method-assign]
             w.table.release = slow_release  # type: ignore[method-assign]

@@ -516,9 +516,9 @@ def test_leases_in_doubt_while_the_stop_releases_them_do_not_crash_the_stop(loca
             await until(lambda: len(w.coordinator.owned) == 2)
             real_release = w.table.release
 
-            async def slow_release(lease: Any) -> None:
+            async def slow_release(lease: Any, **how: Any) -> None:
                 await asyncio.sleep(1.0)  # longer than the lease validity (0.75 s) in these settings
-                await real_release(lease)
+                await real_release(lease, **how)
 
             async def failing_heartbeat(*, in_doubt: bool = False) -> bool:
                 raise Retriable("ThrottlingException on DynamoDB table (injected)")
