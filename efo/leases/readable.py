@@ -1,7 +1,8 @@
 """The leases that can be read now, by owner, kept from one read of the lease table to the next.
 
 A lease can be read now when it is not finished and every parent of it is finished (a parent
-without a lease is finished: gone from the stream, or its finished lease deleted). Every lease
+without a lease is finished: gone from the stream, or its finished lease deleted; a claim reads such
+a parent strongly first, since this view may be behind on its partition). Every lease
 cycle needs them, grouped by owner (the shares, the loads, what is free); working them out from
 every lease each cycle cost O(shards) a worker a second. :class:`ReadableLeases` looks only at the
 leases that are not the very objects the last read showed (a :class:`~efo.leases.model.Lease` is

@@ -376,19 +376,28 @@ class LeaseCycle:
         self._owned.forget(owned)
         owned.log.info("shard.reset", position=str(lease.reset.position))
         state.leases[lease.shard_id] = reset
-        if can_read(reset, state) and await self._parents_finished_now(reset):
+        if can_read(reset, state) and await self._parents_finished_now(reset, state.leases):
             self._runner.start(reset)
         else:  # its parents are to be read again first
             await self._table.release(reset)
 
-    async def _parents_finished_now(self, lease: Lease) -> bool:
-        """The parents of a lease with a reset, read now (strongly consistent): an operator's reset of
-        every shard writes parents before children, and this cycle's read of the parents' partition
-        may be older than its read of the child's. Resets are rare; nothing else can un-finish a shard."""
+    async def _parents_finished_now(self, lease: Lease, seen: Mapping[str, Lease]) -> bool:
+        """The parents this cycle's read (``seen``) cannot vouch for, read now (strongly consistent):
+        every parent of a lease with a reset (an operator's reset of every shard writes parents before
+        children, and nothing else can un-finish a shard), and any parent it does not show. The lister
+        writes a parent's lease before its child's, but in another partition: this cycle may have kept
+        the parent's partition as before (an eventually consistent answer found behind, or one from a
+        replica a moment older than the child's), and a parent without a lease counts as finished.
+        Only a claim reads them, and only those: a parent that really has no lease (gone from the
+        stream, or its finished lease deleted) costs one read a claim, and never stops the child."""
         for parent in lease.parents:
+            if lease.reset is None and parent in seen:
+                continue
             row = await self._table.read_lease(parent)
             if row is not None and (not row.finished or row.reset is not None):
                 self._cache.stale(parent)  # read its partition again next cycle
+                if parent not in seen:
+                    self._log.info("lease.parent_unseen", shard_id=lease.shard_id, parent=parent)
                 return False
         return True
 
@@ -400,8 +409,9 @@ class LeaseCycle:
         )
 
     async def _claim(self, lease: Lease) -> None:
-        if lease.reset is not None and not await self._parents_finished_now(lease):
-            return  # the claim would apply the reset and start it before its parents
+        seen = self.state.leases if self.state is not None else {}
+        if not await self._parents_finished_now(lease, seen):
+            return  # the claim would start it before its parents (or apply a reset and do so)
         try:
             claimed = await self._table.claim(lease)
         except LeaseLost:
@@ -508,7 +518,8 @@ class LeaseCycle:
 
 def can_read(lease: Lease, state: TableState) -> bool:
     """Can be read now: not finished, its parents finished. A parent without a lease is finished: it
-    is gone from the stream, or its lease was deleted once it finished (:mod:`efo.leases.cleanup`).
+    is gone from the stream, or its lease was deleted once it finished (:mod:`efo.leases.cleanup`);
+    one this view does not show is read strongly before a claim (``LeaseCycle._parents_finished_now``).
     (Every lease cycle keeps these by owner: :class:`efo.leases.readable.ReadableLeases`.)"""
     return _can_read_among(lease, state.leases)
 

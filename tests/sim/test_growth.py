@@ -146,10 +146,7 @@ def test_no_lease_partition_key_holds_more_than_a_bounded_share(grown: Grown) ->
 
 
 #: Faults that leave workers with an old layout (paused, late, killed, replaced one by one, coming and
-#: going) while the table grows. Not DynamoDB's faults all at once with them: with those, this run
-#: (seeds 2, 4 and 6) breaks "parents first" at main's own layout too (64 shards a partition, at
-#: least 8, so no growth): a parent's new lease read from a replica behind, its child's from one that
-#: is not, and a parent without a lease counts as finished. That is the lease cycle's, not growth's.
+#: going) while the table grows.
 CHAOS = ("kill", "zombie", "late", "rolling", "churn")
 
 
@@ -162,3 +159,16 @@ def test_under_faults_a_growing_layout_keeps_every_invariant_and_one_lease_a_sha
     assert grown.unread_records == 0, "records put were never committed"
     assert len(grown.generations) >= 3, grown.generations
     assert grown.lease_rows and max(grown.lease_rows.values()) == 1
+
+
+@pytest.mark.parametrize(("fault", "seed"), [("throttle-key", 11), ("outage", 5)])
+def test_a_child_is_not_read_before_a_parent_whose_partition_was_read_behind(fault: str, seed: int) -> None:
+    """At the production layout (64 shards a partition, at least 8: no growth), with one of DynamoDB's
+    faults: the lister writes a parent's lease, then its child's, in other partitions; a worker's
+    eventually consistent read of the parent's partition comes back behind (not used: the partition
+    stays as read before, without the parent), of the child's current. A parent without a lease counts
+    as finished: the child was read first (found at seeds 4 and 6 with every fault but throttle-table
+    and reshard; these are the first seeds that show it with one)."""
+    grown = in_virtual_time(lambda trace, capture: _scenario(trace, capture, (fault,), seed=seed))
+    assert grown.violation is None, grown.violation.report()
+    assert grown.unread_records == 0, "records put were never committed"

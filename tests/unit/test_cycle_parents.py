@@ -1,0 +1,127 @@
+"""The lease cycle's decision to start a lease whose parent its view does not show, against the
+simulated DynamoDB: the lister writes a parent's lease, then its child's, in other lease partitions;
+this cycle's read may show the child's partition current and the parent's as it was before (an
+eventually consistent answer found behind is not used). A parent without a lease counts as finished,
+so the child would be read first. A parent the view does not show is read strongly before the claim;
+one that really has no lease (gone from the stream, or its finished lease deleted) lets the child start."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+from efo.config import load_settings
+from efo.leases.model import Lease, TableState
+from efo.leases.table import LeaseTable
+from efo.pipeline.records import Position
+from efo.sim.clock import SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.loop import run
+from efo.worker.cycle import LeaseCycle
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+START = Position("TRIM_HORIZON")
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def start(self, lease: Lease) -> None:
+        self.started.append(lease.shard_id)
+
+
+class Owned(dict[str, Any]):
+    stream = "s"
+
+
+class Shards:
+    graph = None
+
+
+def _apart(table: LeaseTable, prefix: str) -> tuple[str, str]:
+    """A parent and a child shard id whose leases are in different lease partitions."""
+    names = [f"{prefix}-{n}" for n in range(20)]
+    parent = names[0]
+    child = next(name for name in names if table.partition_of(name) != table.partition_of(parent))
+    return parent, child
+
+
+async def _cycle_with(db: SimDynamoDB, clock: SimClock) -> tuple[LeaseCycle, LeaseTable, Runner]:
+    client = db.client("reader", clock, random.Random(2))
+    table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="reader", clock=clock)
+    await table.lease_layout()
+    runner = Runner()
+    cycle = LeaseCycle(
+        settings=load_settings(stream="s", app="a", sink="console"),
+        table=table,
+        owned=Owned(),  # type: ignore[arg-type]
+        runner=runner,  # type: ignore[arg-type]
+        shards=Shards(),  # type: ignore[arg-type]
+        stopping=asyncio.Event(),
+        in_doubt=lambda: False,
+        clock=clock,
+    )
+    return cycle, table, runner
+
+
+def _lister(db: SimDynamoDB, clock: SimClock) -> LeaseTable:
+    return LeaseTable(
+        db.client("lister", clock, random.Random(3)),
+        table="t",
+        app="a",
+        stream_arn="s",
+        worker_id="lister",
+        clock=clock,
+    )
+
+
+def _db() -> SimDynamoDB:
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+    return db
+
+
+def test_a_child_whose_parent_the_view_does_not_show_waits_for_a_parent_with_an_unfinished_lease() -> None:
+    db = _db()
+
+    async def scenario() -> tuple[list[str], set[int], int]:
+        clock = SimClock()
+        lister = _lister(db, clock)
+        await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        cycle, table, runner = await _cycle_with(db, clock)
+        parent, child = _apart(table, "shard")
+        await lister.create_lease(parent, (), START)
+        await lister.create_lease(child, (parent,), START)
+        child_lease = await table.read_lease(child)
+        assert child_lease is not None
+        # the parent's partition answered from before the parent's lease; the child's is current
+        cycle.state = TableState(leases={child: child_lease})
+        await cycle._claim(child_lease)
+        return runner.started, cycle._cache._stale, table.partition_of(parent)
+
+    started, stale, parents_partition = run(scenario())
+    assert started == [], "the child started before its parent's lease finished"
+    assert parents_partition in stale, "the parent's partition is read again (strongly) at the next cycle"
+
+
+def test_a_child_whose_parent_has_no_lease_at_all_starts() -> None:
+    db = _db()
+
+    async def scenario() -> tuple[list[str], str]:
+        clock = SimClock()
+        lister = _lister(db, clock)
+        await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        cycle, table, runner = await _cycle_with(db, clock)
+        parent, child = _apart(table, "gone")
+        await lister.create_lease(child, (parent,), START)  # the parent's finished lease was deleted
+        child_lease = await table.read_lease(child)
+        assert child_lease is not None
+        cycle.state = TableState(leases={child: child_lease})
+        await cycle._claim(child_lease)
+        return runner.started, child
+
+    started, child = run(scenario())
+    assert started == [child], "a parent without a lease is finished"
