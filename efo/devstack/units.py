@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import re
@@ -64,6 +65,7 @@ def _binary(value: str | bytes | bytearray) -> int:
         return _utf8(value)
 
 
+@functools.lru_cache(maxsize=4096)  # the same counters and sequence numbers are sized again and again
 def _number(value: str) -> int:
     """1 byte per two significant digits, plus 1; leading and trailing zeros do not count."""
     mantissa = re.split("[eE]", value.strip().lstrip("+-"))[0].replace(".", "")

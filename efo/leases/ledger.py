@@ -34,6 +34,17 @@ from efo.pipeline.records import SHARD_END, Position
 UNPINNED_KINDS = frozenset({"LATEST", "AT_TIMESTAMP"})
 
 
+class RecordTally:
+    """A running sum of several ledgers' :attr:`~CheckpointLedger.uncheckpointed_records` (a worker's
+    backlog), kept as each changes: summing every held shard's after every write cost a tenth of a
+    4,096-shard simulation."""
+
+    __slots__ = ("records",)
+
+    def __init__(self) -> None:
+        self.records = 0
+
+
 @dataclass(slots=True)
 class _Chunk:
     serial: int
@@ -53,6 +64,15 @@ class CheckpointLedger:
         self._ended = False
         self.uncheckpointed_records = 0  # committed by the sink, not yet covered by a written checkpoint
         self.urgent = False  # write at once rather than at the next interval (a pin, SHARD_END)
+        self._tally: RecordTally | None = None  # counts uncheckpointed_records too, while set
+
+    def count_in(self, tally: RecordTally | None) -> None:
+        """From now on ``tally`` counts this ledger's uncheckpointed records (None: no tally)."""
+        if self._tally is not None:
+            self._tally.records -= self.uncheckpointed_records
+        self._tally = tally
+        if tally is not None:
+            tally.records += self.uncheckpointed_records
 
     # ---- the subscription's side (ShardProgress) ---------------------------------------------
 
@@ -102,6 +122,8 @@ class CheckpointLedger:
             chunk = self._chunks.popleft()
             self._safe = chunk.resume
             self.uncheckpointed_records += chunk.records
+            if self._tally is not None:
+                self._tally.records += chunk.records
         if self._ended and not self._chunks and self._safe != SHARD_END:
             self._safe = SHARD_END
             self.urgent = True
@@ -120,6 +142,8 @@ class CheckpointLedger:
         read with :attr:`uncheckpointed_records` before the write: later commits stay counted)."""
         self.written = position
         self.uncheckpointed_records -= records
+        if self._tally is not None:
+            self._tally.records -= records
         assert self.uncheckpointed_records >= 0, "a claim's writes overlapped (they go one at a time)"
         if self.due is None:
             self.urgent = False

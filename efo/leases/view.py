@@ -48,7 +48,8 @@ class TableView:
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
         self._holders: dict[str, tuple[str | None, int]] = {}  # shard -> (owner, counter)
-        self._moved_at: dict[str, float] = {}
+        self._moved_at: dict[str, float] = {}  # shard -> when it last changed hands, newest last
+        self._moves_in_order = True  # False once a move was stamped before the newest (never, by the clock)
         self._asked_seen: dict[tuple[str, str], float] = {}  # (shard, asker) -> first seen at
         self._last: dict[str, Lease] = {}  # the leases as the last read showed them
         self._wanted: dict[str, str] = {}  # shard -> who asked for it, in the last read
@@ -139,7 +140,7 @@ class TableView:
             lease = leases[shard_id]
             holder = (lease.owner, lease.counter)
             if self._holders.get(shard_id, holder) != holder:
-                self._moved_at[shard_id] = answered_at
+                self._moved(shard_id, answered_at)
             self._holders[shard_id] = holder
             if lease.wanted_by:
                 self._wanted[shard_id] = lease.wanted_by
@@ -149,9 +150,26 @@ class TableView:
         asked = set(self._wanted.items())
         self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}
 
+    def _moved(self, shard_id: str, at: float) -> None:
+        """``shard_id`` changed hands in the read answered ``at``: kept newest last (reads are answered
+        in clock order), so :meth:`moved_within` looks at the recent moves only, not every shard that
+        ever moved."""
+        newest = next(reversed(self._moved_at.values()), None)
+        if newest is not None and at < newest:
+            self._moves_in_order = False
+        self._moved_at.pop(shard_id, None)
+        self._moved_at[shard_id] = at
+
     def moved_within(self, seconds: float) -> set[str]:
         now = self._clock.now()
-        return {shard_id for shard_id, at in self._moved_at.items() if now - at < seconds}
+        if not self._moves_in_order:
+            return {shard_id for shard_id, at in self._moved_at.items() if now - at < seconds}
+        recent: set[str] = set()
+        for shard_id, at in reversed(self._moved_at.items()):
+            if now - at >= seconds:
+                break  # every move before it is older still
+            recent.add(shard_id)
+        return recent
 
     def reserved_for_others(self) -> set[str]:
         """Shards another live worker asked for, its request younger than ``failover_s``."""

@@ -98,7 +98,7 @@ class Checkpointer:
 
     def own_backlog(self) -> int:
         """Committed records of this stream's shards whose checkpoint is not written yet."""
-        return sum(owned.ledger.uncheckpointed_records for owned in self.owned.values())
+        return self.owned.backlog.records
 
     def apply_backlog_bound(self) -> None:
         """Pause reading while too many committed records wait for their checkpoint (DynamoDB down

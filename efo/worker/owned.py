@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Iterator, Mapping
 
 from efo.clock import SYSTEM_CLOCK, Clock
+from efo.leases.ledger import RecordTally
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.model import Lease
 from efo.observability import METRICS
@@ -34,6 +35,8 @@ class OwnedLeases(Mapping[str, OwnedShard]):
         self._pool = pool
         self._on_change = on_change
         self._shards: dict[str, OwnedShard] = {}
+        #: The held claims' committed records whose checkpoint is not written yet, kept as they change.
+        self.backlog = RecordTally()
         #: Called after a shard left the set (its uncheckpointed records no longer count).
         self.on_forget: Callable[[], None] = lambda: None
 
@@ -59,13 +62,18 @@ class OwnedLeases(Mapping[str, OwnedShard]):
         return owned
 
     def add(self, owned: OwnedShard) -> None:
+        replaced = self._shards.get(owned.shard_id)
+        if replaced is not None and replaced is not owned:
+            replaced.ledger.count_in(None)
         self._shards[owned.shard_id] = owned
+        owned.ledger.count_in(self.backlog)
         self._pool.register(shard_key(self.stream, owned.shard_id))
         METRICS.leases_held.labels(stream=self.stream).set(len(self._shards))
 
     def forget(self, owned: OwnedShard) -> None:
         if self._shards.get(owned.shard_id) is owned:
             del self._shards[owned.shard_id]
+            owned.ledger.count_in(None)
             METRICS.forget_shard(self.stream, owned.shard_id)
         self._pool.unregister(shard_key(self.stream, owned.shard_id))
         METRICS.leases_held.labels(stream=self.stream).set(len(self._shards))

@@ -190,3 +190,28 @@ def test_looking_only_at_the_leases_that_changed_sees_what_looking_at_every_leas
                 if asker != "me" and clock.t - since < 10.0
             }
             assert view.reserved_for_others() == expected_reserved, (seed, step)
+
+
+def test_moves_within_a_window_look_at_the_recent_moves_and_equal_every_move_looked_at() -> None:
+    """moved_within stops at the first move older than its window (the moves are kept newest last):
+    over random reads, some answered before an earlier one (which the clock never does, and then
+    every move is looked at), it equals the full recomputation's."""
+    workers = ["me", "a", "b", "c"]
+    for seed in range(150):
+        rng = random.Random(seed)
+        clock = ManualClock()
+        view = TableView("me", failover_s=10.0, heartbeat_interval_s=2.0, clock=clock)
+        full = _FullRead()
+        leases = {
+            f"s{i}": Lease(f"s{i}", (), rng.choice([None, *workers]), 1, Position("TRIM_HORIZON")) for i in range(20)
+        }
+        backwards = seed % 3 == 0
+        for step in range(60):
+            clock.t = float(step)
+            answered_at = clock.t - (rng.choice([0.0, 2.5]) if backwards else 0.0)
+            leases = _changed(rng, leases, workers)
+            view.saw_leases(leases, answered_at=answered_at)
+            full.saw_leases(leases, answered_at)
+            for window in (0.5, 1.0, 3.0, 10.0, 1000.0):
+                expected = {shard_id for shard_id, at in full.moved_at.items() if clock.t - at < window}
+                assert view.moved_within(window) == expected, (seed, step, window)
