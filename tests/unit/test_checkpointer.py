@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from efo.config import load_settings
 from efo.errors import Retriable
-from efo.leases.lifecycle import Commit, OwnedShard
-from efo.leases.model import Lease
+from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
+from efo.leases.model import Lease, TableState
 from efo.pipeline.pool import PendingPool
-from efo.pipeline.records import Position, after
+from efo.pipeline.records import SHARD_END, Position, after
 from efo.sim.clock import SimClock
 from efo.sim.loop import run as run_virtual
 from efo.worker.checkpointer import Checkpointer
+from efo.worker.cycle import LeaseCycle
 from efo.worker.owned import OwnedLeases
 
 
@@ -203,3 +205,84 @@ def test_two_writes_of_one_claim_land_in_order_and_count_each_record_once(
     assert table.written[-1] == after("20"), f"the older checkpoint landed last: {table.written}"
     assert owned.ledger.written == after("20")
     assert owned.ledger.uncheckpointed_records == 0
+
+
+class FinishingTable:
+    """A lease table whose SHARD_END write lands, then lets ``between`` run before it returns: the
+    version-row write that follows a finish is where the lease cycle may read the finished row."""
+
+    worker_id = "me"
+
+    def __init__(self) -> None:
+        self.between: list[Callable[[Lease], None]] = []
+
+    async def finish(self, lease: Lease) -> Lease:
+        landed = replace(lease, owner=None, counter=lease.counter + 1, checkpoint=SHARD_END)
+        for hook in self.between:
+            hook(landed)
+        await asyncio.sleep(0)
+        return landed
+
+
+def test_the_cycle_reading_this_worker_s_own_finish_before_the_write_returns_lets_the_shard_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI saw it: the finish landed, the cycle read the row (no owner, counter moved) while the
+    finish's version write was under way and took the lease as lost, so the shard never ended
+    here: no ``checkpoint.shard_end``, and a bounded run's count of ended shards never heard of it."""
+    for name in list(os.environ):
+        if name.startswith("EFO_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(stream="s", app="app", sink="console")
+    table = FinishingTable()
+    pool = PendingPool(1000, 1 << 20)
+    ended: list[str] = []
+    owned_leases = OwnedLeases("me", pool)
+    checkpointer = Checkpointer(
+        table=table,  # type: ignore[arg-type]
+        owned=owned_leases,
+        pool=pool,
+        settings=settings,
+        lease_valid=lambda: True,
+        on_shard_end=lambda owned: ended.append(owned.shard_id),
+    )
+    cycle = LeaseCycle(
+        settings=settings,
+        table=table,  # type: ignore[arg-type]
+        owned=owned_leases,
+        runner=None,  # type: ignore[arg-type]
+        shards=None,  # type: ignore[arg-type]
+        stopping=asyncio.Event(),
+        in_doubt=lambda: False,
+        clock=SimClock(),
+    )
+    table.between.append(lambda landed: cycle._check_owned(TableState(leases={landed.shard_id: landed})))
+    owned = _shard(checkpointer, "shard-a", 1)
+    owned.enter(ShardPhase.DRAINING)  # its subscription saw SHARD_END
+    owned.ledger.ended()
+    checkpointer.on_committed([Commit("shard-a", 1, 1, 10)])
+    assert owned.ledger.due == SHARD_END
+
+    asyncio.run(checkpointer.flush(force=True))
+    assert owned.phase is ShardPhase.ENDED
+    assert ended == ["shard-a"]
+
+
+def test_a_finished_lease_that_another_worker_took_first_is_still_lost() -> None:
+    """The exception is the owner's own finish only: a later claim (counter moved twice) is lost."""
+    settings = load_settings(stream="s", app="app", sink="console")
+    owned_leases = OwnedLeases("me", PendingPool(1000, 1 << 20))
+    cycle = LeaseCycle(
+        settings=settings,
+        table=FinishingTable(),  # type: ignore[arg-type]
+        owned=owned_leases,
+        runner=None,  # type: ignore[arg-type]
+        shards=None,  # type: ignore[arg-type]
+        stopping=asyncio.Event(),
+        in_doubt=lambda: False,
+        clock=SimClock(),
+    )
+    owned = owned_leases.own(Lease("shard-a", (), "me", 1, Position("TRIM_HORIZON")))
+    taken_and_finished = Lease("shard-a", (), None, 3, SHARD_END)
+    cycle._check_owned(TableState(leases={"shard-a": taken_and_finished}))
+    assert owned.phase is ShardPhase.LOST
