@@ -980,12 +980,13 @@ class LeaseTable:
         returns once a write that started after its change landed has moved its partitions (and
         their marks), as if it had written alone.
 
-        If the version's write fails (throttled, an outage), it is tried again with the next one
-        and at every lease cycle (:meth:`bump_again`) until it lands: a release the others never
-        learn of would leave its shard unread. A mark is a copy, not a count: written again, or not
-        at all, it is never ahead of its version (an answer would then vouch for a change it does
-        not hold), and a mark left behind (a failed write, a writer that died after the version, one
-        of a release before marks) costs strong reads until the next change there sets it level again."""
+        If the version's write fails (throttled, an outage, its task cancelled by a stop), it is
+        tried again with the next one and at every lease cycle (:meth:`bump_again`) until it lands:
+        a release the others never learn of would leave its shard unread. A mark is a copy, not a
+        count: written again, or not at all, it is never ahead of its version (an answer would then
+        vouch for a change it does not hold), and a mark left behind (a failed write, a writer that
+        died after the version, one of a release before marks) costs strong reads until the next
+        change there sets it level again."""
         self._bumps_waiting.update(partitions)
         async with self._bumping:
             if not partitions or self._bumps_waiting & set(partitions):  # not carried by the write before
@@ -1005,6 +1006,9 @@ class LeaseTable:
                 ExpressionAttributeValues={":one": {"N": "1"}},
                 ReturnValues="ALL_NEW",
             )
+        except asyncio.CancelledError:
+            self._bumps_failed.update(names)  # it carried other callers' changes: they move with the next
+            raise
         except Exception as exc:
             self._bumps_failed.update(names)
             error = translate(exc, resource=self._resource())

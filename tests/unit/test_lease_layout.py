@@ -233,3 +233,54 @@ def test_a_release_tells_the_next_owner_when_its_shard_was_last_subscribed_to() 
         assert taken.owner == "v" and taken.subscribed_at == NOW
 
     run(scenario())
+
+
+class HangingVersion(Recording):
+    """Once ``passing`` is set, that many more writes of the version row pass and the next hangs (a
+    slow DynamoDB); ``hung`` is the task that made it."""
+
+    def __init__(self, client: Any, clock: SimClock) -> None:
+        super().__init__(client)
+        self._clock = clock
+        self.passing: int | None = None
+        self.hung: asyncio.Task[Any] | None = None
+
+    async def update_item(self, **request: Any) -> Any:
+        version_row = request["Key"]["sk"]["S"] == VERSION_KEY and "#" not in request["Key"]["pk"]["S"]
+        if version_row and self.passing is not None:
+            if self.passing == 0:
+                self.hung = asyncio.current_task()
+                await self._clock.sleep(3600)
+            self.passing -= 1
+        return await super().update_item(**request)
+
+
+def test_a_version_write_cancelled_under_way_leaves_the_changes_it_carried_to_be_moved_again() -> None:
+    """A version write carries the changes of other releases waiting for it; a stop's deadline may
+    cancel the task making it. Those changes must not be dropped with it: the next cycle moves them."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = HangingVersion(db.client("w", clock, random.Random(2)), clock)
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        shards = [f"s{n}" for n in range(16)]
+        async with table.changing():
+            for shard_id in shards:
+                await table.create_lease(shard_id, (), Position("TRIM_HORIZON"))
+        async with table.changing():
+            held = [await table.claim(lease) for lease in (await table.read()).leases.values()]
+        before = (await table.read_version()).versions
+        client.passing = 1  # the releases' first version write passes, the second (carrying the rest) hangs
+        releases = [asyncio.ensure_future(table.release(lease)) for lease in held]
+        await clock.sleep(1)
+        assert client.hung is not None, "no version write hung"
+        client.hung.cancel()
+        await asyncio.gather(*releases, return_exceptions=True)
+        await table.bump_again()  # the next lease cycle
+        after = (await table.read_version()).versions
+        unmoved = sorted(p for p in {table.partition_of(s) for s in shards} if after[p] <= before[p])
+        assert not unmoved, f"the releases in partitions {unmoved} were never told to the other workers"
+
+    run(scenario())
