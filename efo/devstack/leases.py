@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from efo.leases.table import META_KEY, SHARD_PREFIX
+from efo.leases.table import META_KEY, SHARD_PREFIX, meta_of
 
 
 def shard_leases(dynamodb: Any, table: str, app: str, stream_arn: str) -> dict[str, dict[str, Any]]:
@@ -20,12 +20,11 @@ def shard_leases(dynamodb: Any, table: str, app: str, stream_arn: str) -> dict[s
         ).get("Item")
     except dynamodb.exceptions.ResourceNotFoundException:
         return {}  # the first worker has not created it yet
-    if meta is None or "lease_partitions" not in meta:
+    layout = meta_of(meta).layout if meta is not None else None
+    if layout is None:
         return {}
-    generations = [int(size["N"]) for size in meta.get("lease_generations", {}).get("L", [])]
-    partitions = sum(generations) if generations else int(meta["lease_partitions"]["N"])
     items = []
-    for partition in range(partitions):
+    for partition in range(layout.partitions):
         pages = dynamodb.get_paginator("query").paginate(
             TableName=table,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :shard)",

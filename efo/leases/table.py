@@ -207,6 +207,22 @@ class _Update:
         return " ".join(clauses)
 
 
+def meta_of(item: dict[str, Any]) -> Meta:
+    """The meta row, parsed (the one place that knows its attributes)."""
+    started = item.get("started_at", {}).get("N")
+    generations = item.get("lease_generations", {}).get("L", [])
+    return Meta(
+        stream_created_at=datetime.fromtimestamp(float(item["stream_created_at"]["N"]), UTC),
+        initial_position=item["initial_position"]["S"],
+        started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
+        complete=item.get("complete", {}).get("BOOL", True),
+        bootstrapper=item.get("bootstrapper", {}).get("S"),
+        lease_partitions=_number(item, "lease_partitions"),  # a string in a grown table
+        lease_generations=tuple(int(size["N"]) for size in generations),
+        layout_format=_number(item, "layout_format") or 0,
+    )
+
+
 class LeaseTable:
     def __init__(
         self,
@@ -590,18 +606,7 @@ class LeaseTable:
         only at leases that are not the objects it saw last); ``fresh`` gets each lease row read."""
         sort_key = item["sk"]["S"]
         if sort_key == META_KEY:
-            started = item.get("started_at", {}).get("N")
-            generations = item.get("lease_generations", {}).get("L", [])
-            state.meta = Meta(
-                stream_created_at=datetime.fromtimestamp(float(item["stream_created_at"]["N"]), UTC),
-                initial_position=item["initial_position"]["S"],
-                started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
-                complete=item.get("complete", {}).get("BOOL", True),
-                bootstrapper=item.get("bootstrapper", {}).get("S"),
-                lease_partitions=_number(item, "lease_partitions"),  # a string in a grown table
-                lease_generations=tuple(int(size["N"]) for size in generations),
-                layout_format=_number(item, "layout_format") or 0,
-            )
+            state.meta = meta_of(item)
         elif sort_key == MARK_KEY and MARK_ATTRIBUTE in item:  # a lease partition's mark (-1: its own)
             state.versions = {-1: int(item[MARK_ATTRIBUTE]["N"])}
         elif sort_key == VERSION_KEY:

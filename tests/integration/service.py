@@ -248,6 +248,35 @@ def arrow_env(
     )
 
 
+def raw_lease_table(dynamodb: Any, *, app: str, stream_arn: str, created: Any, **meta: Any) -> str:
+    """A lease table made by hand, as an older (or a grown) efo left it: the table and its meta row
+    (of a complete first start, with ``meta``'s DynamoDB attributes added). Returns the control
+    partition's key."""
+    dynamodb.create_table(
+        TableName=app,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+    )
+    control = f"{app}|{stream_arn}"
+    dynamodb.put_item(
+        TableName=app,
+        Item={
+            "pk": {"S": control},
+            "sk": {"S": "meta"},
+            "stream_created_at": {"N": repr(created.timestamp())},
+            "initial_position": {"S": "TRIM_HORIZON"},
+            "started_at": {"N": repr(time.time())},
+            "complete": {"BOOL": True},
+            **meta,
+        },
+    )
+    return control
+
+
 def read_output(path: Path) -> list[dict[str, Any]]:
     """What the sink committed: the Parquet output, or the JSON lines of the arrow sink in
     ledger_check.py (the same columns, batches in commit order)."""

@@ -14,7 +14,17 @@ import pytest
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 
-from .service import ServiceRun, arrow_env, assert_exactly, create_stream, efo, put_records, unique, wait_for_rows
+from .service import (
+    ServiceRun,
+    arrow_env,
+    assert_exactly,
+    create_stream,
+    efo,
+    put_records,
+    raw_lease_table,
+    unique,
+    wait_for_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -23,27 +33,7 @@ def _old_layout_table(
     dynamodb: Any, *, app: str, stream_arn: str, created: datetime, checkpoints: dict[str, dict[str, Any]]
 ) -> str:
     """The rows an efo before lease partitions wrote: meta and leases in the control partition."""
-    dynamodb.create_table(
-        TableName=app,
-        BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-        ],
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-    )
-    control = f"{app}|{stream_arn}"
-    dynamodb.put_item(
-        TableName=app,
-        Item={
-            "pk": {"S": control},
-            "sk": {"S": "meta"},
-            "stream_created_at": {"N": repr(created.timestamp())},
-            "initial_position": {"S": "TRIM_HORIZON"},
-            "started_at": {"N": repr(datetime.now(UTC).timestamp())},
-            "complete": {"BOOL": True},
-        },
-    )
+    control = raw_lease_table(dynamodb, app=app, stream_arn=stream_arn, created=created)
     for shard_id, position in checkpoints.items():
         dynamodb.put_item(
             TableName=app,

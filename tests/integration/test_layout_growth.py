@@ -25,6 +25,7 @@ from .service import (
     create_stream,
     efo,
     put_records,
+    raw_lease_table,
     split_first_shard,
     unique,
     wait_for_rows,
@@ -41,31 +42,16 @@ def _grown_table(
     """The rows of a table grown once (as LeaseTable.grow leaves the meta row): the first shard's lease
     from the first start (generation 0, no reservation), the others' written since (generation 1, each
     behind its reservation). Returns shard id -> the partition key of its lease."""
-    dynamodb.create_table(
-        TableName=app,
-        BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-        ],
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-    )
-    control = f"{app}|{stream_arn}"
-    dynamodb.put_item(
-        TableName=app,
-        Item={
-            "pk": {"S": control},
-            "sk": {"S": "meta"},
-            "stream_created_at": {"N": repr(created.timestamp())},
-            "initial_position": {"S": "TRIM_HORIZON"},
-            "started_at": {"N": repr(datetime.now(UTC).timestamp())},
-            "complete": {"BOOL": True},
-            "lease_partitions": {"S": GROWN},
-            "lease_generations": {"L": [{"N": str(size)} for size in LAYOUT.sizes]},
-            "lease_generation": {"N": "1"},
-            "layout_format": {"N": str(LAYOUT_FORMAT)},
-            "migrating_to": {"N": str(LAYOUT.partitions)},
-        },
+    control = raw_lease_table(
+        dynamodb,
+        app=app,
+        stream_arn=stream_arn,
+        created=created,
+        lease_partitions={"S": GROWN},
+        lease_generations={"L": [{"N": str(size)} for size in LAYOUT.sizes]},
+        lease_generation={"N": "1"},
+        layout_format={"N": str(LAYOUT_FORMAT)},
+        migrating_to={"N": str(LAYOUT.partitions)},
     )
     where: dict[str, str] = {}
     for n, (shard_id, position) in enumerate(sorted(checkpoints.items())):
