@@ -13,13 +13,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from efo.config import load_settings
+from efo.leases.lifecycle import ShardPhase
 from efo.leases.model import Lease, TableState
 from efo.leases.table import LeaseTable
+from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB
 from efo.sim.loop import run
 from efo.worker.cycle import LeaseCycle
+from efo.worker.owned import OwnedLeases
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 START = Position("TRIM_HORIZON")
@@ -125,3 +128,58 @@ def test_a_child_whose_parent_has_no_lease_at_all_starts() -> None:
 
     started, child = run(scenario())
     assert started == [child], "a parent without a lease is finished"
+
+
+async def _row(table: LeaseTable, shard_id: str) -> Lease:
+    lease = await table.read_lease(shard_id)
+    assert lease is not None, shard_id
+    return lease
+
+
+class Stopping(Runner):
+    async def stop_reading(self, owned: Any) -> None:
+        owned.enter(ShardPhase.RELEASING)
+
+
+def test_a_reset_child_waits_for_its_parent_s_reset_that_this_cycle_did_not_see() -> None:
+    """Seen in the suite: a reset of every shard, and a child read again before its parent. The
+    operator writes the parent's reset before the child's, but in another partition: this cycle saw
+    the child's and not yet the parent's. The child's reset is applied; the parent still looks
+    finished here, so it must be read (strongly) before the child starts again."""
+    db = _db()
+
+    async def scenario() -> tuple[list[str], Lease | None]:
+        clock = SimClock()
+        lister = _lister(db, clock)
+        await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        runner = Stopping()
+        client = db.client("reader", clock, random.Random(2))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="reader", clock=clock)
+        await table.lease_layout()
+        owned = OwnedLeases("reader", PendingPool(1000, 1 << 20))
+        cycle = LeaseCycle(
+            settings=load_settings(stream="s", app="a", sink="console"),
+            table=table,
+            owned=owned,
+            runner=runner,  # type: ignore[arg-type]
+            shards=Shards(),  # type: ignore[arg-type]
+            stopping=asyncio.Event(),
+            in_doubt=lambda: False,
+            clock=clock,
+        )
+        parent, child = _apart(table, "reset")
+        await lister.create_lease(parent, (), START)
+        await lister.create_lease(child, (parent,), START)
+        finished = await table.finish(await table.claim(await _row(table, parent)))
+        held = owned.own(await table.claim(await _row(table, child)))
+        held.enter(ShardPhase.READING)
+        await lister.request_reset([parent, child], START)
+        child_reset = await _row(table, child)
+        assert child_reset.reset is not None
+        seen = TableState(leases={parent: finished, child: child_reset})  # the parent as before its reset
+        await cycle._apply_reset(held, child_reset, seen)
+        return runner.started, await table.read_lease(child)
+
+    started, child_row = run(scenario())
+    assert started == [], "the child was read again before its parent"
+    assert child_row is not None and child_row.owner is None, "released, for whoever claims it once the parent ends"
