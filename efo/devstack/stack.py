@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -101,7 +102,33 @@ def kinesis_local_dir(base: Path | None = None) -> Path:
     return package
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (Linux's default if it does not say)."""
+    try:
+        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+_PORTS = random.Random()
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server started on it later, outside the ephemeral range: a
+    port picked there (bind to 0) may become a client connection's own port before the server binds
+    it. Random among the others, tried until one binds (a clash left is what callers retry)."""
+    low, high = ephemeral_ports()
+    for _ in range(64):
+        port = _PORTS.randrange(10_000, 65_536)
+        if low <= port <= high:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
