@@ -183,3 +183,93 @@ def test_a_reset_child_waits_for_its_parent_s_reset_that_this_cycle_did_not_see(
     started, child_row = run(scenario())
     assert started == [], "the child was read again before its parent"
     assert child_row is not None and child_row.owner is None, "released, for whoever claims it once the parent ends"
+
+
+def _reader(db: SimDynamoDB, clock: SimClock, name: str, runner: Any, seed: int) -> tuple[LeaseTable, LeaseCycle]:
+    table = LeaseTable(db.client(name, clock, random.Random(seed)), table="t", app="a", stream_arn="s", worker_id=name, clock=clock)
+    cycle = LeaseCycle(
+        settings=load_settings(stream="s", app="a", sink="console"),
+        table=table,
+        owned=OwnedLeases(name, PendingPool(1000, 1 << 20)),
+        runner=runner,
+        shards=Shards(),  # type: ignore[arg-type]
+        stopping=asyncio.Event(),
+        in_doubt=lambda: False,
+        clock=clock,
+    )
+    return table, cycle
+
+
+def test_a_reset_child_released_for_its_parent_is_not_started_by_another_worker_that_has_not_seen_the_parent_s_reset() -> None:
+    """Review of 4c0b70c: the worker holding the child sees its reset, reads the parent strongly (its
+    reset pending) and releases the child, with the reset applied: the row has no reset left. Another
+    worker whose view of the parent's partition is from before the operator's version write (the
+    operator moves every version once, after every row: a reset of a large stream takes a while, or
+    the CLI died before it) sees a free child of a finished parent, and ``_claim`` reads the parents of
+    a lease without a reset only when the view lacks them: it starts the child before its parent."""
+    db = _db()
+
+    async def scenario() -> list[str]:
+        clock = SimClock()
+        lister = _lister(db, clock)
+        await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        table, cycle = _reader(db, clock, "reader", Stopping(), 2)
+        await table.lease_layout()
+        other_runner = Runner()
+        other_table, other = _reader(db, clock, "other", other_runner, 4)
+        await other_table.lease_layout()
+        parent, child = _apart(table, "reset")
+        await lister.create_lease(parent, (), START)
+        await lister.create_lease(child, (parent,), START)
+        finished = await table.finish(await table.claim(await _row(table, parent)))
+        held = cycle._owned.own(await table.claim(await _row(table, child)))
+        held.enter(ShardPhase.READING)
+        await lister.request_reset([parent, child], START)
+        child_reset = await _row(table, child)
+        await cycle._apply_reset(held, child_reset, TableState(leases={parent: finished, child: child_reset}))
+        released = await _row(other_table, child)
+        assert released.owner is None, "released by the reader, as 4c0b70c's test says"
+        # the other worker: the child's partition moved (the release), the parent's read as before
+        other.state = TableState(leases={parent: finished, child: released})
+        await other._claim(released)
+        return other_runner.started
+
+    started = run(scenario())
+    assert started == [], "another worker started the reset child before its parent was reset and read again"
+
+
+def test_a_reset_child_taken_by_another_worker_while_its_parents_are_read_does_not_end_the_lease_cycle() -> None:
+    """``_apply_reset`` releases the child (its parent not finished now) without catching LeaseLost:
+    a worker that took it meanwhile (an overdue request, or this one thought dead) makes the release
+    fail, and LeaseLost is not retriable: ``periodically`` re-raises it, the lease cycle task fails
+    and with it the worker's task group."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        lister = _lister(db, clock)
+        await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        table, cycle = _reader(db, clock, "reader", Stopping(), 2)
+        await table.lease_layout()
+        other_table, _ = _reader(db, clock, "other", Runner(), 4)
+        await other_table.lease_layout()
+        parent, child = _apart(table, "taken")
+        await lister.create_lease(parent, (), START)
+        await lister.create_lease(child, (parent,), START)
+        finished = await table.finish(await table.claim(await _row(table, parent)))
+        held = cycle._owned.own(await table.claim(await _row(table, child)))
+        held.enter(ShardPhase.READING)
+        await lister.request_reset([parent, child], START)
+        child_reset = await _row(table, child)
+        read_lease = table.read_lease
+
+        async def taken_meanwhile(shard_id: str) -> Lease | None:
+            if shard_id == parent:
+                await other_table.claim(await _row(other_table, child))
+            return await read_lease(shard_id)
+
+        table.read_lease = taken_meanwhile  # type: ignore[method-assign]
+        await cycle._apply_reset(held, child_reset, TableState(leases={parent: finished, child: child_reset}))
+        assert child not in cycle._owned
+
+    run(scenario())

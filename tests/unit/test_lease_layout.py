@@ -284,3 +284,59 @@ def test_a_version_write_cancelled_under_way_leaves_the_changes_it_carried_to_be
         assert not unmoved, f"the releases in partitions {unmoved} were never told to the other workers"
 
     run(scenario())
+
+
+class GatedVersion(Recording):
+    """Once ``gate`` is set, the next write of the version row waits for it to open."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.gate: asyncio.Event | None = None
+        self.held = asyncio.Event()
+
+    async def update_item(self, **request: Any) -> Any:
+        version_row = request["Key"]["sk"]["S"] == VERSION_KEY and "#" not in request["Key"]["pk"]["S"]
+        if version_row and self.gate is not None:
+            gate, self.gate = self.gate, None
+            self.held.set()
+            await gate.wait()
+        return await super().update_item(**request)
+
+
+def test_a_release_cancelled_while_it_waits_for_the_version_write_under_way_is_still_moved_at_the_next_cycle() -> None:
+    """Review of 59ec8aa: a cancelled version write puts its partitions back, but a caller cancelled
+    while it waits for that write (a stop's deadline cancels every release at once; a claim lost while
+    its subscription writes its children's leases) leaves its partition in _bumps_waiting, which
+    bump_again does not look at (it moves only _bumps_failed): the change is told to nobody until some
+    other change happens to carry it, or the safety net's full read."""
+    db = _db()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        client = GatedVersion(db.client("w", clock, random.Random(2)))
+        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="w", clock=clock)
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        shards = [f"s{n}" for n in range(40)]
+        async with table.changing():
+            for shard_id in shards:
+                await table.create_lease(shard_id, (), Position("TRIM_HORIZON"))
+        first, second = shards[0], next(s for s in shards if table.partition_of(s) != table.partition_of(shards[0]))
+        async with table.changing():
+            held = {lease.shard_id: await table.claim(lease) for lease in (await table.read()).leases.values()}
+        before = (await table.read_version()).versions
+        gate = client.gate = asyncio.Event()
+        writing = asyncio.ensure_future(table.release(held[first]))
+        await client.held.wait()  # the first release's version write is under way
+        waiting = asyncio.ensure_future(table.release(held[second]))
+        await asyncio.sleep(0.01)  # its row written, it waits for the version write
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        gate.set()
+        await writing
+        await table.bump_again()  # the next lease cycle
+        after = (await table.read_version()).versions
+        p = table.partition_of(second)
+        assert (await table.read_lease(second)).owner is None  # type: ignore[union-attr]
+        assert after[p] > before[p], "the cancelled release's partition was never moved"
+
+    run(scenario())
