@@ -1045,7 +1045,7 @@ class LeaseTable:
 
     async def bump_again(self) -> None:
         """The versions whose move failed, moved now (if any)."""
-        if self._bumps_failed:
+        if self._bumps_failed or self._bumps_waiting:  # waiting: left by a caller cancelled while it waited
             await self._bump(())
 
     async def heartbeat(self, *, in_doubt: bool = False) -> bool:

@@ -384,7 +384,10 @@ class LeaseCycle:
         if can_read(reset, state) and await self._parents_finished_now(lease, state.leases):
             self._runner.start(reset)
         else:  # its parents are to be read again first
-            await self._table.release(reset)
+            try:
+                await self._table.release(reset)
+            except LeaseLost:  # taken meanwhile (an overdue request, this worker thought dead): theirs now
+                return
 
     async def _parents_finished_now(self, lease: Lease, seen: Mapping[str, Lease]) -> bool:
         """The parents this cycle's read (``seen``) cannot vouch for, read now (strongly consistent):
