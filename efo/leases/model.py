@@ -105,6 +105,10 @@ class Lease:
     #: When the owner that released it last subscribed to its shard (a SubscribeToShard that
     #: succeeded), by its clock: Kinesis refuses the next owner's call until 5 s after that.
     subscribed_at: datetime | None = None
+    #: An operator's reset was applied here without a claim (by its owner, or to a finished lease):
+    #: its parents may have been reset too, which a worker's view may not show yet, so the next claim
+    #: reads them strongly (and clears this).
+    parents_unchecked: bool = False
 
     @property
     def finished(self) -> bool:

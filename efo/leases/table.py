@@ -99,6 +99,9 @@ LEASE_ROWS_AFTER = "shard"
 #: On a released lease's row until its next claim: when its last owner last subscribed to its shard
 #: (epoch seconds), so that the next owner's first SubscribeToShard comes when Kinesis takes it.
 SUBSCRIBED_ATTRIBUTE = "subscribed_at"
+#: On a lease's row from a reset applied without a claim until its next claim: the claim reads the
+#: parents strongly first (:attr:`efo.leases.model.Lease.parents_unchecked`).
+PARENTS_UNCHECKED_ATTRIBUTE = "parents_unchecked"
 #: The lease partitions of one read go out this many at once.
 READ_CONCURRENCY = 8
 
@@ -149,6 +152,7 @@ def _lease_of(item: dict[str, Any]) -> Lease:
         reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
         lag_ms=int(lag) if lag is not None else None,
         subscribed_at=datetime.fromtimestamp(float(subscribed), UTC) if subscribed is not None else None,
+        parents_unchecked=item.get(PARENTS_UNCHECKED_ATTRIBUTE, {}).get("BOOL", False),
     )
 
 
@@ -754,6 +758,7 @@ class LeaseTable:
         update.next_counter()
         update.removes.append("wanted_by")
         update.removes.append(SUBSCRIBED_ATTRIBUTE)  # a held lease's row stays as small as before
+        update.removes.append(PARENTS_UNCHECKED_ATTRIBUTE)  # the cycle read them strongly before claiming
         if lease.reset is not None:
             update.apply_reset(lease.reset, self._clock.wall())
         else:
@@ -774,6 +779,8 @@ class LeaseTable:
         update.next_counter()
         now = self._clock.wall()
         update.apply_reset(lease.reset, now)
+        update.sets.append(f"{PARENTS_UNCHECKED_ATTRIBUTE} = :unchecked")
+        update.values[":unchecked"] = {"BOOL": True}
         await self._update(lease, update)
         await self._changed(await self._partition(lease.shard_id))
         return replace(
@@ -782,6 +789,7 @@ class LeaseTable:
             checkpoint=lease.reset.position,
             reset=None,
             updated_at=now,  # as written: skip_older_than counts from the reset
+            parents_unchecked=True,
         )
 
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:

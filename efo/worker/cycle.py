@@ -391,15 +391,17 @@ class LeaseCycle:
 
     async def _parents_finished_now(self, lease: Lease, seen: Mapping[str, Lease]) -> bool:
         """The parents this cycle's read (``seen``) cannot vouch for, read now (strongly consistent):
-        every parent of a lease with a reset (an operator's reset of every shard writes parents before
-        children, and nothing else can un-finish a shard), and any parent it does not show. The lister
+        every parent of a lease with a reset, or with one applied since its last claim (an operator's
+        reset of every shard writes parents before children, and nothing else can un-finish a shard;
+        but the partitions' versions move after every row, so a worker may see the child's reset,
+        applied and released, before its parent's), and any parent it does not show. The lister
         writes a parent's lease before its child's, but in another partition: this cycle may have kept
         the parent's partition as before (an eventually consistent answer found behind, or one from a
         replica a moment older than the child's), and a parent without a lease counts as finished.
         Only a claim reads them, and only those: a parent that really has no lease (gone from the
         stream, or its finished lease deleted) costs one read a claim, and never stops the child."""
         for parent in lease.parents:
-            if lease.reset is None and parent in seen:
+            if lease.reset is None and not lease.parents_unchecked and parent in seen:
                 continue
             row = await self._table.read_lease(parent)
             if row is not None and (not row.finished or row.reset is not None):

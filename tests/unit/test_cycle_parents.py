@@ -186,7 +186,9 @@ def test_a_reset_child_waits_for_its_parent_s_reset_that_this_cycle_did_not_see(
 
 
 def _reader(db: SimDynamoDB, clock: SimClock, name: str, runner: Any, seed: int) -> tuple[LeaseTable, LeaseCycle]:
-    table = LeaseTable(db.client(name, clock, random.Random(seed)), table="t", app="a", stream_arn="s", worker_id=name, clock=clock)
+    table = LeaseTable(
+        db.client(name, clock, random.Random(seed)), table="t", app="a", stream_arn="s", worker_id=name, clock=clock
+    )
     cycle = LeaseCycle(
         settings=load_settings(stream="s", app="a", sink="console"),
         table=table,
@@ -200,7 +202,9 @@ def _reader(db: SimDynamoDB, clock: SimClock, name: str, runner: Any, seed: int)
     return table, cycle
 
 
-def test_a_reset_child_released_for_its_parent_is_not_started_by_another_worker_that_has_not_seen_the_parent_s_reset() -> None:
+def test_a_reset_child_released_for_its_parent_is_not_started_by_a_worker_that_has_not_seen_the_parent_s_reset() -> (
+    None
+):
     """Review of 4c0b70c: the worker holding the child sees its reset, reads the parent strongly (its
     reset pending) and releases the child, with the reset applied: the row has no reset left. Another
     worker whose view of the parent's partition is from before the operator's version write (the
@@ -273,3 +277,35 @@ def test_a_reset_child_taken_by_another_worker_while_its_parents_are_read_does_n
         assert child not in cycle._owned
 
     run(scenario())
+
+
+def test_a_finished_child_reset_by_a_worker_that_has_not_seen_its_parent_s_reset_is_not_started() -> None:
+    """The same hole without an owner: a finished child and its finished parent are both reset; a
+    worker whose view still shows the parent finished (its partition's version not moved yet) applies
+    the child's reset itself (an unowned, finished lease) and then claims it, the lease now without a
+    reset: its parents must still be read strongly before it is read again."""
+    db = _db()
+
+    async def scenario() -> tuple[list[str], bool]:
+        clock = SimClock()
+        lister = _lister(db, clock)
+        await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        runner = Runner()
+        table, cycle = _reader(db, clock, "reader", runner, 2)
+        await table.lease_layout()
+        parent, child = _apart(table, "finished")
+        await lister.create_lease(parent, (), START)
+        await lister.create_lease(child, (parent,), START)
+        finished_parent = await table.finish(await table.claim(await _row(table, parent)))
+        await table.finish(await table.claim(await _row(table, child)))
+        await lister.request_reset([parent, child], START)
+        state = TableState(leases={parent: finished_parent, child: await _row(table, child)})
+        await cycle._apply_resets(state)  # the child's reset, applied here; the parent's unseen
+        cycle.state = state
+        await cycle._claim(state.leases[child])
+        row = await _row(table, child)
+        return runner.started, row.parents_unchecked
+
+    started, unchecked = run(scenario())
+    assert started == [], "the reset child was started before its parent was read again"
+    assert unchecked, "the reset child keeps its parents to be checked by whoever claims it"
