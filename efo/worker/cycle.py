@@ -298,11 +298,17 @@ class LeaseCycle:
 
     def _check_owned(self, state: TableState) -> None:
         """A lease another worker took (or reset) is dropped now, not at the next failed write. A lease
-        with no owner one counter on is this claim's own finish or release, read between its landing
-        and the write's return (the version write comes in between): that write's caller ends it."""
+        with no owner one counter on, while this claim drains or releases, is its own finish or release,
+        read between its landing and the write's return (the version write comes in between): that
+        write's caller ends it."""
         for owned in list(self._owned.values()):
             lease = state.leases.get(owned.shard_id)
-            if lease is not None and lease.owner is None and lease.counter == owned.epoch + 1:
+            if (
+                lease is not None
+                and lease.owner is None
+                and lease.counter == owned.epoch + 1
+                and owned.phase in (ShardPhase.DRAINING, ShardPhase.RELEASING)
+            ):
                 continue
             if lease is None or lease.owner != self._me or lease.counter != owned.epoch:
                 holder = f"{lease.owner} (counter {lease.counter})" if lease is not None else "nobody (row gone)"

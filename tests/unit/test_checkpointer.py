@@ -299,3 +299,14 @@ def test_a_lease_another_worker_took_after_this_one_s_finish_or_release_is_still
         owned = owned_leases.own(Lease("shard-a", (), "me", 1, Position("TRIM_HORIZON")))
         _cycle_over(owned_leases)._check_owned(TableState(leases={"shard-a": row}))
         assert owned.phase is ShardPhase.LOST, row
+
+
+def test_a_lease_found_ownerless_one_counter_on_while_this_claim_still_reads_is_lost() -> None:
+    """Only a claim that is finishing or releasing can have written that row itself: a reading claim
+    that finds it (rows deleted and written again under a live worker, ``reset --delete-all --force``)
+    has lost the lease."""
+    owned_leases = OwnedLeases("me", PendingPool(1000, 1 << 20))
+    owned = owned_leases.own(Lease("shard-a", (), "me", 1, Position("TRIM_HORIZON")))
+    owned.enter(ShardPhase.READING)
+    _cycle_over(owned_leases)._check_owned(TableState(leases={"shard-a": Lease("shard-a", (), None, 2, after("10"))}))
+    assert owned.phase is ShardPhase.LOST
