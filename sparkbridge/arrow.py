@@ -9,7 +9,18 @@ import numpy as np
 import pyarrow as pa
 
 from efo.kinesis.columns import ReusableBlocks, join_payloads
-from efo.pipeline.records import ARROW_COLUMNS, OPTIONAL_COLUMNS, ROW_COLUMNS, RecordChunk, Row
+from efo.pipeline.records import OPTIONAL_COLUMNS, ROW_COLUMNS, RecordChunk, Row
+
+#: The Arrow type of each list column of a chunk that :func:`to_table` converts with ``pa.array``
+#: (the arrival times and payloads go their own ways). Here rather than beside ROW_COLUMNS in
+#: efo.pipeline.records, which the CLI imports and which stays free of pyarrow.
+ARROW_COLUMNS = {
+    "sequence_numbers": pa.string(),
+    "sub_sequence_numbers": pa.int64(),
+    "partition_keys": pa.string(),
+    "explicit_hash_keys": pa.string(),
+    "errors": pa.string(),
+}
 
 #: The DataFrame schema: a public contract, documented in the README.
 SCHEMA = pa.schema(

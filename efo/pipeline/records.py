@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal, NamedTuple
 
-import pyarrow as pa
-
 PositionKind = Literal[
     "LATEST", "TRIM_HORIZON", "AT_TIMESTAMP", "AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER", "SHARD_END"
 ]
@@ -107,15 +105,6 @@ ROW_COLUMNS = (
     "data",
     "errors",
 )
-#: The Arrow type of each list column of a chunk the bridge's table converts with ``pa.array``
-#: (sparkbridge.arrow; the arrival times and payloads go their own ways).
-ARROW_COLUMNS = {
-    "sequence_numbers": pa.string(),
-    "sub_sequence_numbers": pa.int64(),
-    "partition_keys": pa.string(),
-    "explicit_hash_keys": pa.string(),
-    "errors": pa.string(),
-}
 #: Columns that are mostly all null (no KPL aggregate, nothing corrupt).
 OPTIONAL_COLUMNS = frozenset({"sub_sequence_numbers", "explicit_hash_keys", "errors"})
 
