@@ -147,7 +147,12 @@ class _Row:
         return self.versions[-1] if self.versions else None
 
     def as_of(self, moment: float) -> _Version | None:
-        for version in reversed(self.versions):
+        return self.before(self.versions, moment)
+
+    @staticmethod
+    def before(versions: list[_Version], moment: float) -> _Version | None:
+        """The last of ``versions`` written at or before ``moment``."""
+        for version in reversed(versions):
             if version.at <= moment:
                 return version
         return None
@@ -286,11 +291,12 @@ class SimDynamoDB:
         partition = table.partitions.get(pk)
         return pk, sk, None if partition is None else partition.rows.get(sk)
 
-    def _write(self, table: _Table, pk: str, sk: str, item: dict[str, Any] | None, now: float) -> None:
+    def _write(self, table: _Table, pk: str, sk: str, item: dict[str, Any] | None, now: float, size: int) -> None:
+        """``item`` (None: deleted) lands; ``size`` is its item_size, which the caller has worked out already."""
         partition = table.partitions.setdefault(pk, _Partition())
         row = partition.row(sk)
         before = _current(row)
-        row.write(_Version(now, item, item_size(item)), now - self.behaviour.stale_read_s)
+        row.write(_Version(now, item, size), now - self.behaviour.stale_read_s)
         if self.on_write is not None:
             client, request = self._serving
             self.on_write(client, table.name, before, item, request)
@@ -326,10 +332,11 @@ class SimDynamoDB:
         item = dict(request["Item"])
         pk, sk, row = self._row(table, item)
         current = _current(row)
-        size = max(item_size(item), _current_size(row))
+        item_bytes = item_size(item)
+        size = max(item_bytes, _current_size(row))
         self._charge("PutItem", table, pk, now, write=write_units(size), size=size)
         self._check("PutItem", request, current)
-        self._write(table, pk, sk, item, now)
+        self._write(table, pk, sk, item, now, item_bytes)
         return {}
 
     def _UpdateItem(self, table: _Table, request: dict[str, Any], now: float, rng: random.Random) -> dict[str, Any]:
@@ -346,9 +353,10 @@ class SimDynamoDB:
             self._charge("UpdateItem", table, pk, now, write=write_units(size_before), size=size_before)
             raise
         change(updated, values)
-        size = max(size_before, item_size(updated))
+        item_bytes = item_size(updated)
+        size = max(size_before, item_bytes)
         self._charge("UpdateItem", table, pk, now, write=write_units(size), size=size)
-        self._write(table, pk, sk, updated, now)
+        self._write(table, pk, sk, updated, now, item_bytes)
         if request.get("ReturnValues") == "ALL_NEW":
             return {"Attributes": dict(updated)}
         return {}
@@ -360,7 +368,7 @@ class SimDynamoDB:
         self._charge("DeleteItem", table, pk, now, write=write_units(size), size=size)
         self._check("DeleteItem", request, current)
         if current is not None:
-            self._write(table, pk, sk, None, now)
+            self._write(table, pk, sk, None, now, 0)
         return {}
 
     def _Query(self, table: _Table, request: dict[str, Any], now: float, rng: random.Random) -> dict[str, Any]:
@@ -383,22 +391,29 @@ class SimDynamoDB:
             while stop < len(keys) and keys[stop].startswith(prefix):
                 stop += 1
             sort = None
+        elif condition.range_bounds is not None:  # a comparison or a BETWEEN: the keys that match are one run too
+            run = _key_run(keys, condition.range_bounds, values)
+            if run is not None:  # else (a value that is not a string) the predicate decides, key by key
+                start, stop = max(start, run[0]), min(stop, run[1])
+                stop = max(start, stop)
+                sort = None
         moment = now if consistent else now - rng.uniform(0.0, self.behaviour.stale_read_s)
         items: list[dict[str, Any]] = []
         read_bytes = 0
         last: str | None = None
-        for sort_key in keys[start:stop]:
-            assert partition is not None
-            row = partition.rows[sort_key]
-            version = row.latest() if consistent else row.as_of(moment)
+        rows = partition.rows if partition is not None else {}
+        for sort_key in keys[start:stop]:  # the hot loop of every lease read: Row.latest/as_of inlined
+            versions = rows[sort_key].versions
+            version = versions[-1] if versions else None
+            if not consistent and version is not None and version.at > moment:
+                version = _Row.before(versions, moment)
             if version is None or version.item is None:
                 continue
             if sort is not None and not sort({table.range_key: {"S": sort_key}}, values):
                 continue
             read_bytes += version.size
-            items.append(
-                dict(version.item) if names is None else {n: version.item[n] for n in names if n in version.item}
-            )
+            item = version.item
+            items.append(dict(item) if names is None else {n: item[n] for n in names if n in item})
             last = sort_key
             if read_bytes >= PAGE_BYTES or (limit and len(items) >= limit):
                 break
@@ -409,6 +424,23 @@ class SimDynamoDB:
         if last is not None:
             response["LastEvaluatedKey"] = {table.hash_key: {"S": pk}, table.range_key: {"S": last}}
         return response
+
+
+def _key_run(keys: list[str], bounds: expressions.Bounds, values: dict[str, Any]) -> tuple[int, int] | None:
+    """The slice of the sorted sort ``keys`` within ``bounds`` (None: a bound's value is not a string)."""
+    low, high = bounds
+    start, stop = 0, len(keys)
+    if low is not None:
+        value = values[low[0]]
+        if set(value) != {"S"}:
+            return None
+        start = (bisect.bisect_left if low[1] else bisect.bisect_right)(keys, value["S"])
+    if high is not None:
+        value = values[high[0]]
+        if set(value) != {"S"}:
+            return None
+        stop = (bisect.bisect_right if high[1] else bisect.bisect_left)(keys, value["S"])
+    return start, stop
 
 
 def _current(row: _Row | None) -> dict[str, Any] | None:

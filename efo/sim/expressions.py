@@ -119,6 +119,10 @@ def condition(text: str) -> Predicate:
     return lambda item, values: any(all(atom(item, values) for atom in atoms) for atoms in groups)
 
 
+#: A run of sort keys: its lower and upper bound, each (placeholder, inclusive) or None (open).
+Bounds = tuple[tuple[str, bool] | None, tuple[str, bool] | None]
+
+
 @dataclass(frozen=True)
 class KeyCondition:
     partition_placeholder: str
@@ -126,6 +130,19 @@ class KeyCondition:
     #: The placeholder of the sort key's prefix when the condition on it is begins_with (the keys
     #: that match are then one run of the sorted keys), else None.
     prefix_placeholder: str | None = None
+    #: The condition on the sort key as bounds, when it is a comparison other than ``<>`` or a BETWEEN
+    #: (the keys that match are then one run of the sorted keys too): each bound is (placeholder,
+    #: inclusive), or None where the run is open. None: no such condition.
+    range_bounds: Bounds | None = None
+
+
+_BOUNDS: dict[str, Callable[[str], Bounds]] = {
+    "=": lambda v: ((v, True), (v, True)),
+    "<": lambda v: (None, (v, False)),
+    "<=": lambda v: (None, (v, True)),
+    ">": lambda v: ((v, False), None),
+    ">=": lambda v: ((v, True), None),
+}
 
 
 @functools.cache
@@ -136,6 +153,7 @@ def key_condition(text: str, hash_key: str, range_key: str) -> KeyCondition:
         raise UnsupportedExpression(f"key condition {text!r}")
     sort = None
     prefix = None
+    bounds = None
     if len(atoms) == 2:
         if range_key not in atoms[1]:
             raise UnsupportedExpression(f"key condition {text!r}")
@@ -143,7 +161,13 @@ def key_condition(text: str, hash_key: str, range_key: str) -> KeyCondition:
         begins = _BEGINS.match(atoms[1].strip())
         if begins is not None and begins.group(1) == range_key:
             prefix = begins.group(2)
-    return KeyCondition(partition.group(3), sort, prefix)
+        comparison = _COMPARISON.match(atoms[1].strip())
+        if comparison is not None and comparison.group(1) == range_key and comparison.group(2) in _BOUNDS:
+            bounds = _BOUNDS[comparison.group(2)](comparison.group(3))
+        between = _BETWEEN.match(atoms[1].strip())
+        if between is not None and between.group(1) == range_key:
+            bounds = ((between.group(2), True), (between.group(3), True))
+    return KeyCondition(partition.group(3), sort, prefix, bounds)
 
 
 Update = Callable[[dict[str, Any], Values], None]

@@ -138,6 +138,58 @@ def test_a_begins_with_query_answers_the_keys_with_that_prefix_and_no_other() ->
     run(scenario())
 
 
+def test_a_comparison_on_the_sort_key_answers_the_keys_it_matches_and_no_other() -> None:
+    """A comparison (``=``, ``<``, ``<=``, ``>``, ``>=``) or a BETWEEN on the sort key matches one run of
+    the sorted keys too, which the query reads alone: over random keys (deleted ones too), a Limit and
+    pages, what it answers is every live key the condition holds for, in order; a value that is not a
+    string matches nothing, as the comparison of different types does."""
+
+    async def scenario() -> None:
+        rng = random.Random(6)
+        _, client = _db(stale_read_s=0.0)
+        alphabet = ["s", "sh", "shard", "shard|", "shard}", "a", "t", "shard|0"]
+        keys = sorted({rng.choice(alphabet) + str(rng.randrange(30)) * rng.randrange(2) for _ in range(120)})
+        for sort_key in keys:
+            await client.put_item(TableName=TABLE, Item=_key("p", sort_key))
+        deleted = set(rng.sample(keys, k=10))
+        for sort_key in deleted:
+            await client.delete_item(TableName=TABLE, Key=_key("p", sort_key))
+        live = [k for k in keys if k not in deleted]
+        checks = {
+            "sk = :a": lambda k, a, b: k == a,
+            "sk < :a": lambda k, a, b: k < a,
+            "sk <= :a": lambda k, a, b: k <= a,
+            "sk > :a": lambda k, a, b: k > a,
+            "sk >= :a": lambda k, a, b: k >= a,
+            "sk BETWEEN :a AND :b": lambda k, a, b: a <= k <= b,
+        }
+        bounds = [*rng.sample(keys, k=4), "shard", "shard}", "", "zz"]
+        for text, holds in checks.items():
+            for low in bounds:
+                high = rng.choice(bounds)
+                request: dict[str, Any] = {
+                    "TableName": TABLE,
+                    "KeyConditionExpression": f"pk = :pk AND {text}",
+                    "ExpressionAttributeValues": {":pk": {"S": "p"}, ":a": {"S": low}, ":b": {"S": high}},
+                    "ConsistentRead": True,
+                    "Limit": 7,
+                }
+                found: list[str] = []
+                page = await client.query(**request)
+                found += [item["sk"]["S"] for item in page["Items"]]
+                while "LastEvaluatedKey" in page:
+                    page = await client.query(**request, ExclusiveStartKey=page["LastEvaluatedKey"])
+                    found += [item["sk"]["S"] for item in page["Items"]]
+                assert found == [k for k in live if holds(k, low, high)], (text, low, high)
+        numeric = {":pk": {"S": "p"}, ":a": {"N": "1"}}
+        page = await client.query(
+            TableName=TABLE, KeyConditionExpression="pk = :pk AND sk > :a", ExpressionAttributeValues=numeric
+        )
+        assert page["Items"] == []
+
+    run(scenario())
+
+
 def test_an_eventually_consistent_read_may_see_the_table_up_to_its_staleness_ago() -> None:
     async def scenario() -> None:
         _, client = _db(stale_read_s=2.0)
