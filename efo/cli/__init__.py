@@ -21,21 +21,27 @@ from __future__ import annotations
 import click
 
 from efo import __version__
-from efo.cli.checkpoints import checkpoints
-from efo.cli.checkpoints import show_command as checkpoints_show
-from efo.cli.common import Group, examples
-from efo.cli.configuration import config
-from efo.cli.consumers import consumers
-from efo.cli.doctor import doctor_command
-from efo.cli.selftest import selftest_command
-from efo.cli.service import dev_command, run_command
-from efo.cli.shards import shards_command
-from efo.cli.workers import workers_command
+from efo.cli.group import Group, Lazy, examples
 from efo.errors import EXIT_CONFIG, EXIT_RUNTIME, EfoError
+
+#: Every command, in the order of use, loaded when it runs: ``efo --help`` and one command import no
+#: other command's module (each brings its own dependencies: the AWS SDK, the doctor, the selftest).
+COMMANDS = {
+    "run": Lazy("efo.cli.service:run_command", "Consume the stream into the sink."),
+    "doctor": Lazy("efo.cli.doctor:doctor_command", "Check everything a deployment needs, before it runs."),
+    "selftest": Lazy("efo.cli.selftest:selftest_command", "The whole path on a throwaway stream and table."),
+    "consumers": Lazy("efo.cli.consumers:consumers", "List, describe, register and retire EFO consumers."),
+    "shards": Lazy("efo.cli.shards:shards_command", "The shard tree; with --app, owners, checkpoints, lag."),
+    "workers": Lazy("efo.cli.workers:workers_command", "Live and dead workers: heartbeats, leases, versions."),
+    "checkpoints": Lazy("efo.cli.checkpoints:checkpoints", "Show checkpoints, and move them while running."),
+    "config": Lazy("efo.cli.configuration:config", "Validate the settings, show where each comes from."),
+    "dev": Lazy("efo.cli.service:dev_command", "The local AWS stack: up, env, stream, put, down."),
+}
 
 
 @click.group(
     cls=Group,
+    lazy=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=examples(
         "efo consumers list --stream orders --app billing",
@@ -54,20 +60,8 @@ def cli() -> None:
     """Kinesis Enhanced Fan-Out to PySpark DataFrames: run the service, and operate it."""
 
 
-for command in (
-    run_command,
-    doctor_command,
-    selftest_command,
-    consumers,
-    shards_command,
-    workers_command,
-    checkpoints,
-    config,
-    dev_command,
-):
-    cli.add_command(command)
-cli.aliases["consumer"] = consumers
-cli.aliases["leases"] = checkpoints_show
+cli.aliases["consumer"] = COMMANDS["consumers"]
+cli.aliases["leases"] = Lazy("efo.cli.checkpoints:show_command")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,10 +17,8 @@ from efo.cli.common import (
     STREAM_COLUMN,
     Column,
     Connection,
-    Group,
     Scope,
     confirm,
-    examples,
     for_each_stream,
     json_option,
     live_workers,
@@ -35,6 +33,7 @@ from efo.cli.common import (
     wait_until,
     with_stream,
 )
+from efo.cli.group import Group, examples
 from efo.cli.status import LEASE_STYLES, duration, lag_text, lease_record
 from efo.config import InitialPosition
 from efo.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound

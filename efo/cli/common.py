@@ -42,25 +42,6 @@ NO_TABLE = "name the lease table with --app (or EFO_TABLE), or start 'efo run' o
 _APP_STAND_IN = "-"
 
 
-class Group(click.Group):
-    """A command group with aliases (older names) that resolve but are not listed in ``--help``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.aliases: dict[str, click.Command] = {}
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return super().get_command(ctx, cmd_name) or self.aliases.get(cmd_name)
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.commands)  # in the order they were added, which is the order of use
-
-
-def examples(*lines: str) -> str:
-    """A command's ``--help`` epilog: its examples, kept as written."""
-    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
 # ---- settings: --config, --stream, --app ---------------------------------------------------------
 
 

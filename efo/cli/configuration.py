@@ -11,7 +11,6 @@ import click
 from efo.aws import sdk_region
 from efo.cli.common import (
     Column,
-    examples,
     json_option,
     load_for_stream,
     print_json,
@@ -20,6 +19,7 @@ from efo.cli.common import (
     select_stream,
     settings_options,
 )
+from efo.cli.group import examples
 from efo.config import (
     STREAM_ENTRY_KEYS,
     Settings,

@@ -17,10 +17,8 @@ from efo.cli.common import (
     STREAM_COLUMN,
     Column,
     Connection,
-    Group,
     Scope,
     confirm,
-    examples,
     for_each_stream,
     iso,
     json_option,
@@ -37,6 +35,7 @@ from efo.cli.common import (
     wait_until,
     with_stream,
 )
+from efo.cli.group import Group, examples
 from efo.cli.status import duration, heartbeat_age_s, is_live
 from efo.errors import EXIT_OK, ConfigError, EfoError, ResourceNotFound
 from efo.kinesis.registration import (

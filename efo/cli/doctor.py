@@ -6,7 +6,6 @@ import click
 
 from efo.cli.common import (
     Column,
-    examples,
     json_option,
     load_for_stream,
     operator_logging,
@@ -15,6 +14,7 @@ from efo.cli.common import (
     settings_options,
 )
 from efo.cli.configuration import settings_records
+from efo.cli.group import examples
 from efo.doctor import diagnose
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}

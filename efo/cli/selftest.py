@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from efo.aws import sdk_region
-from efo.cli.common import confirm, examples, operator_logging, refuse_without_terminal, say, wait_s_option
+from efo.cli.common import confirm, operator_logging, refuse_without_terminal, say, wait_s_option
+from efo.cli.group import examples
 from efo.config import load_settings
 from efo.errors import EXIT_OK, ConfigError
 from efo.selftest.run import Plan, SelfTest

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from efo.cli.common import examples, load_for_stream, settings_options
+from efo.cli.common import load_for_stream, settings_options
+from efo.cli.group import examples
 
 
 @click.command(

@@ -12,7 +12,6 @@ from efo.cli.common import (
     Column,
     Connection,
     Scope,
-    examples,
     for_each_stream,
     json_option,
     live_workers,
@@ -21,6 +20,7 @@ from efo.cli.common import (
     scoped_streams,
     streams_text,
 )
+from efo.cli.group import examples
 from efo.cli.status import LEASE_STYLES, hash_share, lag_text, lease_record, tree_order
 from efo.kinesis.graph import ShardGraph
 from efo.kinesis.shards import list_shards

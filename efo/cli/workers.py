@@ -11,7 +11,6 @@ from efo.cli.common import (
     Column,
     Connection,
     Scope,
-    examples,
     for_each_stream,
     iso,
     json_option,
@@ -22,6 +21,7 @@ from efo.cli.common import (
     shown,
     streams_text,
 )
+from efo.cli.group import examples
 from efo.cli.status import duration, worker_statuses
 from efo.leases.model import TableState
 

@@ -46,8 +46,8 @@ def test_importing_efo_and_its_cli_loads_no_pyspark_or_sparkbridge_module() -> N
     code = (
         "import sys, efo, efo.cli, efo.service, efo.coordinator, efo.kinesis.subscription, efo.leases.table,"
         " efo.source.engine, efo.source.replay, efo.spark_side, efo.doctor;"
-        "from click.testing import CliRunner;"
-        "[CliRunner().invoke(efo.cli.cli, [name, '--help']) for name in efo.cli.cli.commands];"
+        "import click; from click.testing import CliRunner; cli = efo.cli.cli;"
+        "[CliRunner().invoke(cli, [name, '--help']) for name in cli.list_commands(click.Context(cli))];"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'sparkbridge', 'pyspark_efo')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import click
 import pytest
 from click.testing import CliRunner
 
-from efo.cli import cli
+from efo.cli import COMMANDS, cli
 from efo.cli.checkpoints import reset_position
 from efo.errors import ConfigError
 from efo.pipeline.records import Position
@@ -17,11 +16,23 @@ from efo.pipeline.records import Position
 
 def every_command(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     paths = []
-    for name, command in group.commands.items():
+    for name in group.list_commands(click.Context(group)):
         paths.append((*path, name))
+        command = group.get_command(click.Context(group), name)
         if isinstance(command, click.Group):
             paths += every_command(command, (*path, name))
     return paths
+
+
+def command_at(path: tuple[str, ...]) -> click.Command:
+    """The command at ``path`` (its groups' commands load when looked up: efo.cli.group.Lazy)."""
+    command: click.Command = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        found = command.get_command(click.Context(command), name)
+        assert found is not None, path
+        command = found
+    return command
 
 
 OPERATOR_COMMANDS = [
@@ -51,10 +62,7 @@ def test_no_help_example_names_a_sink_scheme_hadoop_has_no_file_system_for(path:
 
 @pytest.mark.parametrize("path", OPERATOR_COMMANDS, ids=" ".join)
 def test_every_operator_command_takes_stream_app_config_and_json(path: tuple[str, ...]) -> None:
-    command: click.Command = cli
-    for name in path:
-        assert isinstance(command, click.Group)
-        command = command.commands[name]
+    command = command_at(path)
     options = {option for param in command.params for option in param.opts}
     assert {"--stream", "--app", "--config", "--json"} <= options
 
@@ -62,13 +70,21 @@ def test_every_operator_command_takes_stream_app_config_and_json(path: tuple[str
 def test_the_older_names_resolve_to_the_new_commands_and_are_not_listed() -> None:
     context = click.Context(cli)
     consumers = cli.get_command(context, "consumer")
-    assert consumers is cli.commands["consumers"]
+    assert consumers is command_at(("consumers",))
     assert isinstance(consumers, click.Group)
     assert consumers.get_command(context, "show") is consumers.commands["describe"]
-    checkpoints = cli.commands["checkpoints"]
-    assert isinstance(checkpoints, click.Group)
-    assert cli.get_command(context, "leases") is checkpoints.commands["show"]
+    assert cli.get_command(context, "leases") is command_at(("checkpoints", "show"))
     assert "consumer" not in cli.list_commands(context) and "leases" not in cli.list_commands(context)
+
+
+def test_each_command_is_listed_with_its_own_short_help_without_loading_it() -> None:
+    """efo --help shows the short help kept beside each lazy command: the command's own."""
+    context = click.Context(cli)
+    assert cli.list_commands(context) == list(COMMANDS)
+    for name, entry in COMMANDS.items():
+        command = cli.get_command(context, name)
+        assert command is not None and command.name == name
+        assert entry.short_help == command.get_short_help_str(), name
 
 
 @pytest.mark.parametrize(
@@ -121,9 +137,7 @@ def test_the_commands_that_wait_are_found() -> None:
 @pytest.mark.parametrize("path", WAITING_COMMANDS, ids=" ".join)
 def test_wait_s_takes_a_duration_with_its_unit_as_every_duration_does(path: tuple[str, ...]) -> None:
     """Issue 39: durations are accepted with units wherever a duration is asked, said the same way."""
-    command: Any = cli
-    for name in path:
-        command = command.commands[name]
+    command = command_at(path)
     for text, seconds in (("5m", 300.0), ("90s", 90.0), ("2.5", 2.5)):
         context = command.make_context(path[-1], ["--wait-s", text], resilient_parsing=False)
         assert context.params["wait_s"] == seconds, text
