@@ -1052,7 +1052,7 @@ class LeaseTable:
             log.warning("version.mark_failed", error=str(error), code=error.code, worker_id=self.worker_id)
 
     async def bump_again(self) -> None:
-        """The versions whose move failed, moved now (if any)."""
+        """The versions whose move failed, or whose caller was cancelled while it waited, moved now (if any)."""
         if self._bumps_failed or self._bumps_waiting:  # waiting: left by a caller cancelled while it waited
             await self._bump(())
 

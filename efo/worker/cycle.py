@@ -386,8 +386,7 @@ class LeaseCycle:
         self._owned.forget(owned)
         owned.log.info("shard.reset", position=str(lease.reset.position))
         state.leases[lease.shard_id] = reset
-        # its parents read as the lease with the reset (``reset`` has none left): strongly, each
-        if can_read(reset, state) and await self._parents_finished_now(lease, state.leases):
+        if can_read(reset, state) and await self._parents_finished_now(reset, state.leases):  # strongly: unchecked
             self._runner.start(reset)
         else:  # its parents are to be read again first
             try:
