@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from efo.config import load_settings
-from efo.leases.lifecycle import ShardPhase
+from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.model import Lease, TableState
 from efo.leases.table import LeaseTable
 from efo.pipeline.pool import PendingPool
@@ -141,6 +141,43 @@ class Stopping(Runner):
         owned.enter(ShardPhase.RELEASING)
 
 
+async def _reader(db: SimDynamoDB, clock: SimClock, name: str, runner: Any, seed: int) -> tuple[LeaseTable, LeaseCycle]:
+    """A worker's table and lease cycle (its claims in an OwnedLeases), once the meta row is written."""
+    table = LeaseTable(
+        db.client(name, clock, random.Random(seed)), table="t", app="a", stream_arn="s", worker_id=name, clock=clock
+    )
+    await table.lease_layout()
+    cycle = LeaseCycle(
+        settings=load_settings(stream="s", app="a", sink="console"),
+        table=table,
+        owned=OwnedLeases(name, PendingPool(1000, 1 << 20)),
+        runner=runner,
+        shards=Shards(),  # type: ignore[arg-type]
+        stopping=asyncio.Event(),
+        in_doubt=lambda: False,
+        clock=clock,
+    )
+    return table, cycle
+
+
+async def _finished_parent_and_child(lister: LeaseTable, table: LeaseTable, prefix: str) -> tuple[str, str, Lease]:
+    """A parent and a child in different lease partitions, the parent finished: its lease returned."""
+    parent, child = _apart(table, prefix)
+    await lister.create_lease(parent, (), START)
+    await lister.create_lease(child, (parent,), START)
+    return parent, child, await table.finish(await table.claim(await _row(table, parent)))
+
+
+async def _held_then_reset(
+    cycle: LeaseCycle, table: LeaseTable, lister: LeaseTable, parent: str, child: str
+) -> tuple[OwnedShard, Lease]:
+    """``cycle``'s worker reads the child; the operator then resets both: the claim, and the child's row."""
+    held = cycle._owned.own(await table.claim(await _row(table, child)))
+    held.enter(ShardPhase.READING)
+    await lister.request_reset([parent, child], START)
+    return held, await _row(table, child)
+
+
 def test_a_reset_child_waits_for_its_parent_s_reset_that_this_cycle_did_not_see() -> None:
     """Seen in the suite: a reset of every shard, and a child read again before its parent. The
     operator writes the parent's reset before the child's, but in another partition: this cycle saw
@@ -153,28 +190,9 @@ def test_a_reset_child_waits_for_its_parent_s_reset_that_this_cycle_did_not_see(
         lister = _lister(db, clock)
         await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
         runner = Stopping()
-        client = db.client("reader", clock, random.Random(2))
-        table = LeaseTable(client, table="t", app="a", stream_arn="s", worker_id="reader", clock=clock)
-        await table.lease_layout()
-        owned = OwnedLeases("reader", PendingPool(1000, 1 << 20))
-        cycle = LeaseCycle(
-            settings=load_settings(stream="s", app="a", sink="console"),
-            table=table,
-            owned=owned,
-            runner=runner,  # type: ignore[arg-type]
-            shards=Shards(),  # type: ignore[arg-type]
-            stopping=asyncio.Event(),
-            in_doubt=lambda: False,
-            clock=clock,
-        )
-        parent, child = _apart(table, "reset")
-        await lister.create_lease(parent, (), START)
-        await lister.create_lease(child, (parent,), START)
-        finished = await table.finish(await table.claim(await _row(table, parent)))
-        held = owned.own(await table.claim(await _row(table, child)))
-        held.enter(ShardPhase.READING)
-        await lister.request_reset([parent, child], START)
-        child_reset = await _row(table, child)
+        table, cycle = await _reader(db, clock, "reader", runner, 2)
+        parent, child, finished = await _finished_parent_and_child(lister, table, "reset")
+        held, child_reset = await _held_then_reset(cycle, table, lister, parent, child)
         assert child_reset.reset is not None
         seen = TableState(leases={parent: finished, child: child_reset})  # the parent as before its reset
         await cycle._apply_reset(held, child_reset, seen)
@@ -183,23 +201,6 @@ def test_a_reset_child_waits_for_its_parent_s_reset_that_this_cycle_did_not_see(
     started, child_row = run(scenario())
     assert started == [], "the child was read again before its parent"
     assert child_row is not None and child_row.owner is None, "released, for whoever claims it once the parent ends"
-
-
-def _reader(db: SimDynamoDB, clock: SimClock, name: str, runner: Any, seed: int) -> tuple[LeaseTable, LeaseCycle]:
-    table = LeaseTable(
-        db.client(name, clock, random.Random(seed)), table="t", app="a", stream_arn="s", worker_id=name, clock=clock
-    )
-    cycle = LeaseCycle(
-        settings=load_settings(stream="s", app="a", sink="console"),
-        table=table,
-        owned=OwnedLeases(name, PendingPool(1000, 1 << 20)),
-        runner=runner,
-        shards=Shards(),  # type: ignore[arg-type]
-        stopping=asyncio.Event(),
-        in_doubt=lambda: False,
-        clock=clock,
-    )
-    return table, cycle
 
 
 def test_a_reset_child_released_for_its_parent_is_not_started_by_a_worker_that_has_not_seen_the_parent_s_reset() -> (
@@ -217,19 +218,11 @@ def test_a_reset_child_released_for_its_parent_is_not_started_by_a_worker_that_h
         clock = SimClock()
         lister = _lister(db, clock)
         await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
-        table, cycle = _reader(db, clock, "reader", Stopping(), 2)
-        await table.lease_layout()
+        table, cycle = await _reader(db, clock, "reader", Stopping(), 2)
         other_runner = Runner()
-        other_table, other = _reader(db, clock, "other", other_runner, 4)
-        await other_table.lease_layout()
-        parent, child = _apart(table, "reset")
-        await lister.create_lease(parent, (), START)
-        await lister.create_lease(child, (parent,), START)
-        finished = await table.finish(await table.claim(await _row(table, parent)))
-        held = cycle._owned.own(await table.claim(await _row(table, child)))
-        held.enter(ShardPhase.READING)
-        await lister.request_reset([parent, child], START)
-        child_reset = await _row(table, child)
+        other_table, other = await _reader(db, clock, "other", other_runner, 4)
+        parent, child, finished = await _finished_parent_and_child(lister, table, "reset")
+        held, child_reset = await _held_then_reset(cycle, table, lister, parent, child)
         await cycle._apply_reset(held, child_reset, TableState(leases={parent: finished, child: child_reset}))
         released = await _row(other_table, child)
         assert released.owner is None, "released by the reader, as 4c0b70c's test says"
@@ -253,18 +246,10 @@ def test_a_reset_child_taken_by_another_worker_while_its_parents_are_read_does_n
         clock = SimClock()
         lister = _lister(db, clock)
         await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
-        table, cycle = _reader(db, clock, "reader", Stopping(), 2)
-        await table.lease_layout()
-        other_table, _ = _reader(db, clock, "other", Runner(), 4)
-        await other_table.lease_layout()
-        parent, child = _apart(table, "taken")
-        await lister.create_lease(parent, (), START)
-        await lister.create_lease(child, (parent,), START)
-        finished = await table.finish(await table.claim(await _row(table, parent)))
-        held = cycle._owned.own(await table.claim(await _row(table, child)))
-        held.enter(ShardPhase.READING)
-        await lister.request_reset([parent, child], START)
-        child_reset = await _row(table, child)
+        table, cycle = await _reader(db, clock, "reader", Stopping(), 2)
+        other_table, _ = await _reader(db, clock, "other", Runner(), 4)
+        parent, child, finished = await _finished_parent_and_child(lister, table, "taken")
+        held, child_reset = await _held_then_reset(cycle, table, lister, parent, child)
         read_lease = table.read_lease
 
         async def taken_meanwhile(shard_id: str) -> Lease | None:
@@ -291,12 +276,8 @@ def test_a_finished_child_reset_by_a_worker_that_has_not_seen_its_parent_s_reset
         lister = _lister(db, clock)
         await lister.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
         runner = Runner()
-        table, cycle = _reader(db, clock, "reader", runner, 2)
-        await table.lease_layout()
-        parent, child = _apart(table, "finished")
-        await lister.create_lease(parent, (), START)
-        await lister.create_lease(child, (parent,), START)
-        finished_parent = await table.finish(await table.claim(await _row(table, parent)))
+        table, cycle = await _reader(db, clock, "reader", runner, 2)
+        parent, child, finished_parent = await _finished_parent_and_child(lister, table, "finished")
         await table.finish(await table.claim(await _row(table, child)))
         await lister.request_reset([parent, child], START)
         state = TableState(leases={parent: finished_parent, child: await _row(table, child)})
