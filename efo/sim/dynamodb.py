@@ -83,7 +83,7 @@ class Fault:
     start_s: float
     end_s: float
     operation: str | None = None  # only this operation (throttle, latency)
-    key_prefix: str | None = None  # only partition keys starting with this (throttle, latency)
+    key: str | None = None  # only this partition key (throttle, latency): not the keys it begins
     client: str | None = None  # only this client's requests (its worker's name)
     extra_s: float = 0.0  # latency: added to every request
     probability: float = 1.0  # throttle: of each request
@@ -95,7 +95,7 @@ class Fault:
             return False
         if self.client is not None and client != self.client:
             return False
-        return self.key_prefix is None or (key is not None and key.startswith(self.key_prefix))
+        return self.key is None or key == self.key
 
 
 @dataclass

@@ -119,7 +119,7 @@ def _inject(fleet: Fleet, fault: Fault, who: str | None = None) -> None:
         "sim",
         f"sim.{fault.kind}",
         operation=fault.operation,
-        key=fault.key_prefix,
+        key=fault.key,
         client=fault.client,
         until=round(fault.end_s, 3),
         extra_s=round(fault.extra_s, 3) or None,
@@ -134,7 +134,7 @@ async def throttle_key(fleet: Fleet, rng: random.Random, window_s: float) -> Non
     key = rng.choice([control, f"{control}#{rng.randrange(partitions)}"])
     now = fleet.clock.now()
     _inject(
-        fleet, Fault("throttle", now, now + rng.uniform(10.0, 60.0), key_prefix=key, probability=rng.uniform(0.5, 1.0))
+        fleet, Fault("throttle", now, now + rng.uniform(10.0, 60.0), key=key, probability=rng.uniform(0.5, 1.0))
     )
 
 
