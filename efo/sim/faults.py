@@ -133,9 +133,7 @@ async def throttle_key(fleet: Fleet, rng: random.Random, window_s: float) -> Non
     partitions = fleet.workers[0].coordinator.table.lease_partitions or 1
     key = rng.choice([control, f"{control}#{rng.randrange(partitions)}"])
     now = fleet.clock.now()
-    _inject(
-        fleet, Fault("throttle", now, now + rng.uniform(10.0, 60.0), key=key, probability=rng.uniform(0.5, 1.0))
-    )
+    _inject(fleet, Fault("throttle", now, now + rng.uniform(10.0, 60.0), key=key, probability=rng.uniform(0.5, 1.0)))
 
 
 async def throttle_op(fleet: Fleet, rng: random.Random, window_s: float) -> None:

@@ -9,6 +9,7 @@ from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig
 from efo.sim.invariants import Trace
 from efo.sim.run import Capture, in_virtual_time
 
+
 def _versions(fleet: Fleet) -> dict[str, int]:
     """The version row's counters: ``p<n>`` for lease partition n, ``members``."""
     row = fleet.db.tables[TABLE].partitions[f"{APP}|{fleet.stream.arn}"].rows["version"].latest()
