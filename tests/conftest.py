@@ -99,9 +99,27 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 #: The order the suite's folders run in: the slowest files first (a Spark driver's JVM, several
 #: processes of efo), the unit tests last. ``make test`` hands out files to its processes in this
-#: order as each finishes one (pytest-xdist, --dist loadfile), so the many short files at the end
-#: even out when the processes finish; alphabetical order left a 72 s Spark test to start last.
+#: order as each finishes one (:func:`pytest_xdist_make_scheduler`), so the many short files at the
+#: end even out when the processes finish. pytest-xdist's own order (the files with the most tests
+#: first) left single long tests to the end: a 72 s Spark test started when the others were done.
 FOLDERS_FIRST_TO_LAST = ("spark", "chaos", "integration", "sim", "unit")
+#: Run by one process, one after the other: the tests of this folder share a Spark session (a JVM
+#: of about 20 s of CPU to start), one a process that runs any of them.
+ONE_PROCESS_FOLDERS = ("tests/spark/",)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's --dist loadfile (a file at a time to each process), with the files handed out
+    in collection order and each of ONE_PROCESS_FOLDERS handed out whole."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class InOrderByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((folder for folder in ONE_PROCESS_FOLDERS if path.startswith(folder)), path)
+
+    config.option.loadscopereorder = False  # collection order, not the files with the most tests first
+    return InOrderByFile(config, log)
 
 
 def _folder_rank(item: pytest.Item) -> int:

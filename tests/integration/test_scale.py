@@ -2,7 +2,10 @@
 starts it (the session fixture uses the same defaults), every shard subscribed at once through the
 conformance proxy with a plain aiobotocore client, then ``efo run`` on the same stream.
 
-The measured times are recorded (``record_property``) and printed at the end of the run.
+The measured times are recorded (``record_property``) and printed at the end of the run. A test of
+scale, 60-70 s of a process of make test and most of a core for the local Kinesis: it runs in
+``make chaos`` (``long``). make test keeps the smaller ones: more than 100 subscriptions through the
+proxy (test_conformance_proxy.py), more shards than the HTTP client's default pool (test_service.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from efo.devstack.stack import StackEndpoints
 
 from .service import ServiceRun, arrow_env, create_stream, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 SHARDS = 256
 # Generous bounds. Measured on 2 shared cores: all answered, first records in, within 5.6-14 s; ready in 23-38 s.
