@@ -9,9 +9,10 @@ INSTALLED := $(VENV)/.installed
 NODE_INSTALLED := devstack/node_modules/.installed
 PYTEST_ARGS ?=
 # make test runs the suite on this many processes (pytest-xdist), a file per process at a time;
-# each starts its own local stack and Spark. Three on this machine's two cores: with two, a quarter
-# of the CPU sat idle while tests waited on servers and subprocesses (1,211 s; three: 1,030 s).
-# TEST_PROCESSES=0 runs it in this process.
+# each starts its own local stack. Three on this machine's two cores: with two, a quarter of the
+# CPU sat idle while tests waited on servers and subprocesses (the same commit, quiet: 1,211 s on
+# two, 1,030 s on three); four were hardly faster than three (935 s against 942-963 s) and loaded
+# kinesis-local past the proxy's bound once. TEST_PROCESSES=0 runs it in this process.
 TEST_PROCESSES ?= 3
 XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 EFO_CHAOS_ITERATIONS ?= 3
@@ -69,7 +70,7 @@ test-integration: install
 # Every chaos scenario at full size (tests/chaos; make test runs one iteration of a reduced set),
 # EFO_CHAOS_ITERATIONS times each; prints the table and writes it to docs/chaos.md.
 # EFO_CHAOS_SEED=<the seed it printed> make chaos replays a run. Then the tests too long for make test
-# (marked long: the quick run of every benchmark), and EFO_SIM_SEEDS simulated runs with random faults
+# (marked long: the quick run of every benchmark, 256 shards subscribed at once), and EFO_SIM_SEEDS simulated runs with random faults
 # (docs/simulation.md); a violation prints the command that replays its seed.
 chaos: install
 	EFO_CHAOS_SIZE=full EFO_CHAOS_ITERATIONS=$(EFO_CHAOS_ITERATIONS) EFO_CHAOS_TABLE=docs/chaos.md \

@@ -69,9 +69,9 @@ def verify_tls(endpoint: str | None) -> bool | None:
     proxy, where no connection is encrypted. There False spares each client the CA bundle's
     reading (about 0.1 s of CPU each at every start, four clients an ``efo run``); through a
     proxy (HTTP_PROXY, not bypassed by NO_PROXY) the proxy's own TLS is checked as before."""
-    if endpoint is None or not endpoint.lower().startswith("http://") or get_environ_proxies(endpoint):
+    if endpoint is None or not endpoint.lower().startswith("http://"):
         return None
-    return False
+    return None if get_environ_proxies(endpoint).get("http") else False  # the entry botocore would use
 
 
 def sdk_region() -> tuple[str | None, str | None]:

@@ -99,8 +99,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 #: The order the suite's folders run in: the slowest files first (a Spark driver's JVM, several
 #: processes of efo), the unit tests last. ``make test`` hands out files to its processes in this
-#: order as each finishes one (:func:`pytest_xdist_make_scheduler`), so the many short files at the
-#: end even out when the processes finish. pytest-xdist's own order (the files with the most tests
+#: order as each runs low (:func:`pytest_xdist_make_scheduler`), so the many short files at the end
+#: even out when the processes finish. pytest-xdist's own order (the files with the most tests
 #: first) left single long tests to the end: a 72 s Spark test started when the others were done.
 FOLDERS_FIRST_TO_LAST = ("spark", "chaos", "integration", "sim", "unit")
 #: Run by one process, one after the other: the tests of this folder share a Spark session (a JVM
@@ -108,9 +108,13 @@ FOLDERS_FIRST_TO_LAST = ("spark", "chaos", "integration", "sim", "unit")
 ONE_PROCESS_FOLDERS = ("tests/spark/",)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown to a run without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist's --dist loadfile (a file at a time to each process), with the files handed out
-    in collection order and each of ONE_PROCESS_FOLDERS handed out whole."""
+    """For --dist loadfile (``make test``): pytest-xdist's own scheduler of a file at a time to each
+    process, with the files handed out in collection order and each of ONE_PROCESS_FOLDERS handed
+    out whole. Any other --dist mode gets pytest-xdist's own (None)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class InOrderByFile(LoadScopeScheduling):

@@ -17,7 +17,7 @@ def _versions(fleet: Fleet) -> dict[str, int]:
     return {name: int(value["N"]) for name, value in row.item.items() if name.startswith("p") and "N" in value}
 
 
-async def _stop_with_its_version_write_held(trace: Trace, capture: Capture) -> tuple[set[str], dict, dict]:
+async def _stop_with_its_version_write_held(trace: Trace, capture: Capture) -> tuple[bool, set[str], dict, dict]:
     fleet = Fleet(FleetConfig(shards=8, workers=2, records_per_shard_s=0.5), 11, trace)
     capture.clock = fleet.clock
     try:
@@ -33,12 +33,14 @@ async def _stop_with_its_version_write_held(trace: Trace, capture: Capture) -> t
         held = Fault("latency", now, now + 3.0, operation="UpdateItem", key=control, client=stopping.name, extra_s=10.0)
         fleet.db.faults.add(held)
         await fleet.terminate(stopping)
-        return released, before, _versions(fleet)
+        cut_short = any(f" {stopping.name} " in event and "leases.release_failed" in event for event in trace.events)
+        return cut_short, released, before, _versions(fleet)
     finally:
         await fleet.close()
 
 
 def test_a_stop_whose_version_write_is_cut_short_moves_the_versions_before_it_ends() -> None:
-    released, before, after = in_virtual_time(_stop_with_its_version_write_held)
+    cut_short, released, before, after = in_virtual_time(_stop_with_its_version_write_held)
+    assert cut_short, "the stop's releases ended within its deadline: the test no longer holds their version write"
     assert released, "the stopping worker read some shards"
     assert all(after[name] > before[name] for name in released), (released, before, after)
