@@ -3,8 +3,12 @@ order kept, and every duplicate accounted for by a kill or an outage (tests/chao
 reads one stream, but for the last: three streams of one application (issue 20), kills and a
 reshard, each stream checked on its own.
 
-``make test`` runs one iteration of the reduced size; ``make chaos`` runs three of the full size,
-including the scenarios marked ``chaos_full``, and writes the table to docs/chaos.md.
+``make test`` runs one iteration of the reduced size of three (the sink that fails and hangs,
+DynamoDB throttled then paused, backpressure); ``make chaos`` runs three of the full size, including
+the scenarios marked ``chaos_full``, and writes the table to docs/chaos.md. Two are ``chaos_full``
+only to keep ``make test`` within its time: a worker killed at random (make test keeps
+test_workers_processes.py's SIGKILL takeover) and several streams with kills and a reshard (make
+test keeps test_streams.py's three streams with a split and a kill).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 @pytest.mark.parametrize(
     ("sig", "workers"),
     [
-        pytest.param(signal.SIGKILL, 2, id="SIGKILL-2"),
+        pytest.param(signal.SIGKILL, 2, id="SIGKILL-2", marks=pytest.mark.chaos_full),
         pytest.param(signal.SIGKILL, 3, id="SIGKILL-3", marks=pytest.mark.chaos_full),
         pytest.param(signal.SIGTERM, 2, id="SIGTERM-2", marks=pytest.mark.chaos_full),
         pytest.param(signal.SIGTERM, 3, id="SIGTERM-3", marks=pytest.mark.chaos_full),
@@ -279,6 +283,7 @@ def test_a_pool_far_smaller_than_the_traffic_and_a_slow_sink_under_latest(chaos:
 STREAMS = {"orders": 3, "payments": 2, "clicks": 2}
 
 
+@pytest.mark.chaos_full
 def test_several_streams_with_kills_and_a_reshard(chaos: ChaosFactory) -> None:
     """Three streams of one application read by two workers (three in the full size) that share
     the shards of every stream: orders from TRIM_HORIZON with a backlog written before the first

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # the fleet benchmark's instrument (a JVM, 12-14 s): make chaos, beside the benchmarks
 def test_the_jar_meter_prices_every_request_as_the_moto_meter_does_by_operation_and_partition_key() -> None:
     try:
         check_isolation_possible()
