@@ -104,6 +104,28 @@ def test_a_query_reads_its_sort_key_range_in_pages_of_a_mebibyte() -> None:
     run(scenario())
 
 
+async def _keys_put_some_deleted(client: Any, rng: random.Random, alphabet: list[str]) -> tuple[list[str], set[str]]:
+    """About 120 random sort keys made of ``alphabet`` put under partition ``p``, then 10 of them
+    deleted: the keys (sorted) and the deleted ones."""
+    keys = sorted({rng.choice(alphabet) + str(rng.randrange(30)) * rng.randrange(2) for _ in range(120)})
+    for sort_key in keys:
+        await client.put_item(TableName=TABLE, Item=_key("p", sort_key))
+    deleted = set(rng.sample(keys, k=10))
+    for sort_key in deleted:
+        await client.delete_item(TableName=TABLE, Key=_key("p", sort_key))
+    return keys, deleted
+
+
+async def _sort_keys_of_every_page(client: Any, request: dict[str, Any]) -> list[str]:
+    """The sort keys ``request`` answers, page after page."""
+    page = await client.query(**request)
+    found = [item["sk"]["S"] for item in page["Items"]]
+    while "LastEvaluatedKey" in page:
+        page = await client.query(**request, ExclusiveStartKey=page["LastEvaluatedKey"])
+        found += [item["sk"]["S"] for item in page["Items"]]
+    return found
+
+
 def test_a_begins_with_query_answers_the_keys_with_that_prefix_and_no_other() -> None:
     """The keys a begins_with matches are one run of the sorted keys, which the query reads alone:
     over random keys around the prefix (deleted ones too), a Limit and pages, what it answers is
@@ -113,12 +135,7 @@ def test_a_begins_with_query_answers_the_keys_with_that_prefix_and_no_other() ->
         rng = random.Random(5)
         _, client = _db(stale_read_s=0.0)
         alphabet = ["s", "sh", "sha", "shard", "shard|", "shard}", "shardz", "a", "t", "shard|0", "shard|00"]
-        keys = sorted({rng.choice(alphabet) + str(rng.randrange(30)) * rng.randrange(2) for _ in range(120)})
-        for sort_key in keys:
-            await client.put_item(TableName=TABLE, Item=_key("p", sort_key))
-        deleted = set(rng.sample(keys, k=10))
-        for sort_key in deleted:
-            await client.delete_item(TableName=TABLE, Key=_key("p", sort_key))
+        keys, deleted = await _keys_put_some_deleted(client, rng, alphabet)
         for prefix in ("shard|", "shard", "sh", "s", "shard|0", "zz", ""):
             request: dict[str, Any] = {
                 "TableName": TABLE,
@@ -127,12 +144,7 @@ def test_a_begins_with_query_answers_the_keys_with_that_prefix_and_no_other() ->
                 "ConsistentRead": True,
                 "Limit": 7,
             }
-            found: list[str] = []
-            page = await client.query(**request)
-            found += [item["sk"]["S"] for item in page["Items"]]
-            while "LastEvaluatedKey" in page:
-                page = await client.query(**request, ExclusiveStartKey=page["LastEvaluatedKey"])
-                found += [item["sk"]["S"] for item in page["Items"]]
+            found = await _sort_keys_of_every_page(client, request)
             assert found == [k for k in keys if k.startswith(prefix) and k not in deleted], prefix
 
     run(scenario())
@@ -148,12 +160,7 @@ def test_a_comparison_on_the_sort_key_answers_the_keys_it_matches_and_no_other()
         rng = random.Random(6)
         _, client = _db(stale_read_s=0.0)
         alphabet = ["s", "sh", "shard", "shard|", "shard}", "a", "t", "shard|0"]
-        keys = sorted({rng.choice(alphabet) + str(rng.randrange(30)) * rng.randrange(2) for _ in range(120)})
-        for sort_key in keys:
-            await client.put_item(TableName=TABLE, Item=_key("p", sort_key))
-        deleted = set(rng.sample(keys, k=10))
-        for sort_key in deleted:
-            await client.delete_item(TableName=TABLE, Key=_key("p", sort_key))
+        keys, deleted = await _keys_put_some_deleted(client, rng, alphabet)
         live = [k for k in keys if k not in deleted]
         checks = {
             "sk = :a": lambda k, a, b: k == a,
@@ -174,12 +181,7 @@ def test_a_comparison_on_the_sort_key_answers_the_keys_it_matches_and_no_other()
                     "ConsistentRead": True,
                     "Limit": 7,
                 }
-                found: list[str] = []
-                page = await client.query(**request)
-                found += [item["sk"]["S"] for item in page["Items"]]
-                while "LastEvaluatedKey" in page:
-                    page = await client.query(**request, ExclusiveStartKey=page["LastEvaluatedKey"])
-                    found += [item["sk"]["S"] for item in page["Items"]]
+                found = await _sort_keys_of_every_page(client, request)
                 assert found == [k for k in live if holds(k, low, high)], (text, low, high)
         numeric = {":pk": {"S": "p"}, ":a": {"N": "1"}}
         page = await client.query(
