@@ -488,6 +488,8 @@ _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 _NO_STREAM: Final = "\0no stream"
 #: Command-line flags of the ``load_settings`` call being validated: they win over the environment.
 _FLAGS: ContextVar[Mapping[str, Any] | None] = ContextVar("efo_setting_flags", default=None)
+#: False while a ``load_settings(environment=False)`` call is validated: EFO_* variables are not read.
+_READ_ENVIRONMENT: ContextVar[bool] = ContextVar("efo_setting_environment", default=True)
 
 
 class Settings(BaseSettings):
@@ -581,7 +583,8 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init arguments; the environment wins over it; flags win over both.
-        return (InitSettingsSource(settings_cls, dict(_FLAGS.get() or {})), env_settings, init_settings)
+        flags = InitSettingsSource(settings_cls, dict(_FLAGS.get() or {}))
+        return (flags, env_settings, init_settings) if _READ_ENVIRONMENT.get() else (flags, init_settings)
 
     @field_validator("stream", "app")
     @classmethod
@@ -879,26 +882,30 @@ def load_settings(
     *,
     defaults: dict[str, Any] | None = None,
     flags: Mapping[str, Any] | None = None,
+    environment: bool = True,
     **overrides: Any,
 ) -> Settings:
     """Read the YAML file (if any) and the environment; raise ConfigError naming every bad field.
 
     ``defaults`` apply only where neither the file nor the environment sets a value; ``overrides``
     win over the file (the environment still wins over both); ``flags`` (the command line's
-    ``--stream``, ``--app``) win over everything."""
+    ``--stream``, ``--app``) win over everything. ``environment=False``: EFO_* variables are not
+    read (a simulated worker's settings are its run's alone)."""
     values: dict[str, Any] = dict(defaults or {})
     if config_file is not None:
         values.update(read_config_file(config_file))
     values.update(overrides)
-    unknown = unknown_environment(os.environ)
+    unknown = unknown_environment(os.environ) if environment else []
     if unknown:
         raise ConfigError("invalid configuration: " + "; ".join(_unknown_variable(name) for name in unknown))
     token = _FLAGS.set({name: value for name, value in (flags or {}).items() if value is not None})
+    reading = _READ_ENVIRONMENT.set(environment)
     try:
         return Settings(**values)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
     finally:
+        _READ_ENVIRONMENT.reset(reading)
         _FLAGS.reset(token)
 
 

@@ -46,7 +46,7 @@ class FleetConfig:
     #: The sink takes a batch every this many seconds and takes ``sink_s`` to commit it.
     batch_interval_s: float = 1.0
     sink_s: tuple[float, float] = (0.05, 0.4)
-    #: Settings of every worker, as ``EFO_*`` would set them (nested as in YAML).
+    #: Settings of every worker, nested as in YAML (the EFO_* environment is not read: a run replays anywhere).
     settings: dict[str, Any] = field(default_factory=dict)
     dynamodb: Behaviour = field(default_factory=Behaviour)
     kinesis_latency_s: float = 0.02
@@ -67,7 +67,7 @@ def worker_settings(config: FleetConfig, stream_arn: str) -> Settings:
     for section, fields in config.settings.items():
         merged = isinstance(fields, dict) and isinstance(values.get(section), dict)
         values[section] = {**values[section], **fields} if merged else fields
-    return load_settings(**values)
+    return load_settings(environment=False, **values)  # a run is its config's and seed's alone
 
 
 class SimWorker:

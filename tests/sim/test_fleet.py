@@ -34,3 +34,15 @@ def test_a_seed_replays_the_same_run() -> None:
     first, second = simulate(config).to_json(), simulate(config).to_json()
     first.pop("wall_s"), second.pop("wall_s")
     assert first == second
+
+
+def test_the_environment_changes_no_simulated_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run is a function of its config and seed: the EFO_* variables of whoever runs it (an
+    operator's own settings, make chaos's EFO_LONG_TESTS) neither change nor refuse it."""
+    config = RunConfig(fleet=FleetConfig(shards=16, workers=4), seed=7, duration_s=30.0, faults=("kill",))
+    plain = simulate(config).to_json()
+    monkeypatch.setenv("EFO_LEASE__FAILOVER_S", "30")
+    monkeypatch.setenv("EFO_LONG_TESTS", "1")
+    changed = simulate(config).to_json()
+    plain.pop("wall_s"), changed.pop("wall_s")
+    assert changed == plain
