@@ -838,7 +838,7 @@ def _nearest_setting(location: tuple[int | str, ...]) -> tuple[str, ...] | None:
 
 
 #: EFO_* variables that belong to the tooling, not to the service's settings.
-NON_SETTINGS = ("EFO_DEVSTACK_DIR", "EFO_DEV_STATE_DIR", "EFO_SELFTEST_", "EFO_TEST_")
+NON_SETTINGS = ("EFO_DEVSTACK_DIR", "EFO_DEV_STATE_DIR", "EFO_SELFTEST_", "EFO_TEST_", "EFO_LONG_TESTS", "EFO_CHAOS_")
 
 
 def unknown_environment(environ: Mapping[str, str]) -> list[str]:

@@ -285,6 +285,9 @@ def test_tooling_variables_with_the_efo_prefix_are_not_settings_errors(monkeypat
     monkeypatch.setenv("EFO_DEVSTACK_DIR", "/tmp/devstack")
     monkeypatch.setenv("EFO_TEST_SUBSCRIPTION_LIFETIME_S", "3")
     monkeypatch.setenv("EFO_DEV_STATE_DIR", "/tmp/efo-dev")  # efo dev's state, beside efo run in one shell
+    # make chaos's own: tests marked long, the chaos scenarios' size and seed, and the benchmarks they run
+    monkeypatch.setenv("EFO_LONG_TESTS", "1")
+    monkeypatch.setenv("EFO_CHAOS_SIZE", "full")
     assert load_settings(stream="s", app="a", sink="console").app == "a"
 
 
