@@ -245,6 +245,12 @@ class LeaseSettings(_Section):
         "a lease and its parents' leases are gone (the KCL's rules), so the table does not grow with the "
         "stream's resharding history.",
     )
+    join_grace_s: DurationS = Field(
+        10.0,
+        description="For this long after a worker joins a running fleet, the others hand it no leases and it "
+        "asks for none: it claims free ones. In a rolling deploy the new worker gets the leases of the one it "
+        "replaces when that one stops, each moved once; a plain join balances this much later (0: at once).",
+    )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(
         1, ge=0, description="Handover requests a worker short of its share may have open at once (0: never steal)."

@@ -36,6 +36,7 @@ class _Seen:
     since: float  # when the counter took this value, as near as the reads tell
     read_at: float  # when the last read that found it was issued
     in_doubt: bool
+    first_seen: float  # when a read first showed its row
 
 
 class TableView:
@@ -46,6 +47,7 @@ class TableView:
         self.failover_s = failover_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self._clock = clock
+        self._first_read_at: float | None = None  # when this worker first read the heartbeat rows
         self._seen: dict[str, _Seen] = {}
         self._holders: dict[str, tuple[str | None, int]] = {}  # shard -> (owner, counter)
         self._moved_at: dict[str, float] = {}  # shard -> when it last changed hands, newest last
@@ -65,6 +67,8 @@ class TableView:
         """Heartbeat rows read by a request issued at ``issued_at`` and answered at ``answered_at``
         (None: that worker has no row). ``complete``: every row there is (a worker not among them has
         none)."""
+        if self._first_read_at is None:
+            self._first_read_at = answered_at
         for worker, row in rows.items():
             if row is None:
                 self._seen.pop(worker, None)
@@ -73,7 +77,8 @@ class TableView:
             if seen is None or seen.beat != row.heartbeat:
                 recent = seen is not None and answered_at - seen.read_at <= self.heartbeat_interval_s
                 since = seen.read_at if recent and seen is not None else answered_at
-                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt)
+                first_seen = seen.first_seen if seen is not None else answered_at
+                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt, first_seen)
             else:
                 seen.read_at, seen.in_doubt = issued_at, row.in_doubt
         if complete:
@@ -120,6 +125,23 @@ class TableView:
             if worker in among and worker in self.live and worker != self.me
         ]
         return min(times) if times else None
+
+    def reading_for_s(self) -> float:
+        """How long this worker has been reading the heartbeat rows (0 before its first read)."""
+        return 0.0 if self._first_read_at is None else self._clock.now() - self._first_read_at
+
+    def newcomers(self, grace_s: float) -> set[str]:
+        """The live workers this one first saw less than ``grace_s`` ago, once it has itself been
+        reading the table for ``grace_s``: workers that start together (a fleet's start) are no
+        newcomers to each other (:func:`efo.leases.balance.plan`'s ``newcomers``)."""
+        if self.reading_for_s() < grace_s:
+            return set()
+        now = self._clock.now()
+        return {
+            worker
+            for worker, seen in self._seen.items()
+            if worker in self.live and worker != self.me and now - seen.first_seen < grace_s
+        }
 
     def owner_is_dead(self, owner: str | None) -> bool:
         """A lease owner that is not alive: dead, in doubt, or without a heartbeat row."""

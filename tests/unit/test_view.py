@@ -215,3 +215,20 @@ def test_moves_within_a_window_look_at_the_recent_moves_and_equal_every_move_loo
             for window in (0.5, 1.0, 3.0, 10.0, 1000.0):
                 expected = {shard_id for shard_id, at in full.moved_at.items() if clock.t - at < window}
                 assert view.moved_within(window) == expected, (seed, step, window)
+
+
+def test_a_worker_first_seen_after_this_one_had_read_for_the_grace_is_a_newcomer_for_that_long() -> None:
+    clock = ManualClock()
+    view = TableView("me", failover_s=10.0, heartbeat_interval_s=2.0, clock=clock)
+    view.saw_workers(_rows({"me": 1, "old": 1}), issued_at=0.0, answered_at=0.0, complete=True)
+    clock.t = 1.0
+    view.saw_workers(_rows({"me": 2, "old": 2, "early": 1}), issued_at=1.0, answered_at=1.0, complete=True)
+    assert view.newcomers(10.0) == set(), "this worker is new itself: a fleet starting together"
+    clock.t = 12.0
+    view.saw_workers(_rows({"me": 3, "old": 3, "early": 2, "new": 1}), issued_at=12.0, answered_at=12.0, complete=True)
+    assert view.newcomers(10.0) == {"new"}
+    clock.t = 21.9
+    view.saw_workers(_rows({"me": 4, "old": 4, "early": 3, "new": 2}), issued_at=21.9, answered_at=21.9, complete=True)
+    assert view.newcomers(10.0) == {"new"}, "its heartbeat moved: still first seen at 12 s"
+    clock.t = 22.0
+    assert view.newcomers(10.0) == set() and view.newcomers(0.0) == set()
