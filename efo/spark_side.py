@@ -4,8 +4,9 @@ efo never imports sparkbridge: sparkbridge imports efo (the service, the setting
 columns), so an import the other way would be a loop between the two packages, hidden only by being
 lazy. What efo needs of Spark (``efo run`` and ``efo doctor``'s sink checks) it declares here as
 :class:`SparkSide`; sparkbridge implements it in the module named by :data:`IMPLEMENTATION`, found
-by name when a command needs it (pyspark loads then, and never on importing efo). The Structured
-Streaming source (``pyspark_efo``) is found by name the same way, by Spark.
+by name when a command needs it (pyspark only with a Spark session, which the arrow sink never
+starts, and never on importing efo). The Structured Streaming source (``pyspark_efo``) is found by
+name the same way, by Spark.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class SparkSide(Protocol):
 
 
 def load() -> SparkSide:
-    """The Spark side, imported now (with pyspark). Without the ``spark`` extra installed, a
-    :class:`ConfigError` saying what to install."""
+    """The Spark side, imported now (pyspark is not: it loads with the first Spark session). A
+    side that does not import is a :class:`ConfigError` saying what to install, as a session
+    started without the ``spark`` extra is (sparkbridge.session.build_session)."""
     try:
         module = importlib.import_module(IMPLEMENTATION)
     except ImportError as exc:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from efo import gc_tuning, preflight
 from efo.config import Settings, SinkSpec
@@ -21,6 +20,9 @@ from sparkbridge.driver import Driver
 from sparkbridge.filesystems import require_filesystems, require_writable, sink_paths
 from sparkbridge.session import build_session
 from sparkbridge.sinks import Sink, make_sink, takes_arrow
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def run(settings: Settings) -> int:

@@ -10,13 +10,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 import structlog
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
 
 from efo.errors import ConfigError, SinkFailed
 from efo.kinesis.columns import ReusableBlocks
@@ -26,6 +23,10 @@ from sparkbridge.arrow import to_table
 from sparkbridge.failures import cause_of
 from sparkbridge.session import dataframe_of
 from sparkbridge.sinks import BatchInfo, ShardRange, Sink, rows_in_tasks, takes_arrow
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation, SparkSession
+    from pyspark.sql.types import StructType
 
 log = structlog.get_logger("sparkbridge.batches")
 
@@ -89,13 +90,16 @@ class DeliveryWatermark:
 class ValueDecoder:
     """``value_format``: binary (nothing added), utf8 (adds ``value``), json (adds the schema's
     columns; a row that does not parse keeps nulls, gets ``error = invalid_json`` and is counted
-    through ``DataFrame.observe``, in the sink's own Spark job)."""
+    through ``DataFrame.observe``, in the sink's own Spark job). pyspark is imported by the
+    methods that use it: the arrow sink's path makes a binary decoder, and never calls it."""
 
     def __init__(self, value_format: str, json_schema: str | None) -> None:
         self.value_format = value_format
         self._observations = 0
         self.schema: StructType | None = None
         if value_format == "json":
+            from pyspark.sql.types import StringType, StructField, StructType
+
             assert json_schema
             try:
                 parsed = StructType.fromDDL(json_schema)
@@ -108,6 +112,9 @@ class ValueDecoder:
             self.schema = StructType([*parsed.fields, StructField(CORRUPT_JSON_COLUMN, StringType())])
 
     def decode(self, df: DataFrame) -> tuple[DataFrame, Observation | None]:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         if self.value_format == "utf8":
             return df.withColumn("value", F.col("data").cast("string")), None
         if self.schema is None:

@@ -11,6 +11,7 @@ because of what it writes (a query Spark cannot analyse) fails the same way on e
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,11 +98,9 @@ def _java_chain(exc: BaseException) -> list[tuple[str, str]]:
 
 
 def _is_analysis_error(exc: BaseException) -> bool:
-    try:
-        from pyspark.errors import AnalysisException
-    except ImportError:  # pragma: no cover - pyspark is installed wherever a sink runs
-        return False
-    return isinstance(exc, AnalysisException)
+    # Not imported here: without pyspark loaded (the arrow sink's path), no exception is one of its.
+    errors = sys.modules.get("pyspark.errors")
+    return errors is not None and isinstance(exc, errors.AnalysisException)
 
 
 def _first_line(text: str) -> str:

@@ -12,14 +12,15 @@ into one line that says what to do.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-from pyspark.sql import SparkSession
 
 from efo.config import Settings, SinkSpec
 from efo.errors import ConfigError, EfoError
 from sparkbridge.failures import cause_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: Schemes whose file system lives outside Spark's own jars, and the Hadoop artifact that brings it.
 EXTERNAL_FILESYSTEMS = {"s3a": "hadoop-aws"}

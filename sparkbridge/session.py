@@ -11,12 +11,16 @@ import os
 import sys
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
 
 from efo.config import Settings
+from efo.errors import ConfigError
 from efo.stderr_json import child_stderr_as_json, wants_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 # Measured on a 2-core machine: these keep a local session lean without changing results.
 LOCAL_DEFAULTS = {
@@ -37,6 +41,15 @@ LOG4J2_JSON = Path(__file__).with_name("log4j2-json.properties")
 
 
 def build_session(settings: Settings, app_name: str = "efo") -> SparkSession:
+    # Here, not at the top: the arrow sink's path imports this module, starts no session and so
+    # loads no pyspark (0.1 CPU-s and 8 MiB less a process).
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise ConfigError(
+            f"a Spark session needs pyspark, which does not import: {exc}; install efo with its spark extra "
+            "(pip install 'efo[spark]')"
+        ) from None
     conf = dict(settings.spark.conf)
     if settings.spark_remote:
         builder = SparkSession.builder.remote(settings.spark_remote).appName(app_name)

@@ -31,7 +31,7 @@ def run_command(config: str | None, stream: str | None, app: str | None, until: 
     --stream runs one of them alone, with its entry's settings."""
     bounded = {"until": until} if until is not None else None
     settings = load_for_stream(config, stream, flags={"app": app, "run": bounded}, listed_only=True)
-    from efo import spark_side  # the Spark side (and pyspark) loads only for the command that runs it
+    from efo import spark_side  # the Spark side loads only for the command that runs it (pyspark: a Spark sink's)
 
     return spark_side.load().run(settings)
 

@@ -49,7 +49,8 @@ def _check_paths(
 ) -> None:
     own = spark is None
     try:
-        side = load_spark_side()  # without the spark extra: a ConfigError saying what to install
+        side = load_spark_side()
+        # Without the spark extra, start_session raises a ConfigError saying what to install.
         spark = side.start_session(settings, "efo-doctor") if own else spark
     except Exception as exc:  # a JVM that does not start: no path can be checked
         for label, _ in parquet:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from typing import TYPE_CHECKING
 
 from efo.config import SinkSpec
 from sparkbridge.sinks.base import BatchInfo, SinkCapabilities
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 class ConsoleSink:

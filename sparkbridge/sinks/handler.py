@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-from pyspark.sql import DataFrame
+from typing import TYPE_CHECKING, Any
 
 from efo.config import SinkSpec
 from sparkbridge.sinks.base import BatchInfo, SinkCapabilities
 from sparkbridge.sinks.function import import_function
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 class HandlerSink:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from efo.config import SinkSpec
 from efo.errors import ConfigError
 from sparkbridge.sinks.base import BatchInfo, SinkCapabilities
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 BATCH_COLUMN = "efo_batch_id"
 
@@ -74,6 +75,8 @@ class ParquetSink:
             directory = f"{self.path.rstrip('/')}/{BATCH_COLUMN}={batch.batch_id}"
             df.write.mode("overwrite").options(**WRITE_OPTIONS).parquet(directory)
             return
+        from pyspark.sql import functions as F  # not at the top: sparkbridge.sinks imports this module for every kind
+
         arrival = F.col("approximate_arrival_timestamp")
         derived = {"arrival_date": F.to_date(arrival), "arrival_hour": F.hour(arrival)}
         for name in self.partition_by:

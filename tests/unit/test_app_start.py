@@ -7,6 +7,7 @@ and tests/integration/test_errors.py."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from efo import preflight
 from efo.config import load_settings
 from efo.errors import ConfigError, EfoError
-from sparkbridge import app
+from sparkbridge import app, session
 
 
 class Started:
@@ -90,3 +91,13 @@ def test_a_sink_path_that_cannot_be_written_stops_spark_and_changes_nothing(
     with pytest.raises(ConfigError, match="cannot write under"):
         app.run(settings())
     assert "changes" not in started.steps and started.steps[-2:] == ["test write", "spark stopped"]
+
+
+def test_without_pyspark_a_spark_start_is_a_config_error_saying_what_to_install(
+    started: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyspark loads only with the session (the arrow sink's start loads none): without the spark
+    extra, that start says what to install, as the Spark side's import did when it loaded pyspark."""
+    monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # as if not installed: its import fails
+    with pytest.raises(ConfigError, match=r"install efo with its spark extra \(pip install 'efo\[spark\]'\)"):
+        session.build_session(settings())

@@ -4,8 +4,10 @@ efo; efo reaches it only through the seam efo.spark_side, by name)."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import efo
@@ -62,3 +64,42 @@ def test_the_lease_model_and_what_decides_on_it_load_no_aws_client() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_efo_run_with_an_arrow_sink_loads_no_pyspark_or_py4j() -> None:
+    """The arrow sink starts no Spark: what ``efo run`` builds for it (sparkbridge.app.run: the sink,
+    the dead-letter sink, the batch runner and the driver), a batch written, and a write that fails
+    and is retried, load neither pyspark nor py4j (0.1 CPU-s and 8 MiB more in each process)."""
+    code = textwrap.dedent(
+        """
+        import sys, types
+        from efo.config import load_settings
+        from efo.pipeline.records import RecordChunk, Row
+        from efo.service import Service
+        from sparkbridge import app
+        from sparkbridge.side import SPARK_SIDE
+
+        tables = []
+        def write(table, batch):
+            tables.append(table.num_rows)
+            if len(tables) == 1:
+                raise OSError("the first attempt fails")
+        sys.modules["efo_arrow_target"] = module = types.ModuleType("efo_arrow_target")
+        module.write = write
+        sink = "arrow:efo_arrow_target:write"
+        settings = load_settings(
+            stream="s", app="a", sink=sink, dead_letter_sink=sink, sink_retry={"retry_backoff_s": 0}
+        )
+        SPARK_SIDE.check_sink(settings.sink_spec)  # efo doctor's check
+        sink = app.make_sink(settings.sink_spec, settings.partition_columns)
+        assert app.takes_arrow(sink)
+        driver = app._driver(None, sink, settings, Service(settings))
+        driver.runner.run("b-1", [RecordChunk.of_rows("s", "shard-0", 0, [Row("1", b"x", "k", 0)])])
+        assert tables == [1, 1], tables
+        print(sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "py4j"}))
+        """
+    )
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EFO_")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"  # after the retry's log line
