@@ -32,6 +32,8 @@ from efo.errors import (
 from efo.kinesis.graph import Shard, ShardGraph
 from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, Row, after
 from sparkbridge.arrow import SCHEMA, to_table
+from sparkbridge.batches import DeliveryWatermark, describe_batch
+from sparkbridge.sinks import ShardRange
 
 BIG = "49590338271490256608559692538361571095921575989136588898"
 
@@ -397,10 +399,6 @@ def test_importing_sparkbridge_arrow_loads_no_pyspark_or_py4j_so_no_jvm() -> Non
 
 
 def test_describe_batch_gives_per_shard_first_and_last_sequence_and_counts() -> None:
-    pytest.importorskip("pyspark")  # sparkbridge.batches imports pyspark (no JVM is started)
-    from sparkbridge.batches import describe_batch
-    from sparkbridge.sinks import ShardRange
-
     chunks = [
         _chunk("s-0", 1, ["9", "10"]),
         _chunk("s-1", 1, [BIG]),
@@ -418,10 +416,6 @@ def test_describe_batch_gives_per_shard_first_and_last_sequence_and_counts() -> 
 
 
 def test_describe_batch_keeps_the_same_shard_id_of_two_streams_apart() -> None:
-    pytest.importorskip("pyspark")
-    from sparkbridge.batches import describe_batch
-    from sparkbridge.sinks import ShardRange
-
     payments = _chunk("s-0", 1, ["20"])
     payments.stream = "payments"
     info = describe_batch("batch-1", [_chunk("s-0", 1, ["9", "10"]), payments])
@@ -429,16 +423,10 @@ def test_describe_batch_keeps_the_same_shard_id_of_two_streams_apart() -> None:
 
 
 def test_describe_batch_defaults_to_the_first_attempt() -> None:
-    pytest.importorskip("pyspark")
-    from sparkbridge.batches import describe_batch
-
     assert describe_batch("b", [_chunk("s-0", 1, ["1"])]).attempt == 1
 
 
 def test_the_delivery_watermark_of_a_shard_id_does_not_drop_another_streams_rows() -> None:
-    pytest.importorskip("pyspark")
-    from sparkbridge.batches import DeliveryWatermark
-
     watermark = DeliveryWatermark()
     kept, dropped = watermark.filter(_chunk("s-0", 1, ["50", "51"]))
     assert (len(kept), dropped) == (2, 0)
