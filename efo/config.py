@@ -246,10 +246,12 @@ class LeaseSettings(_Section):
         "stream's resharding history.",
     )
     join_grace_s: DurationS = Field(
-        10.0,
-        description="For this long after a worker joins a running fleet, the others hand it no leases and it "
-        "asks for none: it claims free ones. In a rolling deploy the new worker gets the leases of the one it "
-        "replaces when that one stops, each moved once; a plain join balances this much later (0: at once).",
+        15.0,
+        description="A worker that starts this long or more after the oldest live one has joined a running "
+        "fleet: for this long after its start the others hand it no leases for balance and it asks for none; it "
+        "claims free ones. In a rolling deploy it gets the leases of the worker it replaces when that one stops, "
+        "each moved once, if that stop comes within this time (a pod's readiness and an old pod's stop: the "
+        "chart's probes take up to 10 s); a plain join balances this much later (0: at once).",
     )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(

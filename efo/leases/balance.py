@@ -25,8 +25,9 @@ In one cycle a worker:
    lease over shortly before declines a request instead (:func:`answer_requests`): written from
    a read older than that handover, it would move one lease too many.
 
-A worker that joined moments ago (``newcomers``: first seen within ``lease.join_grace_s``, by a
-worker that was there before it) is left out of the handovers: the others shed as if it were not
+A worker that joined a running fleet moments ago (``newcomers``: started ``lease.join_grace_s`` or
+more after the oldest live worker, less than that ago: :meth:`efo.leases.view.TableView.newcomers`)
+is left out of the handovers: the others shed as if it were not
 there, and it claims what is free. In a rolling deploy what is free is the leases of the worker it
 replaces, which stops next, so each lease moves once (efo.worker.cycle: it asks for none either).
 

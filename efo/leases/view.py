@@ -36,7 +36,7 @@ class _Seen:
     since: float  # when the counter took this value, as near as the reads tell
     read_at: float  # when the last read that found it was issued
     in_doubt: bool
-    first_seen: float  # when a read first showed its row
+    started: float  # when it started, on this worker's clock (-inf: its row does not say)
 
 
 class TableView:
@@ -47,7 +47,6 @@ class TableView:
         self.failover_s = failover_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self._clock = clock
-        self._first_read_at: float | None = None  # when this worker first read the heartbeat rows
         self._seen: dict[str, _Seen] = {}
         self._holders: dict[str, tuple[str | None, int]] = {}  # shard -> (owner, counter)
         self._moved_at: dict[str, float] = {}  # shard -> when it last changed hands, newest last
@@ -67,8 +66,6 @@ class TableView:
         """Heartbeat rows read by a request issued at ``issued_at`` and answered at ``answered_at``
         (None: that worker has no row). ``complete``: every row there is (a worker not among them has
         none)."""
-        if self._first_read_at is None:
-            self._first_read_at = answered_at
         for worker, row in rows.items():
             if row is None:
                 self._seen.pop(worker, None)
@@ -77,8 +74,8 @@ class TableView:
             if seen is None or seen.beat != row.heartbeat:
                 recent = seen is not None and answered_at - seen.read_at <= self.heartbeat_interval_s
                 since = seen.read_at if recent and seen is not None else answered_at
-                first_seen = seen.first_seen if seen is not None else answered_at
-                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt, first_seen)
+                started = seen.started if seen is not None else _started(row, answered_at)
+                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt, started)
             else:
                 seen.read_at, seen.in_doubt = issued_at, row.in_doubt
         if complete:
@@ -126,21 +123,20 @@ class TableView:
         ]
         return min(times) if times else None
 
-    def reading_for_s(self) -> float:
-        """How long this worker has been reading the heartbeat rows (0 before its first read)."""
-        return 0.0 if self._first_read_at is None else self._clock.now() - self._first_read_at
-
-    def newcomers(self, grace_s: float) -> set[str]:
-        """The live workers this one first saw less than ``grace_s`` ago, once it has itself been
-        reading the table for ``grace_s``: workers that start together (a fleet's start) are no
-        newcomers to each other (:func:`efo.leases.balance.plan`'s ``newcomers``)."""
-        if self.reading_for_s() < grace_s:
-            return set()
+    def newcomers(self, grace_s: float, *, lasting_s: float | None = None) -> set[str]:
+        """The live workers (this one included) that started at least ``grace_s`` after the oldest
+        live worker (they joined a running fleet) and less than ``grace_s`` ago (or ``lasting_s``). Every worker tells
+        the same from the heartbeat rows (each row's age, its ``updated_at`` less its
+        ``started_at``, both on its writer's clock, counted on from when it was read), so workers
+        that start together are never newcomers to each other, and a worker that joined moments
+        after another newcomer is one to it too (:func:`efo.leases.balance.plan`'s ``newcomers``)."""
         now = self._clock.now()
+        starts = {worker: seen.started for worker, seen in self._seen.items() if worker in self.live}
+        starts.setdefault(self.me, now)  # its own row not read yet: it starts now
+        oldest = min(starts.values())
+        lasting_s = grace_s if lasting_s is None else lasting_s
         return {
-            worker
-            for worker, seen in self._seen.items()
-            if worker in self.live and worker != self.me and now - seen.first_seen < grace_s
+            worker for worker, started in starts.items() if now - started < lasting_s and started - oldest >= grace_s
         }
 
     def owner_is_dead(self, owner: str | None) -> bool:
@@ -201,3 +197,11 @@ class TableView:
             for (shard_id, asker), since in self._asked_seen.items()
             if asker != self.me and asker in self.live and now - since < self.failover_s
         }
+
+
+def _started(row: WorkerRow, answered_at: float) -> float:
+    """When the worker of ``row`` started, on this worker's clock: the row's age (both its times are
+    its writer's) before ``answered_at``. A row without them counts as started long ago."""
+    if row.started_at is None or row.updated_at is None:
+        return float("-inf")
+    return answered_at - max(0.0, (row.updated_at - row.started_at).total_seconds())

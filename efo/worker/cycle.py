@@ -196,7 +196,8 @@ class LeaseCycle:
             may_ask=short_for_s is not None
             and short_for_s >= ASK_AFTER_CYCLES * interval_s
             and now >= self._ask_not_before
-            and self.view.reading_for_s() >= grace_s,  # a newcomer waits for free leases first
+            # A newcomer takes free leases first, and asks only once the others shed to it on their own.
+            and self._me not in self.view.newcomers(grace_s, lasting_s=grace_s + ASK_AFTER_CYCLES * interval_s),
             max_leases=limit or None,
             max_steals=self._settings.lease.max_steals_per_cycle,
             rank_offset=rank_offset,

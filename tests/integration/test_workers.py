@@ -141,20 +141,24 @@ def test_a_rolling_step_moves_each_lease_once(local_stack: Any) -> None:
 
     async def scenario() -> None:
         kinesis = MemoryKinesis(8)
-        grace_s = 6.0  # w2's stop and w3's claims land well within it, however slow the machine
+        grace_s = 8.0  # w2's stop and w3's claims land well within it, however slow the machine
         async with world(local_stack, kinesis, lease={**PATIENT, "join_grace_s": grace_s}) as a:
-            b, c = await a.worker("w2"), await a.worker("w3")
+            b = await a.worker("w2")
+            started = asyncio.get_running_loop().time()
             async with running(a) as stop_a, running(b) as stop_b:
                 await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=15, what="4 and 4")
-                await until(
-                    lambda: min(w.coordinator.cycle.view.reading_for_s() for w in (a, b)) >= grace_s,
-                    timeout_s=15,
-                    what="w1 and w2 reading for the grace: w3 is a newcomer to them",
-                )
+                await asyncio.sleep(max(0.0, started + grace_s - asyncio.get_running_loop().time()))
+                c = await a.worker("w3")  # it starts (its heartbeat rows' started_at) the grace after w1 and w2
                 before = await lease_counters(a)
                 held_by_w1 = {sid for sid, owned in a.coordinator.owned.items() if owned.phase.reading}
                 async with running(c) as stop_c:
-                    await until(lambda: c.coordinator.ready, timeout_s=10, what="w3 ready")
+                    await until(
+                        lambda: c.coordinator.ready
+                        and all("w3" in w.coordinator.cycle.view.newcomers(grace_s) for w in (a, b)),
+                        timeout_s=10,
+                        what="w3 ready, and a newcomer to w1 and w2",
+                    )
+                    await asyncio.sleep(5 * a.settings.lease.sync_interval_s)  # cycles that shed nothing
                     assert holdings(a, b, c) == {"w1": 4, "w2": 4, "w3": 0}, "nothing handed to a newcomer"
                     await stop_b()
                     await until(lambda: holdings(a, c) == {"w1": 4, "w3": 4}, timeout_s=10, what="w3 takes w2's 4")
