@@ -27,9 +27,9 @@ In one cycle a worker:
 
 A worker that joined a running fleet moments ago (``newcomers``: started ``lease.join_grace_s`` or
 more after the oldest live worker, less than that ago: :meth:`efo.leases.view.TableView.newcomers`)
-is left out of the handovers: the others shed as if it were not
-there, and it claims what is free. In a rolling deploy what is free is the leases of the worker it
-replaces, which stops next, so each lease moves once (efo.worker.cycle: it asks for none either).
+is left out of the handovers: the others shed as if it were not there, and it claims what is free.
+In a rolling deploy what is free is the leases of the worker it replaces, which stops next, so each
+lease moves once (efo.worker.cycle: it asks for none either).
 
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.

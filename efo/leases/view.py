@@ -125,9 +125,9 @@ class TableView:
 
     def newcomers(self, grace_s: float, *, lasting_s: float | None = None) -> set[str]:
         """The live workers (this one included) that started at least ``grace_s`` after the oldest
-        live worker (they joined a running fleet) and less than ``grace_s`` ago (or ``lasting_s``). Every worker tells
-        the same from the heartbeat rows (each row's age, its ``updated_at`` less its
-        ``started_at``, both on its writer's clock, counted on from when it was read), so workers
+        live worker (they joined a running fleet) and less than ``grace_s`` (or ``lasting_s``) ago.
+        Every worker tells the same from the heartbeat rows (each row's age, its ``updated_at`` less
+        its ``started_at``, both on its writer's clock, counted on from when it was read), so workers
         that start together are never newcomers to each other, and a worker that joined moments
         after another newcomer is one to it too (:func:`efo.leases.balance.plan`'s ``newcomers``)."""
         now = self._clock.now()

@@ -21,9 +21,8 @@ goes and no fault injected. A run is a function of its :class:`PhasesConfig` (it
 5. **rolling** (busy): ``roll`` of the workers (all by default) replaced one by one as Kubernetes
    does it: a new one starts, and once it is ready (and up to ``ready_delay_s`` later, the readiness
    probe's period) an old one is stopped gracefully (SIGTERM: every lease handed over) before the
-   next starts; the longest any shard went unread (sampled
-   every :data:`POLL_S`, a stopping worker's shards counted as read while its subscription runs),
-   then seconds until balanced.
+   next starts; the longest any shard went unread (sampled every :data:`POLL_S`, a stopping
+   worker's shards counted as read while its subscription runs), then seconds until balanced.
 
 Each phase also counts its claims, handovers, leases in doubt and leases lost. A violated invariant
 ends the run: the phases before it are reported, the others are not measured.
