@@ -609,7 +609,16 @@ class LeaseTable:
         parsed again (a partition is read again whole for one change in it, and the lease cycle looks
         only at leases that are not the objects it saw last); ``fresh`` gets each lease row read."""
         sort_key = item["sk"]["S"]
-        if sort_key == META_KEY:
+        if sort_key.startswith(SHARD_PREFIX):  # first: nearly every row read is a lease's
+            known = parsed.get(sort_key) if parsed is not None else None
+            if known is not None and (known[0] is item or known[0] == item):  # is: efo.sim's answers share rows
+                lease = known[1]
+            else:
+                lease = _lease_of(item)
+            if fresh is not None:
+                fresh[sort_key] = (item, lease)
+            state.leases[lease.shard_id] = lease
+        elif sort_key == META_KEY:
             state.meta = meta_of(item)
         elif sort_key == MARK_KEY and MARK_ATTRIBUTE in item:  # a lease partition's mark (-1: its own)
             state.versions = {-1: int(item[MARK_ATTRIBUTE]["N"])}
@@ -634,12 +643,6 @@ class LeaseTable:
                 deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
                 reads_generations=item.get("reads_generations", {}).get("BOOL", False),
             )
-        elif sort_key.startswith(SHARD_PREFIX):
-            known = parsed.get(sort_key) if parsed is not None else None
-            lease = known[1] if known is not None and known[0] == item else _lease_of(item)
-            if fresh is not None:
-                fresh[sort_key] = (item, lease)
-            state.leases[lease.shard_id] = lease
 
     async def create_meta(
         self,

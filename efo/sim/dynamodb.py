@@ -49,6 +49,8 @@ KEY_READ_UNITS = 3000.0
 KEY_WRITE_UNITS = 1000.0
 #: A Query page holds at most this many bytes of items read.
 PAGE_BYTES = 1 << 20
+#: Answers of recent Queries kept a partition key (each of one state of the partition as of a moment).
+PARTITION_ANSWERS = 16
 #: botocore's standard retry mode, as efo.aws.dynamodb_config sets it.
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_S = 20.0
@@ -163,19 +165,49 @@ class _Row:
             del self.versions[0]
 
 
+#: A Query page: its items, their bytes, and the last sort key read when the page is full (None: no page follows).
+_Answer = tuple[list[dict[str, Any]], int, str | None]
+
+
 class _Partition:
-    __slots__ = ("keys", "rows")
+    """One partition key's rows, and the answers of its recent Queries: every worker of a fleet reads
+    a lease partition again after each change there, and each such read finds one of the few states
+    the partition was in within the last ``stale_read_s``, so the answer is worked out once a state."""
+
+    __slots__ = ("answers", "keys", "rows", "write_times", "writes_before")
 
     def __init__(self) -> None:
         self.keys: list[str] = []  # sort keys, sorted (deleted rows stay while a stale read may see them)
         self.rows: dict[str, _Row] = {}
+        self.write_times: list[float] = []  # when each recent write landed, in order
+        self.writes_before = 0  # writes older than those in write_times
+        self.answers: dict[tuple[int, int, int, int], _Answer] = {}  # (writes seen, start, stop, limit) ->
 
     def row(self, sort_key: str) -> _Row:
         row = self.rows.get(sort_key)
         if row is None:
             row = self.rows[sort_key] = _Row()
             bisect.insort(self.keys, sort_key)
+            self.answers.clear()  # their key indexes are of the keys before this one
         return row
+
+    def wrote(self, now: float, forget_before: float) -> None:
+        """A write landed ``now``; no read will look at the table as it was before ``forget_before``."""
+        times = self.write_times
+        times.append(now)
+        old = bisect.bisect_left(times, forget_before)
+        if old > len(times) // 2:  # forgotten a batch at a time: a write costs O(1) on average
+            del times[:old]
+            self.writes_before += old
+
+    def writes_seen(self, moment: float) -> int:
+        """How many writes a read as of ``moment`` sees (the same count: the same rows, the same answer)."""
+        return self.writes_before + bisect.bisect_right(self.write_times, moment)
+
+    def remember(self, key: tuple[int, int, int, int], answer: _Answer) -> None:
+        if len(self.answers) >= PARTITION_ANSWERS:
+            del self.answers[next(iter(self.answers))]  # the oldest: a state further in the past
+        self.answers[key] = answer
 
 
 class _Table:
@@ -297,6 +329,7 @@ class SimDynamoDB:
         row = partition.row(sk)
         before = _current(row)
         row.write(_Version(now, item, size), now - self.behaviour.stale_read_s)
+        partition.wrote(now, now - self.behaviour.stale_read_s)
         if self.on_write is not None:
             client, request = self._serving
             self.on_write(client, table.name, before, item, request)
@@ -398,32 +431,55 @@ class SimDynamoDB:
                 stop = max(start, stop)
                 sort = None
         moment = now if consistent else now - rng.uniform(0.0, self.behaviour.stale_read_s)
-        items: list[dict[str, Any]] = []
-        read_bytes = 0
-        last: str | None = None
-        rows = partition.rows if partition is not None else {}
-        for sort_key in keys[start:stop]:  # the hot loop of every lease read: Row.latest/as_of inlined
-            versions = rows[sort_key].versions
-            version = versions[-1] if versions else None
-            if not consistent and version is not None and version.at > moment:
-                version = _Row.before(versions, moment)
-            if version is None or version.item is None:
-                continue
-            if sort is not None and not sort({table.range_key: {"S": sort_key}}, values):
-                continue
-            read_bytes += version.size
-            item = version.item
-            items.append(dict(item) if names is None else {n: item[n] for n in names if n in item})
-            last = sort_key
-            if read_bytes >= PAGE_BYTES or (limit and len(items) >= limit):
-                break
-        else:
-            last = None
+        answer: _Answer = ([], 0, None)
+        if partition is not None and sort is None and names is None:  # the lease reads: shared, see _Partition
+            key = (partition.writes_seen(moment), start, stop, limit)
+            known = partition.answers.get(key)
+            if known is None:
+                known = _items(partition, keys[start:stop], moment, None, values, table.range_key, None, limit)
+                partition.remember(key, known)
+            answer = known
+        elif partition is not None:
+            answer = _items(partition, keys[start:stop], moment, sort, values, table.range_key, names, limit)
+        items, read_bytes, last = list(answer[0]), answer[1], answer[2]
         self._charge("Query", table, pk, now, read=read_units(read_bytes, consistent=consistent), size=read_bytes)
         response: dict[str, Any] = {"Items": items, "Count": len(items)}
         if last is not None:
             response["LastEvaluatedKey"] = {table.hash_key: {"S": pk}, table.range_key: {"S": last}}
         return response
+
+
+def _items(
+    partition: _Partition,
+    keys: list[str],
+    moment: float,
+    sort: expressions.Predicate | None,
+    values: dict[str, Any],
+    range_key: str,
+    names: tuple[str, ...] | None,
+    limit: int,
+) -> _Answer:
+    """A Query page of ``keys`` as the partition was at ``moment``. The items are the stored ones, not
+    copies (the table never changes an item it stored, and nothing that reads them changes them):
+    every reader of one version shares one object."""
+    items: list[dict[str, Any]] = []
+    read_bytes = 0
+    rows = partition.rows
+    for sort_key in keys:  # the hot loop of every lease read: Row.latest/as_of inlined
+        versions = rows[sort_key].versions
+        version = versions[-1] if versions else None
+        if version is not None and version.at > moment:
+            version = _Row.before(versions, moment)
+        if version is None or version.item is None:
+            continue
+        if sort is not None and not sort({range_key: {"S": sort_key}}, values):
+            continue
+        read_bytes += version.size
+        item = version.item
+        items.append(item if names is None else {n: item[n] for n in names if n in item})
+        if read_bytes >= PAGE_BYTES or (limit and len(items) >= limit):
+            return items, read_bytes, sort_key
+    return items, read_bytes, None
 
 
 def _key_run(keys: list[str], bounds: expressions.Bounds, values: dict[str, Any]) -> tuple[int, int] | None:
