@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -137,7 +137,7 @@ def _position_of(item: dict[str, Any], prefix: str = "") -> Position:
     )
 
 
-def _lease_of(item: dict[str, Any]) -> Lease:
+def parse_lease(item: dict[str, Any]) -> Lease:
     reset_id = item.get("reset_id", {}).get("S")
     lag = item.get("lag_ms", {}).get("N")
     subscribed = item.get(SUBSCRIBED_ATTRIBUTE, {}).get("N")
@@ -238,7 +238,10 @@ class LeaseTable:
         worker_id: str,
         consumer_arn: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        parse_lease: Callable[[dict[str, Any]], Lease] = parse_lease,
     ) -> None:
+        """``parse_lease``: how a lease row read from a lease partition and changed since this table's
+        last read of it is parsed (the simulation shares each parse among its workers)."""
         self._ddb = dynamodb
         self._clock = clock
         self.table = table
@@ -267,6 +270,7 @@ class LeaseTable:
         self._bumping = asyncio.Lock()  # one version write under way at a time
         #: Lease partition key -> its rows as the last Query of it found them, parsed (see _absorb).
         self._parsed: dict[str, dict[str, tuple[dict[str, Any], Lease]]] = {}
+        self._parse_lease = parse_lease
 
     def _now(self) -> dict[str, Any]:
         return _stamp(self._clock.wall())
@@ -549,7 +553,7 @@ class LeaseTable:
         parsed = None if partition == self.partition else self._parsed.get(partition, {})
         fresh: dict[str, tuple[dict[str, Any], Lease]] = {}
         for item in items:
-            self._absorb(state, item, parsed, fresh)
+            self._absorb(state, item, parsed, fresh, self._parse_lease)
         if parsed is not None:
             self._parsed[partition] = fresh  # what this read found: a deleted lease is forgotten
         return state
@@ -573,6 +577,7 @@ class LeaseTable:
             worker_id=self.worker_id,
             consumer_arn=self.consumer_arn,
             clock=self._clock,
+            parse_lease=self._parse_lease,
         )
         other.reads = self.reads
         return other
@@ -603,18 +608,20 @@ class LeaseTable:
         item: dict[str, Any],
         parsed: Mapping[str, tuple[dict[str, Any], Lease]] | None = None,
         fresh: dict[str, tuple[dict[str, Any], Lease]] | None = None,
+        parse: Callable[[dict[str, Any]], Lease] = parse_lease,
     ) -> None:
         """``item`` into ``state``. ``parsed``: a lease partition's rows as last read and parsed here
         (sort key -> (row, lease)): a row equal to the one read last is the same lease object, not
         parsed again (a partition is read again whole for one change in it, and the lease cycle looks
-        only at leases that are not the objects it saw last); ``fresh`` gets each lease row read."""
+        only at leases that are not the objects it saw last); ``fresh`` gets each lease row read;
+        ``parse`` parses the others."""
         sort_key = item["sk"]["S"]
         if sort_key.startswith(SHARD_PREFIX):  # first: nearly every row read is a lease's
             known = parsed.get(sort_key) if parsed is not None else None
             if known is not None and (known[0] is item or known[0] == item):  # is: efo.sim's answers share rows
                 lease = known[1]
             else:
-                lease = _lease_of(item)
+                lease = parse(item)
             if fresh is not None:
                 fresh[sort_key] = (item, lease)
             state.leases[lease.shard_id] = lease
@@ -770,7 +777,7 @@ class LeaseTable:
         # The row as it is now: its checkpoint may be newer than the one read (checkpoint writes
         # do not move the version, so a worker's last read of the leases may not have it). When its
         # last owner subscribed is as read: the claim is fenced on the counter that release moved.
-        taken = _lease_of(await self._update(lease, update, returning=True))
+        taken = parse_lease(await self._update(lease, update, returning=True))
         return replace(taken, subscribed_at=lease.subscribed_at)
 
     async def apply_reset(self, lease: Lease) -> Lease:

@@ -21,7 +21,8 @@ from efo.coordinator import Coordinator
 from efo.errors import EfoError
 from efo.kinesis.registration import StreamInfo
 from efo.leases.lifecycle import Commit
-from efo.leases.table import LeaseTable
+from efo.leases.model import Lease
+from efo.leases.table import LeaseTable, parse_lease
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.sim.clock import SimClock
@@ -35,6 +36,29 @@ RESTART_BACKOFF_S = 10.0
 RESTART_BACKOFF_MAX_S = 300.0
 TABLE = "sim-leases"
 STREAM = "sim-stream"
+
+
+class SharedParses:
+    """Each lease row the simulated DynamoDB stores, parsed once for the whole fleet: its Query answers
+    every reader with the very item it stored, and after a change every worker reads the partition
+    again (each worker's table parses only what changed since its own last read, but that is the same
+    few rows at every worker). A lease is immutable: workers that share one share its value."""
+
+    #: The rows parsed last that are kept: more than a few seconds' changes of 16,384 leases.
+    KEEP = 1 << 16
+
+    def __init__(self) -> None:
+        self._leases: dict[int, tuple[dict[str, Any], Lease]] = {}  # id of an item (held here) -> it, parsed
+
+    def __call__(self, item: dict[str, Any]) -> Lease:
+        known = self._leases.get(id(item))
+        if known is not None and known[0] is item:
+            return known[1]
+        lease = parse_lease(item)
+        if len(self._leases) >= self.KEEP:
+            del self._leases[next(iter(self._leases))]  # the oldest parse
+        self._leases[id(item)] = (item, lease)
+        return lease
 
 
 @dataclass
@@ -86,6 +110,7 @@ class SimWorker:
             worker_id=name,
             consumer_arn=fleet.consumer_arn,
             clock=self.clock,
+            parse_lease=fleet.parses,
         )
         kinesis = SimKinesisClient(fleet.stream, self.clock, lambda: fleet.config.kinesis_latency_s, name)
         self.handoff = Handoff(clock=self.clock.now)
@@ -193,6 +218,7 @@ class Fleet:
         self.trace = trace
         self.clock = SimClock()  # the world's: never late nor paused
         self.db = SimDynamoDB(random.Random(self.rng.random()), config.dynamodb)
+        self.parses = SharedParses()
         self.db.create_table(TABLE)
         self.stream = SimStream(STREAM, config.shards, clock=self.clock)
         self.stream.idle_event_s = config.idle_event_s

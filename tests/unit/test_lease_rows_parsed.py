@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
-from efo.leases.table import LeaseTable, _lease_of
+from efo.leases.table import LeaseTable, parse_lease
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.fleet import SharedParses
 from efo.sim.loop import run
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -44,7 +45,7 @@ def test_a_lease_row_read_again_unchanged_is_the_same_object_and_a_changed_one_i
         assert after["s1"] is not first["s1"] and after["s1"].owner == "o"
         assert after["s2"].checkpoint == Position("AFTER_SEQUENCE_NUMBER", "200")
         items = await _items(table)
-        assert after == {shard_id: _lease_of(item) for shard_id, item in items.items()}
+        assert after == {shard_id: parse_lease(item) for shard_id, item in items.items()}
 
     async def _items(table: LeaseTable) -> dict[str, dict]:  # type: ignore[type-arg]
         response = await table._ddb.query(
@@ -55,5 +56,39 @@ def test_a_lease_row_read_again_unchanged_is_the_same_object_and_a_changed_one_i
         )
         rows = [item for item in response["Items"] if item["sk"]["S"].startswith("shard|")]  # not the mark
         return {item["sk"]["S"].removeprefix("shard|"): item for item in rows}
+
+    run(scenario())
+
+
+def test_the_simulated_fleet_parses_each_stored_lease_row_once_for_every_worker() -> None:
+    """The simulated DynamoDB answers every reader with the item it stored: with the fleet's shared
+    parser, two workers' reads of a changed row give one Lease object."""
+    db = SimDynamoDB(random.Random(1), Behaviour(stale_read_s=0.0))
+    db.create_table("t")
+    parses = SharedParses()
+
+    async def scenario() -> None:
+        clock = SimClock()
+        tables = [
+            LeaseTable(
+                db.client(name, clock, random.Random(2)),
+                table="t",
+                app="a",
+                stream_arn="s",
+                worker_id=name,
+                clock=clock,
+                parse_lease=parses,
+            )
+            for name in ("w", "o")
+        ]
+        await tables[0].create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=1)
+        await tables[0].complete_meta()
+        await tables[0].create_lease("s0", (), BEGUN)
+        for table in tables:
+            await table.read_leases()
+        claimed = await tables[1].claim((await tables[1].read_leases()).leases["s0"])
+        first, second = [(await table.read_leases()).leases["s0"] for table in tables]
+        assert first is second
+        assert (first.owner, first.counter) == ("o", claimed.counter)
 
     run(scenario())
