@@ -29,22 +29,22 @@ from contextlib import contextmanager
 YOUNG_THRESHOLD = 10_000
 
 
-def tune() -> None:
+def tune(young_threshold: int = YOUNG_THRESHOLD) -> None:
     """Set the collector for the rest of the process: after start-up, before records flow."""
     gc.collect()
     gc.freeze()
     gc.collect()  # so that full collections are started by what was made since, not by start-up's size
     _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
+    gc.set_threshold(young_threshold, middle, oldest)
 
 
 @contextmanager
-def tuned() -> Iterator[None]:
+def tuned(young_threshold: int = YOUNG_THRESHOLD) -> Iterator[None]:
     """:func:`tune` for a while (benchmarks run efo's code, tuned as ``efo run`` is, beside others'
     code). The thresholds are put back; what was frozen is unfrozen only if nothing was before."""
     before = gc.get_threshold()
     frozen_before = gc.get_freeze_count()
-    tune()
+    tune(young_threshold)
     try:
         yield
     finally:
