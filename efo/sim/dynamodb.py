@@ -181,7 +181,7 @@ class _Partition:
         self.rows: dict[str, _Row] = {}
         self.write_times: list[float] = []  # when each recent write landed, in order
         self.writes_before = 0  # writes older than those in write_times
-        self.answers: dict[tuple[int, int, int, int], _Answer] = {}  # (writes seen, start, stop, limit) ->
+        self.answers: dict[tuple[int, int, int, int], _Answer] = {}  # by (writes seen, start, stop, limit)
 
     def row(self, sort_key: str) -> _Row:
         row = self.rows.get(sort_key)
