@@ -245,14 +245,6 @@ class LeaseSettings(_Section):
         "a lease and its parents' leases are gone (the KCL's rules), so the table does not grow with the "
         "stream's resharding history.",
     )
-    join_grace_s: DurationS = Field(
-        15.0,
-        description="A worker that starts this long or more after the oldest live one has joined a running "
-        "fleet: for this long after its start the others hand it no leases for balance and it asks for none; it "
-        "claims free ones. In a rolling deploy it gets the leases of the worker it replaces when that one stops, "
-        "each moved once, if that stop comes within this time (a pod's readiness and an old pod's stop: the "
-        "chart's probes take up to 10 s); a plain join balances this much later (0: at once).",
-    )
     max_leases_per_worker: int = Field(0, ge=0, description="At most this many shards per worker (0: no limit).")
     max_steals_per_cycle: int = Field(
         1, ge=0, description="Handover requests a worker short of its share may have open at once (0: never steal)."

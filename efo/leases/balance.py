@@ -25,12 +25,6 @@ In one cycle a worker:
    lease over shortly before declines a request instead (:func:`answer_requests`): written from
    a read older than that handover, it would move one lease too many.
 
-A worker that joined a running fleet moments ago (``newcomers``: started ``lease.join_grace_s`` or
-more after the oldest live worker, less than that ago: :meth:`efo.leases.view.TableView.newcomers`)
-is left out of the handovers: the others shed as if it were not there, and it claims what is free.
-In a rolling deploy what is free is the leases of the worker it replaces, which stops next, so each
-lease moves once (efo.worker.cycle: it asks for none either).
-
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
 """
@@ -71,7 +65,6 @@ def plan(
     room: int | None = None,
     stale_free: AbstractSet[str] = frozenset(),
     shed_for_short: bool = True,
-    newcomers: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
@@ -87,8 +80,7 @@ def plan(
     shares each leave them to another, or a short worker that cannot claim): claimable up to the
     ceiling, so no shard stays unread, and never paid for by shedding another in the same cycle;
     ``shed_for_short``: hand over what is above the share to a worker short of its own (False for a
-    while after this worker took stale leases: the short worker did not claim what was free);
-    ``newcomers``: live workers that joined moments ago, left out of the handovers (not of the claims)."""
+    while after this worker took stale leases: the short worker did not claim what was free)."""
     return plan_by_owner(
         me,
         by_owner(readable),
@@ -105,7 +97,6 @@ def plan(
         room=room,
         stale_free=stale_free,
         shed_for_short=shed_for_short,
-        newcomers=newcomers,
     )
 
 
@@ -126,7 +117,6 @@ def plan_by_owner(
     room: int | None = None,
     stale_free: AbstractSet[str] = frozenset(),
     shed_for_short: bool = True,
-    newcomers: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """:func:`plan` of the readable leases grouped by owner (owner, None for nobody -> shard -> lease,
     as :func:`by_owner` groups them or :class:`efo.leases.readable.ReadableLeases` keeps them): what it
@@ -181,34 +171,17 @@ def plan_by_owner(
     claim += stale
     held = mine + len(claim)
 
-    # Handovers are worked out among the workers that are no newcomers, of what those hold or is free:
-    # a worker that just joined gets free leases first (in a rolling deploy, those of the worker it
-    # replaces, which stops next), and what others hand over only once it is no newcomer.
-    settled, keep, settled_shares, settled_floor, settled_ceiling = workers, target, shares, floor, ceiling
-    joined = (members & newcomers) - {me}
-    if joined:
-        settled = [worker for worker in workers if worker not in joined]
-        settled_count = count - sum(load[worker] for worker in joined)
-        settled_floor, settled_ceiling = settled_count // len(settled), -(-settled_count // len(settled))
-        settled_shares = {
-            worker: _share_of_rank(at, len(settled), settled_count, rank_offset, max_leases)
-            for at, worker in enumerate(settled)
-        }
-        mine_settled = settled_shares[me]
-        keep = max(target, mine_settled if room is None else min(mine_settled, room))
     shed: list[str] = []
     short = (
         shed_for_short
         and not stale
         and any(
-            load[worker] < (settled_shares[worker] if exact else min(settled_floor, settled_shares[worker]))
-            for worker in settled
-            if worker != me
+            load[worker] < (share(worker) if exact else min(floor, share(worker))) for worker in workers if worker != me
         )
     )
-    if held > keep and (held > settled_ceiling or short or (room is not None and held > room)):
+    if held > target and (held > ceiling or short or (room is not None and held > room)):
         movable = [shard_id for shard_id in readable.get(me, {}) if shard_id not in moved_recently]
-        shed = sorted(movable, reverse=True)[: held - keep]
+        shed = sorted(movable, reverse=True)[: held - target]
 
     ask: list[Lease] = []
     room = target - held

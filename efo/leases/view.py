@@ -36,7 +36,6 @@ class _Seen:
     since: float  # when the counter took this value, as near as the reads tell
     read_at: float  # when the last read that found it was issued
     in_doubt: bool
-    started: float  # when it started, on this worker's clock (-inf: its row does not say)
 
 
 class TableView:
@@ -74,8 +73,7 @@ class TableView:
             if seen is None or seen.beat != row.heartbeat:
                 recent = seen is not None and answered_at - seen.read_at <= self.heartbeat_interval_s
                 since = seen.read_at if recent and seen is not None else answered_at
-                started = seen.started if seen is not None else _started(row, answered_at)
-                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt, started)
+                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt)
             else:
                 seen.read_at, seen.in_doubt = issued_at, row.in_doubt
         if complete:
@@ -122,22 +120,6 @@ class TableView:
             if worker in among and worker in self.live and worker != self.me
         ]
         return min(times) if times else None
-
-    def newcomers(self, grace_s: float, *, lasting_s: float | None = None) -> set[str]:
-        """The live workers (this one included) that started at least ``grace_s`` after the oldest
-        live worker (they joined a running fleet) and less than ``grace_s`` (or ``lasting_s``) ago.
-        Every worker tells the same from the heartbeat rows (each row's age, its ``updated_at`` less
-        its ``started_at``, both on its writer's clock, counted on from when it was read), so workers
-        that start together are never newcomers to each other, and a worker that joined moments
-        after another newcomer is one to it too (:func:`efo.leases.balance.plan`'s ``newcomers``)."""
-        now = self._clock.now()
-        starts = {worker: seen.started for worker, seen in self._seen.items() if worker in self.live}
-        starts.setdefault(self.me, now)  # its own row not read yet: it starts now
-        oldest = min(starts.values())
-        lasting_s = grace_s if lasting_s is None else lasting_s
-        return {
-            worker for worker, started in starts.items() if now - started < lasting_s and started - oldest >= grace_s
-        }
 
     def owner_is_dead(self, owner: str | None) -> bool:
         """A lease owner that is not alive: dead, in doubt, or without a heartbeat row."""
@@ -197,11 +179,3 @@ class TableView:
             for (shard_id, asker), since in self._asked_seen.items()
             if asker != self.me and asker in self.live and now - since < self.failover_s
         }
-
-
-def _started(row: WorkerRow, answered_at: float) -> float:
-    """When the worker of ``row`` started, on this worker's clock: the row's age (both its times are
-    its writer's) before ``answered_at``. A row without them counts as started long ago."""
-    if row.started_at is None or row.updated_at is None:
-        return float("-inf")
-    return answered_at - max(0.0, (row.updated_at - row.started_at).total_seconds())

@@ -19,10 +19,10 @@ goes and no fault injected. A run is a function of its :class:`PhasesConfig` (it
    seconds until every shard it read is read again (the oracle's own count, from the kill to the
    last of them delivering a first event), then until balanced;
 5. **rolling** (busy): ``roll`` of the workers (all by default) replaced one by one as Kubernetes
-   does it: a new one starts, and once it is ready (and up to ``ready_delay_s`` later, the readiness
-   probe's period) an old one is stopped gracefully (SIGTERM: every lease handed over) before the
-   next starts; the longest any shard went unread (sampled every :data:`POLL_S`, a stopping
-   worker's shards counted as read while its subscription runs), then seconds until balanced.
+   does it: a new one starts, and once it is ready an old one is stopped gracefully (SIGTERM:
+   every lease handed over) before the next starts; the longest any shard went unread (sampled
+   every :data:`POLL_S`, a stopping worker's shards counted as read while its subscription runs),
+   then seconds until balanced.
 
 Each phase also counts its claims, handovers, leases in doubt and leases lost. A violated invariant
 ends the run: the phases before it are reported, the others are not measured.
@@ -65,9 +65,6 @@ class PhasesConfig:
     timeout_s: float = 120.0
     #: Workers replaced one by one in the rolling deploy; None: every one.
     roll: int | None = None
-    #: In the rolling deploy, from a new worker's readiness to the old one's stop: Kubernetes' readiness
-    #: probe (the chart's: every 5 s) and the Deployment controller, a random share of this each step.
-    ready_delay_s: float = 5.0
 
     def check(self) -> None:
         """A size or phase length the simulation cannot run is refused, naming what is allowed."""
@@ -76,8 +73,6 @@ class PhasesConfig:
             raise ValueError("window_s and timeout_s must be above 0, settle_s at least 0")
         if self.roll is not None and self.roll < 0:
             raise ValueError(f"roll = {self.roll}: at least 0 (None: every worker)")
-        if self.ready_delay_s < 0:
-            raise ValueError(f"ready_delay_s = {self.ready_delay_s}: at least 0")
 
 
 @dataclass
@@ -183,7 +178,6 @@ class _Scenario:
     def __init__(self, config: PhasesConfig, trace: Trace, capture: Capture) -> None:
         self.config = config
         self.fleet = Fleet(config.fleet, config.seed, trace)
-        self.rng = random.Random(config.seed)  # the phases' own draws (the rolling deploy's delays)
         capture.clock = self.fleet.clock
         self.capture = capture
         self.oracle: Oracle = self.fleet.oracle
@@ -346,7 +340,6 @@ class _Scenario:
             ready = await self.until(lambda new=new: new.coordinator.ready, self.config.timeout_s)  # type: ignore[misc]
             if ready is not None:
                 ready_s.append(ready)
-            await self.wait(self.rng.uniform(0.0, self.config.ready_delay_s))
             stopping = self.now()
             await fleet.terminate(worker)
             stop_s.append(self.now() - stopping)

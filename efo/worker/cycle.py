@@ -176,7 +176,7 @@ class LeaseCycle:
         )
         held = len(readable.get(self._me, {}))
         self._shares.publish(arn, readable=count, held=held)
-        interval_s, grace_s = self._settings.lease.sync_interval_s, self._settings.lease.join_grace_s
+        interval_s = self._settings.lease.sync_interval_s
         now = self._clock.now()
         free = (
             shard_id for owner, leases in readable.items() if owner is None or owner not in live for shard_id in leases
@@ -195,9 +195,7 @@ class LeaseCycle:
             asked=len(self.asked),
             may_ask=short_for_s is not None
             and short_for_s >= ASK_AFTER_CYCLES * interval_s
-            and now >= self._ask_not_before
-            # A newcomer takes free leases first, and asks only once the others shed to it on their own.
-            and self._me not in self.view.newcomers(grace_s, lasting_s=grace_s + ASK_AFTER_CYCLES * interval_s),
+            and now >= self._ask_not_before,
             max_leases=limit or None,
             max_steals=self._settings.lease.max_steals_per_cycle,
             rank_offset=rank_offset,
@@ -205,7 +203,6 @@ class LeaseCycle:
             room=room,
             stale_free=stale,
             shed_for_short=now >= self._quiet_until,
-            newcomers=self.view.newcomers(grace_s),
         )
         if any(lease.shard_id in stale for lease in moves.claim):
             self._quiet_until = now + QUIET_CYCLES * interval_s

@@ -63,14 +63,12 @@ TABLE_ENV = "EFO_CHAOS_TABLE"  # a file to write the table to (make chaos: docs/
 REPORT_PROPERTY = "chaos_outcome"
 
 #: Leases fail over in 5 s (a heartbeat a second: a worker trusts its leases 4 s after its last
-#: heartbeat landed, time for a throttled heartbeat's retries), a worker that joins gets handovers
-#: 5 s after the others first saw it (free leases at once), checkpoints every 2 s (what a kill
+#: heartbeat landed, time for a throttled heartbeat's retries), checkpoints every 2 s (what a kill
 #: may repeat), a silent subscription renewed after 3 s, a batch closed half a second after its
 #: first record.
 CHAOS_SETTINGS = {
     "EFO_BATCH__MAX_WAIT_S": "0.5",
     "EFO_LEASE__FAILOVER_S": "5",
-    "EFO_LEASE__JOIN_GRACE_S": "5",
     "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1",
     "EFO_LEASE__SYNC_INTERVAL_S": "1",
     "EFO_CHECKPOINT__INTERVAL_S": "2",

@@ -28,7 +28,6 @@ FAST_SETTINGS = {
     "EFO_SHARDS__SYNC_INTERVAL_S": "1",
     "EFO_LEASE__HEARTBEAT_INTERVAL_S": "0.5",
     "EFO_LEASE__FAILOVER_S": "2",
-    "EFO_LEASE__JOIN_GRACE_S": "2",
     "EFO_SPARK__MASTER": "local[1]",
     "EFO_SPARK__CONF": json.dumps(
         {"spark.driver.memory": "512m", "spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1"}

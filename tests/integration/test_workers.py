@@ -28,9 +28,7 @@ from .test_coordinator import World, run, running, until, world
 
 pytestmark = pytest.mark.integration
 
-#: These tests are of the moves themselves, so a worker that joins is no newcomer (join_grace_s 0):
-#: the grace is tested on its own (test_a_rolling_step_moves_each_lease_once).
-PATIENT = {"heartbeat_interval_s": 0.25, "failover_s": 6.0, "sync_interval_s": 0.2, "join_grace_s": 0.0}
+PATIENT = {"heartbeat_interval_s": 0.25, "failover_s": 6.0, "sync_interval_s": 0.2}
 #: A lease handed over counts as given lately for failover_s, and a worker the test plays is live
 #: that long after its one heartbeat: both for the whole of a test, however slow the machine.
 GIVING = {**PATIENT, "failover_s": 30.0}
@@ -129,44 +127,6 @@ def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothi
                 await stop_a()
             written = all_written(a, b)
             assert not [record for record, count in written.items() if count > 1], "a handover duplicated records"
-
-    run(scenario())
-
-
-def test_a_rolling_step_moves_each_lease_once(local_stack: Any) -> None:
-    """A rolling deploy's step: w3 joins w1 and w2 (4 and 4), then w2 stops. w1 and w2 hand nothing
-    to w3 while it is a newcomer (lease.join_grace_s), so w3 takes the 4 leases w2 frees and w1's
-    never move. Without the grace w1 and w2 shed to w3 (3, 3 and 2), w1 is short once w2 stops and
-    takes one of its leases: a lease moved to a worker that a rolling deploy may stop next."""
-
-    async def scenario() -> None:
-        kinesis = MemoryKinesis(8)
-        grace_s = 8.0  # w2's stop and w3's claims land well within it, however slow the machine
-        async with world(local_stack, kinesis, lease={**PATIENT, "join_grace_s": grace_s}) as a:
-            b = await a.worker("w2")
-            started = asyncio.get_running_loop().time()
-            async with running(a) as stop_a, running(b) as stop_b:
-                await until(lambda: holdings(a, b) == {"w1": 4, "w2": 4}, timeout_s=15, what="4 and 4")
-                await asyncio.sleep(max(0.0, started + grace_s - asyncio.get_running_loop().time()))
-                c = await a.worker("w3")  # it starts (its heartbeat rows' started_at) the grace after w1 and w2
-                before = await lease_counters(a)
-                held_by_w1 = {sid for sid, owned in a.coordinator.owned.items() if owned.phase.reading}
-                async with running(c) as stop_c:
-                    await until(
-                        lambda: c.coordinator.ready
-                        and all("w3" in w.coordinator.cycle.view.newcomers(grace_s) for w in (a, b)),
-                        timeout_s=10,
-                        what="w3 ready, and a newcomer to w1 and w2",
-                    )
-                    await asyncio.sleep(5 * a.settings.lease.sync_interval_s)  # cycles that shed nothing
-                    assert holdings(a, b, c) == {"w1": 4, "w2": 4, "w3": 0}, "nothing handed to a newcomer"
-                    await stop_b()
-                    await until(lambda: holdings(a, c) == {"w1": 4, "w3": 4}, timeout_s=10, what="w3 takes w2's 4")
-                    after = await lease_counters(a)
-                    assert {sid: after[sid] - before[sid] for sid in held_by_w1} == dict.fromkeys(held_by_w1, 0)
-                    assert sorted(after[sid] - before[sid] for sid in before if sid not in held_by_w1) == [2] * 4
-                    await stop_c()
-                await stop_a()
 
     run(scenario())
 

@@ -247,56 +247,6 @@ def test_a_worker_short_of_its_share_asks_only_once_the_others_had_their_time_to
     assert not plan("b", leases({**shards(4, "a"), "s04": "b", "s05": "b", "s06": "b"}), ["a", "b"]).short
 
 
-def test_nothing_is_handed_over_to_a_newcomer_which_claims_free_leases_first() -> None:
-    owners = {**shards(8, "a"), **{f"s{i:02d}": "b" for i in range(8, 16)}}  # 16 on a and b, then c joins
-    for worker in ("a", "b"):
-        assert not plan(worker, leases(owners), ["a", "b", "c"], newcomers={"c"}).shed
-        assert plan(worker, leases(owners), ["a", "b", "c"]).shed, "no newcomer: c gets its share by handovers"
-    waiting = plan("c", leases(owners), ["a", "b", "c"], newcomers={"c"}, may_ask=False)
-    assert waiting.short and not waiting.claim and not waiting.ask
-    # 6 on a, 6 on b, 3 left by a worker that stopped: c, the newcomer, claims them, not a or b
-    owners = {**shards(6, "a"), **{f"s{i:02d}": "b" for i in range(6, 12)}}
-    owners.update({f"s{i:02d}": None for i in range(12, 15)})
-    assert len(plan("c", leases(owners), ["a", "b", "c"], may_ask=False).claim) == 3
-    for worker in ("a", "b"):
-        moves = plan(worker, leases(owners), ["a", "b", "c"], newcomers={"c"})
-        assert not moves.claim and not moves.shed
-
-
-def test_a_rolling_deploy_moves_each_lease_once_when_a_newcomer_takes_what_the_stopping_worker_frees() -> None:
-    """Kubernetes' rolling update: a new worker joins, then an old one stops and frees its leases.
-    Without the newcomer rule the old workers shed to the new one, are short once one of theirs
-    stops, and claim its leases: some move again when the next old worker stops."""
-    for newcomer_rule in (True, False):
-        old = ["o1", "o2", "o3", "o4"]
-        owners = {f"s{i:02d}": old[i // 4] for i in range(16)}
-        moved = 0
-        for step, stopping in enumerate(old):
-            live = [*sorted(owner for owner in set(owners.values()) if owner), f"n{step + 1}"]
-            new = {f"n{step + 1}"} if newcomer_rule else set()
-            moved += cycles_with(owners, live, 2, new)
-            for sid, owner in owners.items():
-                if owner == stopping:
-                    owners[sid] = None
-            moved += cycles_with(owners, [worker for worker in live if worker != stopping], 2, set())
-        assert Counter(owners.values()) == {"n1": 4, "n2": 4, "n3": 4, "n4": 4}
-        assert (moved == 16) is newcomer_rule, (newcomer_rule, moved)
-
-
-def cycles_with(owners: dict[str, str | None], live: list[str], rounds: int, newcomers: set[str]) -> int:
-    """:func:`cycles` (no requests) with ``newcomers`` seen as such by every worker but themselves."""
-    moved = 0
-    for _ in range(rounds):
-        for worker in live:
-            moves = plan(worker, leases(owners), live, newcomers=newcomers - {worker}, may_ask=False)
-            for lease in moves.claim:
-                owners[lease.shard_id] = worker
-                moved += 1
-            for sid in moves.shed:
-                owners[sid] = None
-    return moved
-
-
 def test_a_stream_read_no_more_leaves_the_offsets_of_the_others() -> None:
     shares = StreamShares()
     shares.publish("arn:a", readable=3, held=2)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 from efo.leases.model import Lease, WorkerRow
 from efo.leases.view import TableView
@@ -216,47 +215,3 @@ def test_moves_within_a_window_look_at_the_recent_moves_and_equal_every_move_loo
             for window in (0.5, 1.0, 3.0, 10.0, 1000.0):
                 expected = {shard_id for shard_id, at in full.moved_at.items() if clock.t - at < window}
                 assert view.moved_within(window) == expected, (seed, step, window)
-
-
-def _aged(beats: dict[str, tuple[int, float]], *, read_at_wall: float) -> dict[str, WorkerRow | None]:
-    """Heartbeat rows, each ``(counter, started)``: started that many seconds of wall time before the
-    epoch, and written ``read_at_wall`` (on each writer's own clock, which the view never compares)."""
-    epoch = datetime(2026, 1, 1, tzinfo=UTC)
-    return {
-        name: WorkerRow(
-            name, beat, epoch + timedelta(seconds=read_at_wall), started_at=epoch + timedelta(seconds=started)
-        )
-        for name, (beat, started) in beats.items()
-    }
-
-
-def test_a_worker_that_started_the_grace_after_the_oldest_is_a_newcomer_until_the_grace_after_its_start() -> None:
-    """Every worker tells the same from the rows: a newcomer started at least the grace after the
-    oldest live worker, and less than the grace ago. Workers that start together never are."""
-    clock = ManualClock(100.0)
-    view = TableView("me", failover_s=10.0, heartbeat_interval_s=2.0, clock=clock)
-    rows = _aged({"me": (1, 0.0), "early": (1, 3.0), "new": (1, 12.0)}, read_at_wall=13.0)
-    view.saw_workers(rows, issued_at=100.0, answered_at=100.0, complete=True)  # new: started 1 s ago
-    assert view.newcomers(10.0) == {"new"}, "early started with me: no newcomer"
-    assert view.newcomers(10.0, lasting_s=13.0) == {"new"} and view.newcomers(0.0) == set()
-    clock.t = 108.9
-    rows = _aged({"me": (5, 0.0), "early": (5, 3.0), "new": (5, 12.0)}, read_at_wall=21.9)
-    view.saw_workers(rows, issued_at=108.9, answered_at=108.9, complete=True)
-    assert view.newcomers(10.0) == {"new"}, "started 9.9 s ago"
-    clock.t = 109.0
-    assert view.newcomers(10.0) == set() and view.newcomers(10.0, lasting_s=13.0) == {"new"}
-
-
-def test_a_worker_that_joins_moments_after_another_newcomer_is_a_newcomer_to_it_too() -> None:
-    """A rolling deploy: n1 started 3 s before n2, both long after the old workers. n1 (a newcomer
-    itself) must not shed to n2 either, or n2's share comes from n1 and n1 takes a stopping worker's."""
-    clock = ManualClock(50.0)
-    view = TableView("n1", failover_s=10.0, heartbeat_interval_s=2.0, clock=clock)
-    rows = _aged({"old": (40, 0.0), "n1": (2, 100.0), "n2": (1, 103.0)}, read_at_wall=104.0)
-    view.saw_workers(rows, issued_at=50.0, answered_at=50.0, complete=True)
-    assert view.newcomers(10.0) == {"n1", "n2"}
-    alone = TableView("n1", failover_s=10.0, heartbeat_interval_s=2.0, clock=clock)
-    alone.saw_workers(
-        _aged({"n1": (2, 100.0), "n2": (1, 103.0)}, read_at_wall=104.0), issued_at=50.0, answered_at=50.0, complete=True
-    )
-    assert alone.newcomers(10.0) == set(), "without the old worker they started together"
