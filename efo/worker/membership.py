@@ -13,7 +13,10 @@ second on one partition key at 256 workers. Instead:
   eventually consistent. A watched worker whose counter did not change for ``failover_s`` is dead:
   its row is deleted (if still as read: :meth:`~efo.leases.table.LeaseTable.reap_worker`) and the
   counter moved, so every worker reads the rows again, finds none for it, and takes its leases. One
-  whose row says it is in doubt, or no longer, moves the counter too.
+  whose row says it is in doubt, or no longer, moves the counter too. A worker that joins or leaves
+  moves others' places on the ring: a worker keeps watching those it no longer watches for
+  ``failover_s`` more, so a death is found in time by whoever watched it from before (a newcomer
+  counts a row's age only from its own first read of it).
 - **The safety net.** Every row is read again about every :data:`ALL_ROWS_EVERY_S` (at a random
   moment of its second half): a death whose watchers died with it is found then.
 
@@ -26,13 +29,13 @@ follows a change of who is alive, and a stale answer would show a reaped row, al
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import structlog
 
 from efo.clock import Clock
 from efo.leases.model import WorkerRow
-from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
 from efo.observability import METRICS
 
@@ -46,10 +49,22 @@ ALL_ROWS_EVERY_S = 60.0
 JITTER_FROM = 0.5
 
 
+class HeartbeatRows(Protocol):
+    """What membership uses of the lease table (:class:`efo.leases.table.LeaseTable`)."""
+
+    worker_id: str
+
+    async def read_workers(self, *, consistent: bool = False) -> dict[str, WorkerRow]: ...
+    async def read_some_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRow | None]: ...
+    async def read_worker(self, worker_id: str) -> WorkerRow | None: ...
+    async def reap_worker(self, worker_id: str, heartbeat: int) -> bool: ...
+    async def members_changed(self) -> None: ...
+
+
 class Membership:
     def __init__(
         self,
-        table: LeaseTable,
+        table: HeartbeatRows,
         view: TableView,
         clock: Clock,
         rng: Callable[[], float] = random.random,
@@ -64,6 +79,9 @@ class Membership:
         self._members: int | None = None  # the counter as of the last read of every row
         self._full_due = 0.0
         self._doubting: set[str] = set()  # watched workers whose row said "in doubt", at the last read
+        self._ring: set[str] = set()  # the WATCHED after this one around the ring, at the last read
+        self._watched_until: dict[str, float] = {}  # no longer on the ring's part: watched until then
+        self.watching: set[str] = set()  # the rows each cycle reads: the ring's part, and those still watched
         self.rows: dict[str, WorkerRow] = {}  # every row as last read (the watched ones since)
         self.announce = True  # this worker's own change to announce (its start, its recovery)
         self._log = log.bind(worker_id=table.worker_id)
@@ -80,8 +98,9 @@ class Membership:
             self._view.saw_workers(rows, issued_at=issued_at, answered_at=answered_at, complete=True)
             self._members = members
             self._full_due = issued_at + ALL_ROWS_EVERY_S * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
+            self._rewatch()
             return
-        asked = self._view.watched(WATCHED)
+        asked = sorted(self.watching)
         self._reads.inc(len(asked))
         watched = await self._table.read_some_workers(asked)
         answered_at = self._clock.now()
@@ -91,6 +110,22 @@ class Membership:
             else:
                 self.rows[worker] = row
         self._view.saw_workers(watched, issued_at=issued_at, answered_at=answered_at, complete=False)
+        self._rewatch()
+
+    def _rewatch(self) -> None:
+        """Who to watch after a read: the ring's part, and for ``failover_s`` those that left it."""
+        now = self._clock.now()
+        ring = set(self._view.watched(WATCHED))
+        for worker in self._ring - ring:
+            self._watched_until[worker] = now + self._view.failover_s
+        self._ring = ring
+        known = self._view.known()
+        self._watched_until = {
+            worker: until
+            for worker, until in self._watched_until.items()
+            if until > now and worker in known and worker not in ring
+        }
+        self.watching = ring | self._watched_until.keys()
 
     async def read_one(self, worker: str) -> WorkerRow | None:
         """One worker's row, strongly consistent (None: it has none), to confirm a death before taking."""
@@ -104,7 +139,7 @@ class Membership:
         if self.announce:
             moved = True
             self.announce = False
-        watched = set(self._view.watched(WATCHED))
+        watched = self.watching
         for worker in sorted(self._view.dead & watched):
             beat = self._view.beat(worker)
             if beat is not None and await self._table.reap_worker(worker, beat):
@@ -123,4 +158,4 @@ class Membership:
 
     def next_death_at(self) -> float | None:
         """When the first watched worker would turn dead if it does not beat before."""
-        return self._view.next_death_at(set(self._view.watched(WATCHED)))
+        return self._view.next_death_at(self.watching)
