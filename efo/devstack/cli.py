@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from efo.config import DURATION_ALLOWED, duration_s
-from efo.devstack.producer import kinesis_client, wait_active
+from efo.devstack.producer import kinesis_client, wait_active, wait_deleted
 from efo.devstack.stack import (
     DEFAULT_REGION,
     DEFAULT_SHARD_LIMIT,
@@ -151,8 +151,9 @@ def add_dev_commands(subparsers: Any) -> None:
     create.add_argument("--wait-s", type=_duration, default=STREAM_ACTIVE_TIMEOUT_S, help="how long to wait")
     _state_dir_option(create)
     create.set_defaults(handler=cmd_stream_create)
-    delete = streams.add_parser("delete", help="delete a stream (and its consumers)")
+    delete = streams.add_parser("delete", help="delete a stream (and its consumers) and wait until it is gone")
     delete.add_argument("name")
+    delete.add_argument("--wait-s", type=_duration, default=STREAM_ACTIVE_TIMEOUT_S, help="how long to wait")
     _state_dir_option(delete)
     delete.set_defaults(handler=cmd_stream_delete)
     listing = streams.add_parser("list", help="the stack's streams and their open shards")
@@ -400,8 +401,13 @@ def cmd_stream_delete(args: argparse.Namespace) -> int:
     endpoints = _running_stack(args)
     if endpoints is None:
         return EXIT_RUNTIME
+    kinesis = _kinesis(endpoints)
     try:
-        _kinesis(endpoints).delete_stream(StreamName=args.name, EnforceConsumerDeletion=True)
+        kinesis.delete_stream(StreamName=args.name, EnforceConsumerDeletion=True)
+        wait_deleted(kinesis, args.name, args.wait_s)
+    except TimeoutError as exc:
+        _error(f"{exc}; see `efo dev stream list`")
+        return EXIT_RUNTIME
     except Exception as exc:
         return _fail(translate(exc, resource=f"stream {args.name!r}", hint="see `efo dev stream list`"))
     print(f"stream {args.name!r} deleted, with its consumers")

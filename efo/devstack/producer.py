@@ -11,6 +11,8 @@ from typing import Any
 import botocore.config
 import botocore.session
 
+from efo.errors import error_code
+
 PUT_RECORDS_MAX = 500  # records per PutRecords call (the API's limit)
 
 
@@ -41,6 +43,22 @@ def wait_active(kinesis: Any, stream: str, timeout_s: float = 30.0) -> None:
     while kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
         if time.monotonic() > deadline:
             raise TimeoutError(f"stream {stream} not ACTIVE after {timeout_s} s")
+        time.sleep(0.1)
+
+
+def wait_deleted(kinesis: Any, stream: str, timeout_s: float = 30.0) -> None:
+    """Until ``stream`` is gone (Kinesis deletes it some time after DeleteStream answers; it is DELETING
+    meanwhile); TimeoutError naming its status if it is not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+        except Exception as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                return
+            raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"stream {stream!r} is still {summary['StreamStatus']} after {timeout_s:g} s")
         time.sleep(0.1)
 
 

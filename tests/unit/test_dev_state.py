@@ -68,3 +68,37 @@ def test_stream_list_leaves_out_a_stream_deleted_between_the_listing_and_its_des
     monkeypatch.setattr(dev, "_kinesis", lambda endpoints: Kinesis())
     assert dev.cmd_stream_list(argparse.Namespace(json=True)) == 0
     assert json.loads(capsys.readouterr().out) == [{"stream": "orders", "status": "ACTIVE", "open_shards": 2}]
+
+
+def test_stream_delete_says_deleted_only_once_the_stream_is_gone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by CI (tests/integration/test_dev_cli.py): kinesis-local deletes a stream some time after
+    DeleteStream answers; `efo dev stream delete` said 'deleted' and the next list still showed it,
+    DELETING. It waits until the stream is gone, and says so if it is not within --wait-s."""
+    import botocore.exceptions
+
+    from efo.devstack import cli as dev
+
+    class Kinesis:
+        def __init__(self, described_before_gone: int) -> None:
+            self.left = described_before_gone
+
+        def delete_stream(self, **request: object) -> None:
+            pass
+
+        def describe_stream_summary(self, StreamName: str) -> dict[str, object]:
+            if self.left == 0:
+                error = {"Error": {"Code": "ResourceNotFoundException", "Message": "not found"}}
+                raise botocore.exceptions.ClientError(error, "DescribeStreamSummary")  # type: ignore[arg-type]
+            self.left -= 1
+            return {"StreamDescriptionSummary": {"StreamStatus": "DELETING", "OpenShardCount": 0}}
+
+    kinesis = Kinesis(described_before_gone=3)
+    monkeypatch.setattr(dev, "_running_stack", lambda args: object())
+    monkeypatch.setattr(dev, "_kinesis", lambda endpoints: kinesis)
+    assert dev.cmd_stream_delete(argparse.Namespace(name="orders", wait_s=5.0)) == 0
+    assert kinesis.left == 0 and "stream 'orders' deleted" in capsys.readouterr().out
+    kinesis = Kinesis(described_before_gone=10**6)
+    assert dev.cmd_stream_delete(argparse.Namespace(name="orders", wait_s=0.3)) == 1
+    assert "stream 'orders' is still DELETING after 0.3 s" in capsys.readouterr().err
