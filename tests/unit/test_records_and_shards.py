@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import types
 from datetime import UTC, datetime
 
@@ -384,15 +382,6 @@ def test_to_table_of_no_chunks_is_an_empty_table_with_the_schema() -> None:
     table = to_table([])
     assert table.num_rows == 0
     assert table.schema.equals(SCHEMA)
-
-
-def test_importing_sparkbridge_arrow_loads_no_pyspark_or_py4j_so_no_jvm() -> None:
-    code = (
-        "import sys, sparkbridge.arrow;"
-        "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')}))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
 
 
 # ---- describe_batch ---------------------------------------------------------------------
