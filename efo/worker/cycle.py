@@ -4,7 +4,8 @@ Every ``lease.sync_interval_s`` (and at once when asked) it reads the lease tabl
 in this order: a lease another worker took is dropped here; operators' resets are applied, and
 other workers' handover requests (honoured, or declined when they come just after this worker
 handed leases over down to its share: :func:`efo.leases.balance.answer_requests`); then its
-moves are worked out (:func:`efo.leases.balance.plan`) and it claims free leases, hands over
+moves are decided from what it sees and remembers (:func:`efo.worker.decision.decide`: no table, no
+clock, tested alone) and it performs them: it claims free leases, hands over
 what it holds above its share and asks for what it lacks; a lease asked for and neither handed
 over nor declined within ``failover_s`` is taken; a shard gone from the stream before it was
 finished is finished, so its children do not wait for ever.
@@ -34,6 +35,7 @@ from efo.leases.readable import can_read as _can_read_among
 from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
 from efo.observability import METRICS
+from efo.worker.decision import SETTLE_CYCLES, Memory, Seen, decide
 from efo.worker.membership import Membership
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
@@ -42,20 +44,6 @@ from efo.worker.streams import StreamShares
 
 log = structlog.get_logger("efo.worker.cycle")
 
-#: A lease that changed owner this many lease cycles ago or less is not moved again (no ping-pong).
-SETTLE_CYCLES = 10
-#: A worker short of its share asks for a lease only after this many cycles: time for the others to
-#: see its heartbeat and shed on their own (asking at once races that, and more moves than needed).
-ASK_AFTER_CYCLES = 3
-#: A readable lease nobody claimed for this many cycles is claimable up to the ceiling by any worker
-#: with room, whatever the shares say: workers that disagree on them (their lists of streams differ
-#: during a rolling restart) would otherwise each leave it to another. Three: a rolling deploy that
-#: replaces a worker every second or two changes the shares faster than they settle, and a shard left
-#: so must be read again within 5 s (issue 37's goal; five cycles, and its claim, took longer).
-STALE_FREE_CYCLES = 3
-#: After this worker took stale leases (a short worker did not claim what was free), it hands
-#: nothing over to short workers for this many cycles: at most one such move a minute, no churn.
-QUIET_CYCLES = 60
 #: Claims of one cycle go out this many at once.
 CLAIM_CONCURRENCY = 16
 #: Finished leases deleted after one listing at most (each moves its partition's version once a cycle).
@@ -92,12 +80,9 @@ class LeaseCycle:
         self.view = TableView(self._me, settings.lease.failover_s, settings.lease.heartbeat_interval_s, clock)
         self.membership = Membership(table, self.view, clock, stream=owned.stream)
         self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
-        self._short_since: float | None = None  # below its share, nothing free: since when
-        self._ask_not_before = 0.0  # a request of this worker was declined: no other before this
+        self._memory = Memory()  # what the decision keeps from one cycle to the next
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self._cleaned_for = 0.0  # the listing (when it was asked for) the last deletion of finished leases followed
-        self._free_since: dict[str, float] = {}  # readable leases without a live owner: first seen then
-        self._quiet_until = 0.0  # no shedding to short workers before this (after a stale claim)
         self._gave_at: float | None = None  # when it last handed a lease over for balance (shed, asked, stranded)
         self._readable = ReadableLeases()  # the leases that can be read now, by owner
         self._cache = LeaseCache(table, settings.lease.full_read_interval_s, clock, stream=owned.stream)
@@ -178,41 +163,26 @@ class LeaseCycle:
         self._shares.publish(arn, readable=count, held=held)
         interval_s = self._settings.lease.sync_interval_s
         now = self._clock.now()
-        free = (
-            shard_id for owner, leases in readable.items() if owner is None or owner not in live for shard_id in leases
-        )
-        self._free_since = {shard_id: self._free_since.get(shard_id, now) for shard_id in free}
-        stale = {sid for sid, since in self._free_since.items() if now - since >= STALE_FREE_CYCLES * interval_s}
-        short_for_s = None if self._short_since is None else self._clock.now() - self._short_since
-        busy = {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
-        moves = balance.plan_by_owner(
-            self._me,
-            readable,
-            self.view.live,
-            moved_recently=self.view.moved_within(SETTLE_CYCLES * interval_s) | busy,
-            reserved_for_others=self.view.reserved_for_others() | handing_over,
+        seen = Seen(
+            me=self._me,
+            readable=readable,
+            live=live,
+            interval_s=interval_s,
             stranded=stranded,
+            moved_recently=self.view.moved_within(SETTLE_CYCLES * interval_s)
+            | {sid for sid, owned in self._owned.items() if not owned.phase.reading},  # draining: leave it be
+            reserved_for_others=self.view.reserved_for_others() | handing_over,
             asked=len(self.asked),
-            may_ask=short_for_s is not None
-            and short_for_s >= ASK_AFTER_CYCLES * interval_s
-            and now >= self._ask_not_before,
             max_leases=limit or None,
             max_steals=self._settings.lease.max_steals_per_cycle,
             rank_offset=rank_offset,
             exact=self._shares.several and self._same_streams(state),
             room=room,
-            stale_free=stale,
-            shed_for_short=now >= self._quiet_until,
         )
-        if any(lease.shard_id in stale for lease in moves.claim):
-            self._quiet_until = now + QUIET_CYCLES * interval_s
+        moves, self._memory = decide(seen, self._memory, now)
         # What it will hold once these land, before any await: the next stream's room counts it (a
         # lease being shed still counts until its handover is done).
         self._shares.publish(arn, readable=count, held=held + len(moves.claim))
-        if not moves.short:
-            self._short_since = None
-        elif self._short_since is None:
-            self._short_since = self._clock.now()
         # Fenced on each lease as it is in the table; a bounded number at once. A lease of a worker
         # thought dead is taken only once a fresh read of its heartbeat says so still.
         alive = await self._confirm_dead(lease.owner for lease in moves.claim)
@@ -472,7 +442,8 @@ class LeaseCycle:
                 if lease is not None and lease.owner not in (None, self._me):
                     # Declined: its owner gave leases over lately and declines for failover_s after
                     # that; what it shed comes here first, and asking again meanwhile would be refused.
-                    self._ask_not_before = self._clock.now() + self._settings.lease.failover_s
+                    not_before = self._clock.now() + self._settings.lease.failover_s
+                    self._memory = replace(self._memory, ask_not_before=not_before)
                 continue
             if lease.owner is not None and self._clock.now() - asked_at >= self._settings.lease.failover_s:
                 self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)

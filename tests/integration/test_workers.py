@@ -21,7 +21,7 @@ from efo.leases.model import TableState
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.records import Position, after
-from efo.worker.cycle import ASK_AFTER_CYCLES, SETTLE_CYCLES
+from efo.worker.decision import ASK_AFTER_CYCLES, SETTLE_CYCLES
 
 from .memory_kinesis import MemoryKinesis
 from .test_coordinator import World, run, running, until, world

@@ -1,0 +1,106 @@
+"""One lease cycle's moves, decided from what this worker sees and remembers, at a moment of its clock:
+``decide(seen, memory, now) -> (plan, memory)``. No table, no clock, no await: the lease cycle
+(:class:`efo.worker.cycle.LeaseCycle`) gathers what it sees, calls :func:`decide`, and performs the
+plan (claims, handovers, requests). :func:`efo.leases.balance.plan_by_owner` decides the shares;
+this adds what spans cycles:
+
+- a readable lease without a live owner for :data:`STALE_FREE_CYCLES` cycles is **stale**: any
+  worker with room claims it up to the ceiling, whatever the shares say (workers that disagree on
+  who is alive, or on the shares, would each leave it to another);
+- after such a claim, this worker hands nothing over to short workers for :data:`QUIET_CYCLES`
+  cycles (the short worker did not claim what was free; moving it back and forth would churn);
+- a worker short of its share with nothing free **asks** only once it has been short for
+  :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own), and not before
+  ``ask_not_before`` (a request of its own was declined lately).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from efo.leases import balance
+from efo.leases.model import Lease
+
+#: A lease that changed owner this many lease cycles ago or less is not moved again (no ping-pong).
+SETTLE_CYCLES = 10
+#: A worker short of its share asks for a lease only after this many cycles: time for the others to
+#: see its heartbeat and shed on their own (asking at once races that, and more moves than needed).
+ASK_AFTER_CYCLES = 3
+#: A readable lease nobody claimed for this many cycles is claimable up to the ceiling by any worker
+#: with room, whatever the shares say: workers that disagree on them (their lists of streams differ
+#: during a rolling restart) would otherwise each leave it to another. Three: a rolling deploy that
+#: replaces a worker every second or two changes the shares faster than they settle, and a shard left
+#: so must be read again within 5 s (issue 37's goal; five cycles, and its claim, took longer).
+STALE_FREE_CYCLES = 3
+#: After this worker took stale leases (a short worker did not claim what was free), it hands
+#: nothing over to short workers for this many cycles: at most one such move a minute, no churn.
+QUIET_CYCLES = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What one cycle sees: the readable leases by owner as the plan is to see them (a lease being
+    handed over is its asker's, or free), and this worker's circumstances."""
+
+    me: str
+    readable: Mapping[str | None, Mapping[str, Lease]]
+    live: AbstractSet[str]
+    interval_s: float  # lease.sync_interval_s: what a cycle is, in seconds
+    stranded: AbstractSet[str] = frozenset()  # this worker's in the table, not running here
+    moved_recently: AbstractSet[str] = frozenset()  # changed hands lately, or draining here
+    reserved_for_others: AbstractSet[str] = frozenset()
+    asked: int = 0  # this worker's requests still open
+    max_leases: int | None = None
+    max_steals: int = 1
+    rank_offset: int = 0
+    exact: bool = False
+    room: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What the decision keeps from one cycle to the next, on this worker's clock (seconds)."""
+
+    free_since: Mapping[str, float] = field(default_factory=dict)  # readable, no live owner: first seen then
+    short_since: float | None = None  # below its share with nothing free: since then
+    quiet_until: float = 0.0  # no handing over to short workers before then
+    ask_not_before: float = 0.0  # a request of this worker was declined: none before then
+
+
+def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory]:
+    """This cycle's moves, and what to remember for the next."""
+    live = seen.live
+    free_since = {
+        shard_id: memory.free_since.get(shard_id, now)
+        for owner, leases in seen.readable.items()
+        if owner is None or owner not in live
+        for shard_id in leases
+    }
+    stale = {shard_id for shard_id, since in free_since.items() if now - since >= STALE_FREE_CYCLES * seen.interval_s}
+    short_for_s = None if memory.short_since is None else now - memory.short_since
+    plan = balance.plan_by_owner(
+        seen.me,
+        seen.readable,
+        live,
+        moved_recently=seen.moved_recently,
+        reserved_for_others=seen.reserved_for_others,
+        stranded=seen.stranded,
+        asked=seen.asked,
+        may_ask=short_for_s is not None
+        and short_for_s >= ASK_AFTER_CYCLES * seen.interval_s
+        and now >= memory.ask_not_before,
+        max_leases=seen.max_leases,
+        max_steals=seen.max_steals,
+        rank_offset=seen.rank_offset,
+        exact=seen.exact,
+        room=seen.room,
+        stale_free=stale,
+        shed_for_short=now >= memory.quiet_until,
+    )
+    quiet_until = memory.quiet_until
+    if any(lease.shard_id in stale for lease in plan.claim):
+        quiet_until = now + QUIET_CYCLES * seen.interval_s
+    short_since = None if not plan.short else memory.short_since if memory.short_since is not None else now
+    return plan, Memory(free_since, short_since, quiet_until, memory.ask_not_before)
