@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from efo.leases.table import META_KEY, SHARD_PREFIX, meta_of
+from efo.leases.codec import META_KEY, SHARD_PREFIX, meta_of
 
 
 def shard_leases(dynamodb: Any, table: str, app: str, stream_arn: str) -> dict[str, dict[str, Any]]:

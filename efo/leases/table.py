@@ -51,8 +51,8 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -61,13 +61,37 @@ from efo import __version__
 from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded
 from efo.errors import ConfigError, LayoutOutdated, LeaseLost, ResourceNotFound, error_code, translate
+from efo.leases.codec import (
+    AFTER_SHARDS,
+    GROWN,
+    LEASE_ROWS_AFTER,
+    MARK_ATTRIBUTE,
+    MARK_KEY,
+    MEMBERS_ATTRIBUTE,
+    META_KEY,
+    PARENTS_UNCHECKED_ATTRIBUTE,
+    REGISTRY_PK,
+    RESERVED_PREFIX,
+    RESET_PREFIX,
+    SHARD_PREFIX,
+    SUBSCRIBED_ATTRIBUTE,
+    VERSION_KEY,
+    WORKER_PREFIX,
+    Update,
+    datetime_of,
+    meta_of,
+    number_of,
+    parse_lease,
+    position_item,
+    stamp,
+    version_attribute,
+)
 from efo.leases.model import (
     LAYOUT_FORMAT,
     MIN_LEASE_PARTITIONS,
     Layout,
     Lease,
     Meta,
-    PendingReset,
     TableState,
     WorkerRow,
     lease_partition_of,
@@ -77,154 +101,8 @@ from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.leases.table")
 
-META_KEY = "meta"
-WORKER_PREFIX = "worker|"
-#: The registry partition: one row per application partition of the table (``sk = <app>|<stream ARN>``).
-REGISTRY_PK = "efo:partitions"
-SHARD_PREFIX = "shard|"
-#: A shard's reservation (the partition of its lease), in its lease partition of generation 0.
-RESERVED_PREFIX = "made|"
-#: A grown table's ``lease_partitions``: a string, which an older release fails to read as a number.
-GROWN = "grown: see lease_generations; efo of this table's layout_format or later reads it"
-VERSION_KEY = "version"
-#: On the version row: moved by every change of who is alive (efo.leases.membership).
-MEMBERS_ATTRIBUTE = "members"
-#: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
-AFTER_SHARDS = "shard}"
-#: In a lease partition: the mark, a copy of its version (read with its leases, in the same Query).
-MARK_KEY = "version"
-MARK_ATTRIBUTE = "changes"
-#: Sorts before every ``shard|`` key and the mark of a lease partition: a read of its leases takes what follows.
-LEASE_ROWS_AFTER = "shard"
-#: On a released lease's row until its next claim: when its last owner last subscribed to its shard
-#: (epoch seconds), so that the next owner's first SubscribeToShard comes when Kinesis takes it.
-SUBSCRIBED_ATTRIBUTE = "subscribed_at"
-#: On a lease's row from a reset applied without a claim until its next claim: the claim reads the
-#: parents strongly first (:attr:`efo.leases.model.Lease.parents_unchecked`).
-PARENTS_UNCHECKED_ATTRIBUTE = "parents_unchecked"
 #: The lease partitions of one read go out this many at once.
 READ_CONCURRENCY = 8
-
-
-def _version_attribute(partition: int) -> str:
-    return f"p{partition}"
-
-
-POSITION_ATTRIBUTES = ("position_kind", "sequence_number", "sub_sequence_number", "position_timestamp")
-RESET_PREFIX = "reset_"
-
-
-def _position_item(position: Position, prefix: str = "") -> dict[str, Any]:
-    item: dict[str, Any] = {f"{prefix}position_kind": {"S": position.kind}}
-    if position.sequence_number is not None:
-        item[f"{prefix}sequence_number"] = {"S": position.sequence_number}
-    if position.sub_sequence_number is not None:
-        item[f"{prefix}sub_sequence_number"] = {"N": str(position.sub_sequence_number)}
-    if position.timestamp is not None:
-        item[f"{prefix}position_timestamp"] = {"N": repr(position.timestamp.timestamp())}
-    return item
-
-
-def _position_of(item: dict[str, Any], prefix: str = "") -> Position:
-    kind = item[f"{prefix}position_kind"]["S"]
-    stamp = item.get(f"{prefix}position_timestamp", {}).get("N")
-    sub = item.get(f"{prefix}sub_sequence_number", {}).get("N")
-    return Position(
-        kind,
-        item.get(f"{prefix}sequence_number", {}).get("S"),
-        int(sub) if sub is not None else None,
-        datetime.fromtimestamp(float(stamp), UTC) if stamp is not None else None,
-    )
-
-
-def parse_lease(item: dict[str, Any]) -> Lease:
-    reset_id = item.get("reset_id", {}).get("S")
-    lag = item.get("lag_ms", {}).get("N")
-    subscribed = item.get(SUBSCRIBED_ATTRIBUTE, {}).get("N")
-    return Lease(
-        shard_id=item["sk"]["S"].removeprefix(SHARD_PREFIX),
-        parents=tuple(p["S"] for p in item.get("parents", {}).get("L", [])),
-        owner=item.get("lease_owner", {}).get("S"),
-        counter=int(item.get("lease_counter", {}).get("N", "0")),
-        checkpoint=_position_of(item),
-        updated_at=_datetime(item.get("updated_at", {}).get("S")),
-        wanted_by=item.get("wanted_by", {}).get("S"),
-        reset=PendingReset(reset_id, _position_of(item, RESET_PREFIX)) if reset_id else None,
-        lag_ms=int(lag) if lag is not None else None,
-        subscribed_at=datetime.fromtimestamp(float(subscribed), UTC) if subscribed is not None else None,
-        parents_unchecked=item.get(PARENTS_UNCHECKED_ATTRIBUTE, {}).get("BOOL", False),
-    )
-
-
-def _stamp(moment: datetime) -> dict[str, Any]:
-    return {"S": moment.isoformat()}
-
-
-def _datetime(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text) if text else None
-
-
-@dataclass
-class _Update:
-    """One conditional UpdateItem, built up clause by clause."""
-
-    sets: list[str] = field(default_factory=list)
-    removes: list[str] = field(default_factory=list)
-    conditions: list[str] = field(default_factory=list)
-    values: dict[str, Any] = field(default_factory=dict)
-
-    def set_position(self, position: Position, prefix: str = "") -> None:
-        attributes = _position_item(position, prefix)
-        for name, value in attributes.items():
-            self.sets.append(f"{name} = :{name}")
-            self.values[f":{name}"] = value
-        self.removes += [prefix + name for name in POSITION_ATTRIBUTES if prefix + name not in attributes]
-
-    def fence(self, lease: Lease) -> None:
-        """Only if the lease is still as it was read: the same owner (or none) and counter."""
-        self.values[":counter"] = {"N": str(lease.counter)}
-        self.conditions.append("lease_counter = :counter")
-        if lease.owner is None:
-            self.conditions.append("attribute_not_exists(lease_owner)")
-        else:
-            self.values[":owner"] = {"S": lease.owner}
-            self.conditions.append("lease_owner = :owner")
-
-    def next_counter(self) -> None:
-        self.sets.append("lease_counter = lease_counter + :one")
-        self.values[":one"] = {"N": "1"}
-
-    def apply_reset(self, reset: PendingReset, now: datetime) -> None:
-        """The pending reset becomes the checkpoint, if it is still the one that was read."""
-        self.set_position(reset.position)
-        self.sets.append("updated_at = :now")
-        self.values[":now"] = _stamp(now)
-        self.removes += ["reset_id", *(RESET_PREFIX + name for name in POSITION_ATTRIBUTES)]
-        self.values[":reset"] = {"S": reset.reset_id}
-        self.conditions.append("reset_id = :reset")
-
-    def expression(self) -> str:
-        removes = sorted(set(self.removes))
-        clauses = (["SET " + ", ".join(self.sets)] if self.sets else []) + (
-            ["REMOVE " + ", ".join(removes)] if removes else []
-        )
-        return " ".join(clauses)
-
-
-def meta_of(item: dict[str, Any]) -> Meta:
-    """The meta row, parsed (the one place that knows its attributes)."""
-    started = item.get("started_at", {}).get("N")
-    generations = item.get("lease_generations", {}).get("L", [])
-    return Meta(
-        stream_created_at=datetime.fromtimestamp(float(item["stream_created_at"]["N"]), UTC),
-        initial_position=item["initial_position"]["S"],
-        started_at=datetime.fromtimestamp(float(started), UTC) if started else None,
-        complete=item.get("complete", {}).get("BOOL", True),
-        bootstrapper=item.get("bootstrapper", {}).get("S"),
-        lease_partitions=_number(item, "lease_partitions"),  # a string in a grown table
-        lease_generations=tuple(int(size["N"]) for size in generations),
-        layout_format=_number(item, "layout_format") or 0,
-    )
 
 
 class LeaseTable:
@@ -273,7 +151,7 @@ class LeaseTable:
         self._parse_lease = parse_lease
 
     def _now(self) -> dict[str, Any]:
-        return _stamp(self._clock.wall())
+        return stamp(self._clock.wall())
 
     def _key(self, sort_key: str) -> dict[str, Any]:
         return {"pk": {"S": self.partition}, "sk": {"S": sort_key}}
@@ -367,7 +245,7 @@ class LeaseTable:
             )
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        return _number(response.get("Item"), "partition")
+        return number_of(response.get("Item"), "partition")
 
     async def _place(self, shard_id: str) -> int:
         """Where a new lease of ``shard_id`` goes: its partition of the newest generation this client
@@ -641,9 +519,9 @@ class LeaseTable:
             state.workers[worker_id] = WorkerRow(
                 worker_id=worker_id,
                 heartbeat=int(item["heartbeat"]["N"]),
-                updated_at=_datetime(item.get("updated_at", {}).get("S")),
+                updated_at=datetime_of(item.get("updated_at", {}).get("S")),
                 version=item.get("version", {}).get("S"),
-                started_at=_datetime(item.get("started_at", {}).get("S")),
+                started_at=datetime_of(item.get("started_at", {}).get("S")),
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
                 reads=item.get("reads", {}).get("S"),
                 in_doubt=item.get("in_doubt", {}).get("BOOL", False),
@@ -695,7 +573,7 @@ class LeaseTable:
             "parents": {"L": [{"S": p} for p in parents]},
             "lease_counter": {"N": "0"},
             "updated_at": self._now(),
-            **_position_item(start),
+            **position_item(start),
         }
         partition = await self._place(shard_id) if reserve else (await self.lease_layout()).home(shard_id)
         self._where[shard_id] = partition
@@ -758,7 +636,7 @@ class LeaseTable:
         was read), or raise LeaseLost. A pending reset is applied in the same write; a steal
         request (``wanted_by``) is cleared. An asker taking an overdue lease fails once the owner
         declined its request (which moves no counter)."""
-        update = _Update()
+        update = Update()
         update.fence(lease)
         if lease.wanted_by is not None:
             update.values[":wanted"] = {"S": lease.wanted_by}
@@ -784,7 +662,7 @@ class LeaseTable:
         """Apply the lease's pending reset without taking it: the owner's (a new claim of the same
         owner: the counter moves) or an unowned, finished lease's (so that it is read again)."""
         assert lease.reset is not None
-        update = _Update()
+        update = Update()
         update.fence(lease)
         update.next_counter()
         now = self._clock.wall()
@@ -805,7 +683,7 @@ class LeaseTable:
     async def checkpoint(self, lease: Lease, position: Position, *, lag_ms: int | None = None) -> Lease:
         """Store where the shard resumes (or SHARD_END), and how far behind the owner's last event
         was. Fenced by owner and counter."""
-        update = _Update()
+        update = Update()
         update.fence(lease)
         update.set_position(position)
         update.sets.append("updated_at = :now")
@@ -819,7 +697,7 @@ class LeaseTable:
     async def finish(self, lease: Lease) -> Lease:
         """SHARD_END: the sink committed the shard's last record. A finished lease has no owner, so
         that anyone may apply an operator's reset to it."""
-        update = _Update()
+        update = Update()
         update.fence(lease)
         update.set_position(SHARD_END)
         update.sets.append("updated_at = :now")
@@ -863,7 +741,7 @@ class LeaseTable:
         steal request stays, so the worker that asked takes it first. ``subscribed_at``: when this
         worker last subscribed to the shard, so that the next owner's first call comes as soon as
         Kinesis takes it (5 s after that), neither sooner (refused) nor later (a backoff)."""
-        update = _Update()
+        update = Update()
         update.fence(lease)
         update.removes.append("lease_owner")
         if subscribed_at is not None:
@@ -875,7 +753,7 @@ class LeaseTable:
 
     async def want(self, lease: Lease) -> None:
         """Ask the owner to hand the lease over (a steal is a request, not a grab)."""
-        update = _Update()
+        update = Update()
         update.fence(lease)
         update.sets.append("wanted_by = :me")
         update.values[":me"] = {"S": self.worker_id}
@@ -887,7 +765,7 @@ class LeaseTable:
         """Clear another worker's handover request for a lease held here, which stays here: the
         asker stops waiting for it (and does not take it once its request is overdue)."""
         assert lease.owner == self.worker_id and lease.wanted_by, lease
-        update = _Update()
+        update = Update()
         update.fence(lease)
         update.removes.append("wanted_by")
         update.values[":asker"] = {"S": lease.wanted_by}
@@ -907,7 +785,7 @@ class LeaseTable:
         reset_id = uuid.uuid4().hex
         async with self.changing():  # every partition's version moves once, at the end, together
             for shard_id in shard_ids:
-                update = _Update()
+                update = Update()
                 update.set_position(position, RESET_PREFIX)
                 update.sets.append("reset_id = :reset")
                 update.values[":reset"] = {"S": reset_id}
@@ -926,7 +804,7 @@ class LeaseTable:
         return reset_id
 
     async def _update(
-        self, lease: Lease, update: _Update, *, missing: str | None = None, returning: bool = False
+        self, lease: Lease, update: Update, *, missing: str | None = None, returning: bool = False
     ) -> dict[str, Any]:
         """One conditional UpdateItem of the lease's row; with ``returning``, the row as written."""
         key = await self._lease_key(lease.shard_id)
@@ -1025,7 +903,7 @@ class LeaseTable:
             answer = await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
-                UpdateExpression="ADD " + ", ".join(f"{_version_attribute(p)} :one" for p in names),
+                UpdateExpression="ADD " + ", ".join(f"{version_attribute(p)} :one" for p in names),
                 ExpressionAttributeValues={":one": {"N": "1"}},
                 ReturnValues="ALL_NEW",
             )
@@ -1040,7 +918,7 @@ class LeaseTable:
             log.warning("version.bump_failed", error=str(error), code=error.code, worker_id=self.worker_id)
             return
         moved = answer.get("Attributes", {})
-        versions = {p: int(moved[_version_attribute(p)]["N"]) for p in names if _version_attribute(p) in moved}
+        versions = {p: int(moved[version_attribute(p)]["N"]) for p in names if version_attribute(p) in moved}
         await bounded(READ_CONCURRENCY, lambda item: self._mark(*item), list(versions.items()))
 
     async def _mark(self, partition: int, version: int) -> None:
@@ -1135,7 +1013,7 @@ class LeaseTable:
         """Remove every row of this application and stream (the operator's reset). Returns the count."""
         meta = await self._meta_item()
         # Every generation's (a grown table's migrating_to), or a migration's cut short.
-        count = _number(meta, "lease_partitions") or _number(meta, "migrating_to")
+        count = number_of(meta, "lease_partitions") or number_of(meta, "migrating_to")
         # The meta row, which names the lease partitions, goes last: a removal cut short is run again.
         partitions = [self.lease_partition_key(n) for n in range(count or 0)] + [self.partition]
         deleted = 0
@@ -1168,9 +1046,9 @@ class LeaseTable:
         try:
             old = await _query(self._ddb, self.table, self.partition, SHARD_PREFIX)
             copied = 0
-            partitions = _number(meta, "lease_partitions")
+            partitions = number_of(meta, "lease_partitions")
             if partitions is None:
-                partitions = _number(meta, "migrating_to") or lease_partitions_for(len(old))
+                partitions = number_of(meta, "migrating_to") or lease_partitions_for(len(old))
                 await self._set_meta("SET migrating_to = :n", partitions)
                 await bounded(READ_CONCURRENCY, lambda item: self._copy_lease(item, partitions), old)
                 await self._set_meta("SET lease_partitions = :n REMOVE migrating_to", partitions)
@@ -1209,11 +1087,6 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         item = response.get("Item")
         return dict(item) if item is not None else None
-
-
-def _number(item: dict[str, Any] | None, name: str) -> int | None:
-    value = (item or {}).get(name, {}).get("N")
-    return int(value) if value is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,10 @@ from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
 from efo.errors import EfoError
 from efo.kinesis.registration import StreamInfo
+from efo.leases.codec import parse_lease
 from efo.leases.lifecycle import Commit
 from efo.leases.model import Lease
-from efo.leases.table import LeaseTable, parse_lease
+from efo.leases.table import LeaseTable
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.sim.clock import SimClock

@@ -15,8 +15,8 @@ import pytest
 from efo.devstack.leases import shard_leases
 from efo.devstack.stack import StackEndpoints
 from efo.errors import EXIT_CONFIG, EXIT_OK
+from efo.leases.codec import GROWN, RESERVED_PREFIX
 from efo.leases.model import LAYOUT_FORMAT, Layout
-from efo.leases.table import GROWN, RESERVED_PREFIX
 
 from .service import (
     ServiceRun,

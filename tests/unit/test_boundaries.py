@@ -57,9 +57,11 @@ def test_importing_efo_and_its_cli_loads_no_pyspark_or_sparkbridge_module() -> N
 
 
 def test_the_lease_model_and_what_decides_on_it_load_no_aws_client() -> None:
-    """The lease model, balance, clean-up and the view are logic: no botocore, no aiobotocore."""
+    """The lease model, its item codec, balance, clean-up, the view and the cycle's decision are
+    logic: no botocore, no aiobotocore."""
     code = (
-        "import sys, efo.leases.model, efo.leases.balance, efo.leases.cleanup, efo.leases.view;"
+        "import sys, efo.leases.model, efo.leases.codec, efo.leases.balance, efo.leases.cleanup, efo.leases.view,"
+        " efo.worker.decision;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'aiobotocore', 'boto3')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

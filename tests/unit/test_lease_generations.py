@@ -19,8 +19,9 @@ from efo.config import load_settings
 from efo.errors import EfoError, LayoutOutdated, LeaseLost
 from efo.kinesis.registration import StreamInfo
 from efo.leases import cost, model
+from efo.leases.codec import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX
 from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
-from efo.leases.table import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX, LeaseTable
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB, client_error

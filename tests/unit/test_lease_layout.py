@@ -10,7 +10,8 @@ from typing import Any
 
 import botocore.exceptions
 
-from efo.leases.table import MARK_KEY, VERSION_KEY, LeaseTable
+from efo.leases.codec import MARK_KEY, VERSION_KEY
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB

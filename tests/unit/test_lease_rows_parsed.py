@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
-from efo.leases.table import LeaseTable, parse_lease
+from efo.leases.codec import parse_lease
+from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB
