@@ -106,7 +106,7 @@ class Coordinator:
             owned=self.owned,
             pool=pool,
             settings=settings,
-            lease_valid=lambda: self.liveness.valid,
+            trust=self.liveness,
             on_shard_end=self._shard_ended,  # its children may start now
             clock=clock,
         )
@@ -155,7 +155,7 @@ class Coordinator:
             owned=self.owned,
             checkpointer=self.checkpointer,
             stopping=self.stopping,
-            lease_valid=lambda: self.liveness.valid,
+            trust=self.liveness,
             on_ended=self._on_change,
             children=self.shards,
             bounds=self.bounds,
@@ -168,7 +168,7 @@ class Coordinator:
             runner=self.runner,
             shards=self.shards,
             stopping=self.stopping,
-            in_doubt=lambda: self.liveness.in_doubt,
+            trust=self.liveness,
             after_cycle=self._check_ready,
             shares=shares,
             clock=clock,

@@ -25,6 +25,7 @@ from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END
+from efo.worker.liveness import LeaseTrust
 from efo.worker.owned import OwnedLeases
 
 log = structlog.get_logger("efo.worker.checkpointer")
@@ -41,7 +42,7 @@ class Checkpointer:
         owned: OwnedLeases,
         pool: PendingPool,
         settings: Settings,
-        lease_valid: Callable[[], bool],
+        trust: LeaseTrust,
         on_shard_end: Callable[[OwnedShard], None] = lambda owned: None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -49,7 +50,7 @@ class Checkpointer:
         self.owned = owned
         self.pool = pool
         self._settings = settings
-        self._lease_valid = lease_valid
+        self._trust = trust
         self._on_shard_end = on_shard_end
         self._clock = clock
         self._now = asyncio.Event()
@@ -133,7 +134,7 @@ class Checkpointer:
     async def flush(self, *, force: bool) -> None:
         """The due checkpoints (all, or the urgent ones), a bounded number at once: one after the
         other, 256 shards' writes stretched the interval by a fifth under a slow DynamoDB."""
-        if not self._lease_valid():
+        if not self._trust.valid:
             return
         due = [owned for owned in self.owned.values() if force or owned.ledger.urgent]
         await bounded(WRITE_CONCURRENCY, self.write, due)
@@ -148,7 +149,7 @@ class Checkpointer:
         due = owned.ledger.due
         if due is None or owned.phase.terminal:
             return
-        if not self._lease_valid():
+        if not self._trust.valid:
             return  # no heartbeat landed for too long: another worker may hold the lease by now
         records = owned.ledger.uncheckpointed_records
         started = self._clock.now()

@@ -36,6 +36,7 @@ from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
 from efo.observability import METRICS
 from efo.worker.decision import SETTLE_CYCLES, Memory, Seen, decide
+from efo.worker.liveness import LeaseTrust
 from efo.worker.membership import Membership
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
@@ -60,7 +61,7 @@ class LeaseCycle:
         runner: ShardRunner,
         shards: ShardSync,
         stopping: asyncio.Event,
-        in_doubt: Callable[[], bool],
+        trust: LeaseTrust,
         after_cycle: Callable[[], None] = lambda: None,
         shares: StreamShares | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -72,7 +73,7 @@ class LeaseCycle:
         self._runner = runner
         self._shards = shards
         self._stopping = stopping
-        self._in_doubt = in_doubt
+        self._trust = trust
         self._after_cycle = after_cycle
         self._clock = clock
         self._me = table.worker_id
@@ -110,7 +111,7 @@ class LeaseCycle:
             self.close()
 
     async def _turn(self) -> None:
-        if not self._in_doubt():
+        if not self._trust.in_doubt:
             await self._table.bump_again()
             state = await self.read()
             async with self._table.changing():  # the cycle's changes move each partition's version once
@@ -134,7 +135,7 @@ class LeaseCycle:
     async def cycle(self, state: TableState) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
         self._watch_deaths()
-        if not self._in_doubt() and not self._stopping.is_set():
+        if not self._trust.in_doubt and not self._stopping.is_set():
             await self.membership.act()
         METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
@@ -151,7 +152,7 @@ class LeaseCycle:
         index = self._readable  # what _apply_requests looks at: this worker's leases in the table or here
         mine = {**index.owned_by(self._me), **{sid: lease for sid in self._owned if (lease := index.get(sid))}}
         await self._apply_requests(list(mine.values()), target)
-        if self._stopping.is_set() or self._in_doubt():
+        if self._stopping.is_set() or self._trust.in_doubt:
             return
         handing_over = {sid for sid, owned in self._owned.items() if owned.phase is ShardPhase.RELEASING}
         readable, stranded = self._as_planned(handing_over)
@@ -326,7 +327,7 @@ class LeaseCycle:
         for shard_id in honour:
             self._runner.hand_over(self._owned[shard_id], f"asked for by {requested[shard_id].wanted_by}")
             self._gave_at = self._clock.now()
-        if self._stopping.is_set() or self._in_doubt():
+        if self._stopping.is_set() or self._trust.in_doubt:
             return  # stopping: the release keeps the request, so the asker takes the lease first
         for shard_id in decline:
             lease = requested[shard_id]
@@ -402,7 +403,7 @@ class LeaseCycle:
         except LeaseLost:
             return
         self.asked.pop(lease.shard_id, None)
-        if self._in_doubt() or self._stopping.is_set():
+        if self._trust.in_doubt or self._stopping.is_set():
             return  # taken while this worker's leases went into doubt: claimed again once it is sure
         # Asked of a live worker (handed over, or taken overdue), not free or left by a dead one.
         stolen = lease.wanted_by == self._me or (

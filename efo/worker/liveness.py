@@ -67,6 +67,20 @@ class HeartbeatWriter(Protocol):
         ...
 
 
+class LeaseTrust(Protocol):
+    """What the parts that claim and write leases ask of :class:`Liveness`."""
+
+    @property
+    def valid(self) -> bool:
+        """It may write to the leases it holds now."""
+        ...
+
+    @property
+    def in_doubt(self) -> bool:
+        """It may not claim or hold leases now."""
+        ...
+
+
 class Liveness:
     def __init__(
         self,

@@ -31,6 +31,7 @@ from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
 from efo.worker.bound import BoundState
 from efo.worker.checkpointer import Checkpointer
+from efo.worker.liveness import LeaseTrust
 from efo.worker.owned import OwnedLeases
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class ShardRunner:
         owned: OwnedLeases,
         checkpointer: Checkpointer,
         stopping: asyncio.Event,
-        lease_valid: Callable[[], bool],
+        trust: LeaseTrust,
         on_ended: Callable[[OwnedShard], None] = lambda owned: None,
         children: ChildLeases,
         bounds: RunEnd | None = None,
@@ -83,7 +84,7 @@ class ShardRunner:
         self._owned = owned
         self._checkpointer = checkpointer
         self._stopping = stopping
-        self._lease_valid = lease_valid
+        self._trust = trust
         self._on_ended = on_ended
         self._bounds = bounds  # a bounded run (run.until): each claim stops at the run's end
         self._clock = clock
@@ -283,7 +284,7 @@ class ShardRunner:
                 await self._clock.sleep(min(backoff.next_delay_s(), max(0.0, deadline - self._clock.now())))
         if owned.phase.terminal:  # ended (SHARD_END) or lost
             return False
-        if not self._lease_valid():  # in doubt: another worker may hold it by now; it expires instead
+        if not self._trust.valid:  # in doubt: another worker may hold it by now; it expires instead
             owned.log.warning("lease.release_skipped", reason="leases in doubt (no heartbeat landed lately)")
             return False
         if owned.ledger.due is not None:

@@ -25,6 +25,7 @@ from efo.leases.table import LeaseTable
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END, Position
+from tests.unit.trust import Trusted
 
 from .memory_kinesis import MemoryDriver, MemoryKinesis
 from .service import unique
@@ -600,7 +601,7 @@ def test_a_bounded_run_whose_leases_are_in_doubt_at_the_end_is_not_complete(loca
 
             async def drain_then_doubt(stop: asyncio.Event) -> bool:
                 drained = await drain(stop)
-                w.coordinator.runner._lease_valid = lambda: False
+                w.coordinator.runner._trust = Trusted(valid=False)
                 return drained
 
             w.coordinator._drain = drain_then_doubt  # type: ignore[method-assign]

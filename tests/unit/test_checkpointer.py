@@ -22,6 +22,7 @@ from efo.sim.loop import run as run_virtual
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.cycle import LeaseCycle
 from efo.worker.owned import OwnedLeases
+from tests.unit.trust import Trusted
 
 
 class FlakyTable:
@@ -53,7 +54,7 @@ def coordinator(monkeypatch: pytest.MonkeyPatch) -> tuple[Checkpointer, FlakyTab
         owned=OwnedLeases("me", pool),
         pool=pool,
         settings=settings,
-        lease_valid=lambda: True,  # as if a heartbeat had just landed: its leases are valid
+        trust=Trusted(),
     )
     return checkpointer, table
 
@@ -124,7 +125,7 @@ def test_the_backlog_bound_counts_every_stream_sharing_the_pool(coordinator: tup
         owned=OwnedLeases("me", orders.pool, stream="payments"),
         pool=orders.pool,
         settings=orders._settings,
-        lease_valid=lambda: True,
+        trust=Trusted(),
     )
     streams = [orders, payments]
     for each in streams:
@@ -153,7 +154,7 @@ def test_the_periodic_flush_comes_at_its_interval_whatever_the_clock_reads(monke
         owned=OwnedLeases("me", pool),
         pool=pool,
         settings=settings,
-        lease_valid=lambda: True,
+        trust=Trusted(),
         clock=clock,
     )
     flushes: list[tuple[float, bool]] = []
@@ -243,7 +244,7 @@ def test_the_cycle_reading_this_worker_s_own_finish_before_the_write_returns_let
         owned=owned_leases,
         pool=pool,
         settings=settings,
-        lease_valid=lambda: True,
+        trust=Trusted(),
         on_shard_end=lambda owned: ended.append(owned.shard_id),
     )
     cycle = LeaseCycle(
@@ -253,7 +254,7 @@ def test_the_cycle_reading_this_worker_s_own_finish_before_the_write_returns_let
         runner=None,  # type: ignore[arg-type]
         shards=None,  # type: ignore[arg-type]
         stopping=asyncio.Event(),
-        in_doubt=lambda: False,
+        trust=Trusted(),
         clock=SimClock(),
     )
     table.between.append(lambda landed: cycle._check_owned(TableState(leases={landed.shard_id: landed})))
@@ -276,7 +277,7 @@ def _cycle_over(owned_leases: OwnedLeases) -> LeaseCycle:
         runner=None,  # type: ignore[arg-type]
         shards=None,  # type: ignore[arg-type]
         stopping=asyncio.Event(),
-        in_doubt=lambda: False,
+        trust=Trusted(),
         clock=SimClock(),
     )
 

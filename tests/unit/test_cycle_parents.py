@@ -23,6 +23,7 @@ from efo.sim.dynamodb import Behaviour, SimDynamoDB
 from efo.sim.loop import run
 from efo.worker.cycle import LeaseCycle
 from efo.worker.owned import OwnedLeases
+from tests.unit.trust import Trusted
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 START = Position("TRIM_HORIZON")
@@ -64,7 +65,7 @@ async def _cycle_with(db: SimDynamoDB, clock: SimClock) -> tuple[LeaseCycle, Lea
         runner=runner,  # type: ignore[arg-type]
         shards=Shards(),  # type: ignore[arg-type]
         stopping=asyncio.Event(),
-        in_doubt=lambda: False,
+        trust=Trusted(),
         clock=clock,
     )
     return cycle, table, runner
@@ -154,7 +155,7 @@ async def _reader(db: SimDynamoDB, clock: SimClock, name: str, runner: Any, seed
         runner=runner,
         shards=Shards(),  # type: ignore[arg-type]
         stopping=asyncio.Event(),
-        in_doubt=lambda: False,
+        trust=Trusted(),
         clock=clock,
     )
     return table, cycle

@@ -27,6 +27,7 @@ from efo.worker.bound import BoundState, RunEnd, ShardBound
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
 from efo.worker.runner import ShardRunner
+from tests.unit.trust import Trusted
 
 UNTIL = Until(datetime(2026, 1, 31, 12, 0, tzinfo=UTC))
 UNTIL_MS = UNTIL.time_ms or 0
@@ -75,7 +76,7 @@ class Parts:
             owned=self.owned,
             pool=pool,
             settings=settings,
-            lease_valid=lambda: valid,
+            trust=Trusted(valid=valid),
             clock=self.clock,
         )
         self.runner = ShardRunner(
@@ -90,7 +91,7 @@ class Parts:
             owned=self.owned,
             checkpointer=self.checkpointer,
             stopping=asyncio.Event(),
-            lease_valid=lambda: valid,
+            trust=Trusted(valid=valid),
             children=self,
             bounds=bounds,
             clock=self.clock,

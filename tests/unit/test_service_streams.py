@@ -17,6 +17,7 @@ from efo.pipeline.records import Position, after
 from efo.service import Service
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.owned import OwnedLeases
+from tests.unit.trust import Trusted
 
 
 class Table:
@@ -40,7 +41,7 @@ def _stream(service: Service, name: str, pool: PendingPool) -> Any:
         owned=OwnedLeases("me", pool, stream=name),
         pool=pool,
         settings=service.settings,
-        lease_valid=lambda: True,
+        trust=Trusted(),
     )
     return SimpleNamespace(stream=SimpleNamespace(name=name, arn=f"arn:{name}"), checkpointer=checkpointer)
 
