@@ -363,8 +363,13 @@ def test_a_worker_whose_leases_are_in_doubt_declines_no_request(
                 kept = await shed_one_to(a, w2)
                 answers, declined = answers_of(monkeypatch), calls_of(a.table, "decline")
                 cycle, answered, doubt = a.coordinator.cycle.cycle, asyncio.Event(), False
-                sure = a.coordinator.cycle._in_doubt
-                a.coordinator.cycle._in_doubt = lambda: doubt or sure()
+                sure = a.coordinator.cycle._trust
+
+                class DoubtingNow:
+                    valid = property(lambda self: sure.valid and not doubt)
+                    in_doubt = property(lambda self: doubt or sure.in_doubt)
+
+                a.coordinator.cycle._trust = DoubtingNow()
 
                 async def in_doubt_as_it_answers(state: Any) -> None:
                     nonlocal doubt
