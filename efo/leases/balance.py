@@ -65,6 +65,7 @@ def plan(
     room: int | None = None,
     stale_free: AbstractSet[str] = frozenset(),
     shed_for_short: bool = True,
+    barred: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
@@ -80,7 +81,8 @@ def plan(
     shares each leave them to another, or a short worker that cannot claim): claimable up to the
     ceiling, so no shard stays unread, and never paid for by shedding another in the same cycle;
     ``shed_for_short``: hand over what is above the share to a worker short of its own (False for a
-    while after this worker took stale leases: the short worker did not claim what was free)."""
+    while after this worker took stale leases: the short worker did not claim what was free);
+    ``barred``: workers that declined a request of this one lately, not asked again for now."""
     return plan_by_owner(
         me,
         by_owner(readable),
@@ -97,6 +99,7 @@ def plan(
         room=room,
         stale_free=stale_free,
         shed_for_short=shed_for_short,
+        barred=barred,
     )
 
 
@@ -117,6 +120,7 @@ def plan_by_owner(
     room: int | None = None,
     stale_free: AbstractSet[str] = frozenset(),
     shed_for_short: bool = True,
+    barred: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """:func:`plan` of the readable leases grouped by owner (owner, None for nobody -> shard -> lease,
     as :func:`by_owner` groups them or :class:`efo.leases.readable.ReadableLeases` keeps them): what it
@@ -187,7 +191,7 @@ def plan_by_owner(
     room = target - held
     short = not claim and not shed and room > 0
     if short and may_ask and asked < max_steals:
-        others = [worker for worker in workers if worker != me]
+        others = [worker for worker in workers if worker != me and worker not in barred]
         if others:
             # The most above its own share (the one that will hand over), then the most loaded.
             donor = max(others, key=lambda worker: (load[worker] - share(worker), load[worker], worker))

@@ -440,11 +440,12 @@ class LeaseCycle:
             lease = state.leases.get(shard_id)
             if lease is None or lease.wanted_by != self._me or lease.finished:
                 del self.asked[shard_id]  # taken, finished, or the request was cleared
-                if lease is not None and lease.owner not in (None, self._me):
+                if lease is not None and lease.owner is not None and lease.owner != self._me:
                     # Declined: its owner gave leases over lately and declines for failover_s after
-                    # that; what it shed comes here first, and asking again meanwhile would be refused.
+                    # that; asking it again meanwhile would be refused (the next most loaded is asked).
                     not_before = self._clock.now() + self._settings.lease.failover_s
-                    self._memory = replace(self._memory, ask_not_before=not_before)
+                    declined_by = {**self._memory.declined_by, lease.owner: not_before}
+                    self._memory = replace(self._memory, declined_by=declined_by)
                 continue
             if lease.owner is not None and self._clock.now() - asked_at >= self._settings.lease.failover_s:
                 self._log.warning("lease.taken_overdue", shard_id=shard_id, owner=lease.owner)

@@ -9,9 +9,10 @@ this adds what spans cycles:
   who is alive, or on the shares, would each leave it to another);
 - after such a claim, this worker hands nothing over to short workers for :data:`QUIET_CYCLES`
   cycles (the short worker did not claim what was free; moving it back and forth would churn);
-- a worker short of its share with nothing free **asks** only once it has been short for
-  :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own), and not before
-  ``ask_not_before`` (a request of its own was declined lately).
+- a worker below its share with nothing free **asks** only once it has been below it for
+  :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own; a lease it asked for
+  and claimed does not start that count again), and not the workers that declined a request of its
+  own lately (``declined_by``): it asks the next most loaded instead.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Memory:
     free_since: Mapping[str, float] = field(default_factory=dict)  # readable, no live owner: first seen then
     short_since: float | None = None  # below its share with nothing free: since then
     quiet_until: float = 0.0  # no handing over to short workers before then
-    ask_not_before: float = 0.0  # a request of this worker was declined: none before then
+    declined_by: Mapping[str, float] = field(default_factory=dict)  # worker -> not asked again before then
 
 
 def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory]:
@@ -80,6 +81,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
     }
     stale = {shard_id for shard_id, since in free_since.items() if now - since >= STALE_FREE_CYCLES * seen.interval_s}
     short_for_s = None if memory.short_since is None else now - memory.short_since
+    declined_by = {worker: until for worker, until in memory.declined_by.items() if now < until}
     plan = balance.plan_by_owner(
         seen.me,
         seen.readable,
@@ -88,9 +90,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
         reserved_for_others=seen.reserved_for_others,
         stranded=seen.stranded,
         asked=seen.asked,
-        may_ask=short_for_s is not None
-        and short_for_s >= ASK_AFTER_CYCLES * seen.interval_s
-        and now >= memory.ask_not_before,
+        may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * seen.interval_s,
         max_leases=seen.max_leases,
         max_steals=seen.max_steals,
         rank_offset=seen.rank_offset,
@@ -98,9 +98,12 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
         room=seen.room,
         stale_free=stale,
         shed_for_short=now >= memory.quiet_until,
+        barred=declined_by.keys(),
     )
     quiet_until = memory.quiet_until
     if any(lease.shard_id in stale for lease in plan.claim):
         quiet_until = now + QUIET_CYCLES * seen.interval_s
-    short_since = None if not plan.short else memory.short_since if memory.short_since is not None else now
-    return plan, Memory(free_since, short_since, quiet_until, memory.ask_not_before)
+    held = len(seen.readable.get(seen.me, {})) + len(plan.claim) - len(plan.shed)
+    below = plan.short or (bool(plan.claim) and held < plan.target)  # a handover claimed, still below: asks on
+    short_since = None if not below else memory.short_since if memory.short_since is not None else now
+    return plan, Memory(free_since, short_since, quiet_until, declined_by)

@@ -24,6 +24,8 @@ def test_each_fault_alone_keeps_every_invariant(fault: str, record_property: pyt
 FOUND = {
     39: "a death found 12.9 s after it: its two watchers around the ring had just joined",
     152: "free leases unread for 30.7 s: the newcomers watching two dead workers saw them alive",
+    203: "counts 7 to 9 after 30 s: a worker far below its share asked one lease at a time, slowly",
+    434: "counts 7 to 9 after 30 s: a declined request stopped a worker below its share asking anyone",
 }
 
 
