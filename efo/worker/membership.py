@@ -14,9 +14,9 @@ second on one partition key at 256 workers. Instead:
   its row is deleted (if still as read: :meth:`~efo.leases.table.LeaseTable.reap_worker`) and the
   counter moved, so every worker reads the rows again, finds none for it, and takes its leases. One
   whose row says it is in doubt, or no longer, moves the counter too. A worker that joins or leaves
-  moves others' places on the ring: a worker keeps watching those it no longer watches for
-  ``failover_s`` more, so a death is found in time by whoever watched it from before (a newcomer
-  counts a row's age only from its own first read of it).
+  moves others' places on the ring: a worker keeps watching the last :data:`WATCHED` it no longer
+  watches for ``failover_s`` more, so a death is found in time by whoever watched it from before (a
+  newcomer counts a row's age only from its own first read of it).
 - **The safety net.** Every row is read again about every :data:`ALL_ROWS_EVERY_S` (at a random
   moment of its second half): a death whose watchers died with it is found then.
 
@@ -113,18 +113,23 @@ class Membership:
         self._rewatch()
 
     def _rewatch(self) -> None:
-        """Who to watch after a read: the ring's part, and for ``failover_s`` those that left it."""
+        """Who to watch after a read: the ring's part, and for ``failover_s`` the last :data:`WATCHED`
+        that left it (a mass start moves every worker's part many times: the cost stays at most twice
+        the ring's), each for as long as it is found dead too (a slow read may find it so after its
+        time: it is reaped, or beats again)."""
         now = self._clock.now()
         ring = set(self._view.watched(WATCHED))
-        for worker in self._ring - ring:
+        for worker in sorted(self._ring - ring):
+            self._watched_until.pop(worker, None)  # newest last
             self._watched_until[worker] = now + self._view.failover_s
         self._ring = ring
-        known = self._view.known()
-        self._watched_until = {
-            worker: until
+        known, dead = self._view.known(), self._view.dead
+        kept = [
+            (worker, until)
             for worker, until in self._watched_until.items()
-            if until > now and worker in known and worker not in ring
-        }
+            if (until > now or worker in dead) and worker in known and worker not in ring
+        ]
+        self._watched_until = dict(kept[-WATCHED:])
         self.watching = ring | self._watched_until.keys()
 
     async def read_one(self, worker: str) -> WorkerRow | None:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from efo.leases.model import WorkerRow
 from efo.leases.view import TableView
 from efo.sim.clock import ManualClock
-from efo.worker.membership import Membership
+from efo.worker.membership import WATCHED, Membership
 
 FAILOVER_S = 10.0
 
@@ -53,15 +53,35 @@ class Rows:
         self.members += 1
 
 
-def _cycles(rows: Rows, membership: Membership, clock: ManualClock, *, until_s: float, joins: dict[float, str]) -> None:
-    """A cycle a second: every live worker beats (the dead one no longer), then this one reads and acts."""
+def _cycles(
+    rows: Rows,
+    membership: Membership,
+    clock: ManualClock,
+    *,
+    until_s: float,
+    joins: dict[float, str],
+    death_s: float = 2.0,
+    read_latency_s: float = 0.0,
+) -> None:
+    """A cycle a second after the last one ended: every live worker beats (w05 no longer after
+    ``death_s``), then this one reads (the watched rows answered ``read_latency_s`` after they were
+    asked) and acts."""
+    read_some_workers = rows.read_some_workers
+
+    async def slow_read(worker_ids: Iterable[str]) -> dict[str, WorkerRow | None]:
+        answer = await read_some_workers(worker_ids)
+        clock.t += read_latency_s
+        return answer
+
+    rows.read_some_workers = slow_read  # type: ignore[method-assign]
 
     async def main() -> None:
+        waiting = dict(joins)
         while clock.t <= until_s:
-            if clock.t in joins:
-                rows.beat(joins[clock.t])
+            for at_s in [at_s for at_s in waiting if clock.t >= at_s]:
+                rows.beat(waiting.pop(at_s))
             for worker in list(rows.beats):
-                if worker != "w05" or clock.t <= 2.0:
+                if worker != "w05" or clock.t <= death_s:
                     rows.beat(worker)
             await membership.read(rows.members)
             await membership.act()
@@ -85,3 +105,43 @@ def test_a_death_is_found_in_time_when_newcomers_take_over_watching_the_dead_wor
     _cycles(rows, membership, clock, until_s=20.0, joins={3.0: "w12", 8.0: "w13"})
     assert rows.reaped and rows.reaped[0][0] == "w05"
     assert rows.reaped[0][1] <= 2.0 + FAILOVER_S + 1.0, rows.reaped
+
+
+def test_a_death_found_by_a_slow_read_just_after_the_ring_moved_on_is_still_acted_on() -> None:
+    """Found in review: a worker no longer on this one's part of the ring was watched until exactly
+    failover_s after it left; a read asked before that moment and answered after it found the worker
+    dead, and the same read's end dropped it from the watched, so nobody that had watched it long
+    enough reaped it. A worker found dead stays watched until it is reaped or beats again."""
+    clock = ManualClock()
+    rows = Rows("w11", clock)
+    for worker in ("w05", "w10", "w11"):
+        rows.beat(worker)
+    view = TableView("w11", failover_s=FAILOVER_S, heartbeat_interval_s=2.0, clock=clock)
+    membership = Membership(rows, view, clock, rng=lambda: 1.0)
+    _cycles(rows, membership, clock, until_s=40.0, joins={3.0: "w12", 8.0: "w13"}, death_s=7.0, read_latency_s=0.9)
+    assert rows.reaped and rows.reaped[0][0] == "w05", "never reaped by the worker that had watched it"
+    assert rows.reaped[0][1] <= 7.0 + FAILOVER_S + 4 * (1.0 + 0.9), rows.reaped  # a few of its slow cycles
+
+
+def test_workers_joining_one_after_another_cost_at_most_twice_the_watched_reads() -> None:
+    """Found in review: at a mass start every join moves a worker's part of the ring, and each worker
+    it left was watched on for failover_s: about 6 more rows a cycle at 64 workers, 12 at 1,024, all
+    on the heartbeat partition key. Only the last WATCHED to leave are watched on."""
+    clock = ManualClock()
+    rows = Rows("w00", clock)
+    rows.beat("w00")
+    view = TableView("w00", failover_s=FAILOVER_S, heartbeat_interval_s=2.0, clock=clock)
+    membership = Membership(rows, view, clock, rng=lambda: 1.0)
+    largest = 0
+
+    async def main() -> None:
+        nonlocal largest
+        for second in range(40):
+            clock.t = float(second)
+            rows.beat(f"w{40 - second:02d}")  # each newcomer sorts just after w00: it moves the ring
+            await membership.read(rows.members)
+            await membership.act()
+            largest = max(largest, len(membership.watching))
+
+    asyncio.run(main())
+    assert largest <= 2 * WATCHED, largest
