@@ -192,6 +192,8 @@ def plan_by_owner(
     short = not claim and not shed and room > 0
     if short and may_ask and asked < max_steals:
         others = [worker for worker in workers if worker != me and worker not in barred]
+        if barred:  # a decline: what was shed is on its way here, so only a worker above its share is asked
+            others = [worker for worker in others if load[worker] > share(worker)]
         if others:
             # The most above its own share (the one that will hand over), then the most loaded.
             donor = max(others, key=lambda worker: (load[worker] - share(worker), load[worker], worker))

@@ -80,7 +80,7 @@ class LeaseCycle:
         self._now = asyncio.Event()
         self.view = TableView(self._me, settings.lease.failover_s, settings.lease.heartbeat_interval_s, clock)
         self.membership = Membership(table, self.view, clock, stream=owned.stream)
-        self.asked: dict[str, float] = {}  # shards this worker asked for: when it asked
+        self.asked: dict[str, tuple[float, str | None]] = {}  # shards this worker asked for: when, and of whom
         self._memory = Memory()  # what the decision keeps from one cycle to the next
         self._unlisted_since: dict[str, float] = {}  # leases missing from the listing: first seen then
         self._cleaned_for = 0.0  # the listing (when it was asked for) the last deletion of finished leases followed
@@ -428,21 +428,22 @@ class LeaseCycle:
             await self._table.want(lease)
         except LeaseLost:
             return
-        self.asked[lease.shard_id] = self._clock.now()
+        self.asked[lease.shard_id] = (self._clock.now(), lease.owner)
         self._log.info("lease.asked", shard_id=lease.shard_id, owner=lease.owner)
 
     async def _take_overdue(self, state: TableState, asked_now: AbstractSet[str]) -> None:
         """A lease asked for and not handed over within ``failover_s`` is taken (fenced by the counter).
         ``asked_now``: asked in this cycle, after ``state`` was read (its request is not in it)."""
-        for shard_id, asked_at in list(self.asked.items()):
+        for shard_id, (asked_at, asked_of) in list(self.asked.items()):
             if shard_id in asked_now:
                 continue
             lease = state.leases.get(shard_id)
             if lease is None or lease.wanted_by != self._me or lease.finished:
                 del self.asked[shard_id]  # taken, finished, or the request was cleared
-                if lease is not None and lease.owner is not None and lease.owner != self._me:
-                    # Declined: its owner gave leases over lately and declines for failover_s after
-                    # that; asking it again meanwhile would be refused (the next most loaded is asked).
+                if lease is not None and lease.owner is not None and lease.owner == asked_of:
+                    # Declined (still the same owner's: not taken by a third worker): its owner gave
+                    # leases over lately and declines for failover_s after that; asking it again
+                    # meanwhile would be refused (one above its share is asked instead).
                     not_before = self._clock.now() + self._settings.lease.failover_s
                     declined_by = {**self._memory.declined_by, lease.owner: not_before}
                     self._memory = replace(self._memory, declined_by=declined_by)

@@ -12,7 +12,7 @@ this adds what spans cycles:
 - a worker below its share with nothing free **asks** only once it has been below it for
   :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own; a lease it asked for
   and claimed does not start that count again), and not the workers that declined a request of its
-  own lately (``declined_by``): it asks the next most loaded instead.
+  own lately (``declined_by``): meanwhile only a worker above its share (what was shed is on its way).
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
     if any(lease.shard_id in stale for lease in plan.claim):
         quiet_until = now + QUIET_CYCLES * seen.interval_s
     held = len(seen.readable.get(seen.me, {})) + len(plan.claim) - len(plan.shed)
-    below = plan.short or (bool(plan.claim) and held < plan.target)  # a handover claimed, still below: asks on
+    asked_for = any(lease.wanted_by == seen.me for lease in plan.claim)
+    below = plan.short or (asked_for and held < plan.target)  # what it asked for claimed, still below: asks on
     short_since = None if not below else memory.short_since if memory.short_since is not None else now
     return plan, Memory(free_since, short_since, quiet_until, declined_by)

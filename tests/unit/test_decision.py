@@ -154,13 +154,15 @@ def test_a_worker_still_below_its_share_after_claiming_what_it_asked_for_asks_ag
     could only ask, one lease at a time; each lease it claimed started its ASK_AFTER_CYCLES again, and
     it was still two below its share 30 s after the last change. The others had their chance to shed:
     being below the share counts on across a claim."""
-    owners: dict[str, str | None] = {f"s{i}": "w1" for i in range(7)} | {"s7": "w0"}
+    owners: dict[str, str | None] = {f"s{i}": "w1" for i in range(7)}
+    owners["s7"] = "w0"
     seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1"}, interval_s=INTERVAL_S)
     memory = Memory(short_since=0.0)
     plan, memory = decide(seen, memory, now=float(ASK_AFTER_CYCLES))
     (asked,) = plan.ask
-    owners[asked.shard_id] = None  # handed over
-    seen = replace(seen, readable=by_owner(_leases(owners).values()))
+    del owners[asked.shard_id]  # handed over: the release keeps the request, for the asker
+    handed_over = replace(asked, owner=None, counter=asked.counter + 1, wanted_by="w0")
+    seen = replace(seen, readable=by_owner([*_leases(owners).values(), handed_over]))
     plan, memory = decide(seen, memory, now=ASK_AFTER_CYCLES + 2.0)
     assert [lease.shard_id for lease in plan.claim] == [asked.shard_id] and memory.short_since == 0.0
     owners[asked.shard_id] = "w0"
@@ -174,7 +176,8 @@ def test_a_worker_whose_request_was_declined_asks_the_next_most_loaded_not_nobod
     the most loaded worker, which declined (it had handed leases over lately and, by its own view of
     who is alive, was at its share); the asker then asked nobody for failover_s, while others held
     more than their share, and was still below it 30 s after the last change."""
-    owners: dict[str, str | None] = {f"a{i}": "w1" for i in range(5)} | {f"b{i}": "w2" for i in range(4)}
+    owners: dict[str, str | None] = {f"a{i}": "w1" for i in range(5)}
+    owners |= {f"b{i}": "w2" for i in range(4)}
     seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1", "w2"}, interval_s=INTERVAL_S)
     plan, _ = decide(seen, Memory(short_since=0.0), now=float(ASK_AFTER_CYCLES))
     assert [lease.owner for lease in plan.ask] == ["w1"]
@@ -197,3 +200,25 @@ def test_after_taking_a_stale_lease_a_worker_hands_nothing_to_short_workers_for_
     seen = replace(seen, readable=by_owner(_leases(owners).values()))
     assert decide(seen, memory, now=memory.quiet_until - 1)[0].shed == []
     assert decide(seen, memory, now=memory.quiet_until)[0].shed != []
+
+
+def test_after_a_decline_a_worker_asks_only_one_above_its_share() -> None:
+    """Found in review: 24 shards on w0, w1, w2 (shares 8 each); w0 holds 6 and w1 10, with two of
+    them on their way to w0 (w1 declined w0's request for that reason), w2 holds 8, its share. Asking
+    w2 would take it below its share and start another move: after a decline only a worker above its
+    share is asked."""
+    owners: dict[str, str | None] = {f"a{i}": "w1" for i in range(10)}
+    owners |= {f"b{i}": "w2" for i in range(8)} | {f"c{i}": "w0" for i in range(6)}
+    seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1", "w2"}, interval_s=INTERVAL_S)
+    plan, _ = decide(seen, Memory(short_since=0.0, declined_by={"w1": 20.0}), now=float(ASK_AFTER_CYCLES))
+    assert plan.ask == []
+
+
+def test_only_a_claim_of_a_lease_it_asked_for_keeps_the_count_of_cycles_below_the_share() -> None:
+    """Found in review: a worker claiming a free lease (at a start, after a shed) and still below its
+    share kept counting, and asked at the first cycle with nothing free, racing the sheds on their way
+    to it. Only a lease it asked for, claimed, keeps the count: the others had their chance to shed."""
+    owners: dict[str, str | None] = {f"a{i}": "w1" for i in range(9)} | {"f0": None}
+    seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1"}, interval_s=INTERVAL_S)
+    plan, memory = decide(seen, Memory(short_since=0.0), now=float(ASK_AFTER_CYCLES))
+    assert [lease.shard_id for lease in plan.claim] == ["f0"] and memory.short_since is None
