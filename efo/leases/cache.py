@@ -101,11 +101,13 @@ class LeaseCache:
                     # the change: not used (its rows stay as last read), read again next time; at the
                     # first read, at once and strongly (there is nothing read before to keep).
                     behind = {p for p in moved if answer.versions.get(p, 0) < control.versions.get(p, 0)}
-                    fresh.leases.update(
-                        (sid, lease)
-                        for sid, lease in answer.leases.items()
-                        if self._table.partition_of(sid) not in behind
-                    )
+                    if behind:
+                        partition_of = self._table.partition_of
+                        fresh.leases.update(
+                            (sid, lease) for sid, lease in answer.leases.items() if partition_of(sid) not in behind
+                        )
+                    else:
+                        fresh.leases.update(answer.leases)
                     if first and behind:
                         fresh.leases.update((await self._table.read_leases(behind)).leases)
                         strong, moved, behind = strong | behind, moved - behind, set()
@@ -121,8 +123,9 @@ class LeaseCache:
             done |= rest
             for partition in done:
                 self._leases[partition] = {}
+            partition_of = self._table.partition_of
             for shard_id, lease in fresh.leases.items():
-                self._leases[self._table.partition_of(shard_id)][shard_id] = lease
+                self._leases[partition_of(shard_id)][shard_id] = lease
             METRICS.lease_reads.labels(stream=self._stream, rows="leases").inc(len(strong | moved | rest))
         if everything:
             self._read_all_due = now + self._full_read_interval_s * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())

@@ -427,13 +427,30 @@ class LeaseTable:
             items = await _query(self._ddb, self.table, partition, prefix, after=after, consistent=consistent)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
-        # A lease partition's rows (with its mark): a row as read last is not parsed again.
-        parsed = None if partition == self.partition else self._parsed.get(partition, {})
-        fresh: dict[str, tuple[dict[str, Any], Lease]] = {}
+        if partition == self.partition:
+            for item in items:
+                self._absorb(state, item, self._parse_lease)
+            return state
+        # A lease partition's rows (and its mark): a row equal to the one read last is the same lease
+        # object, not parsed again (a partition is read again whole for one change in it, and the lease
+        # cycle looks only at leases that are not the objects it saw last). Every worker runs this loop
+        # for every row of every partition that changed: its lease rows are not handed to _absorb.
+        parsed = self._parsed.get(partition, {})
+        fresh: dict[str, tuple[dict[str, Any], Lease]] = {}  # sort key -> (row, lease), as read now
+        leases = state.leases
         for item in items:
-            self._absorb(state, item, parsed, fresh, self._parse_lease)
-        if parsed is not None:
-            self._parsed[partition] = fresh  # what this read found: a deleted lease is forgotten
+            sort_key = item["sk"]["S"]
+            if not sort_key.startswith(SHARD_PREFIX):
+                self._absorb(state, item, self._parse_lease)  # the mark
+                continue
+            known = parsed.get(sort_key)
+            if known is not None and (known[0] is item or known[0] == item):  # is: efo.sim's answers share rows
+                lease = known[1]
+            else:
+                lease = self._parse_lease(item)
+            fresh[sort_key] = (item, lease)
+            leases[lease.shard_id] = lease
+        self._parsed[partition] = fresh  # what this read found: a deleted lease is forgotten
         return state
 
     async def read_meta(self) -> Meta | None:
@@ -482,26 +499,13 @@ class LeaseTable:
 
     @staticmethod
     def _absorb(
-        state: TableState,
-        item: dict[str, Any],
-        parsed: Mapping[str, tuple[dict[str, Any], Lease]] | None = None,
-        fresh: dict[str, tuple[dict[str, Any], Lease]] | None = None,
-        parse: Callable[[dict[str, Any]], Lease] = parse_lease,
+        state: TableState, item: dict[str, Any], parse: Callable[[dict[str, Any]], Lease] = parse_lease
     ) -> None:
-        """``item`` into ``state``. ``parsed``: a lease partition's rows as last read and parsed here
-        (sort key -> (row, lease)): a row equal to the one read last is the same lease object, not
-        parsed again (a partition is read again whole for one change in it, and the lease cycle looks
-        only at leases that are not the objects it saw last); ``fresh`` gets each lease row read;
-        ``parse`` parses the others."""
+        """``item`` into ``state`` (a lease row parsed by ``parse``; :meth:`_read_state` parses a lease
+        partition's rows itself, each only when it changed)."""
         sort_key = item["sk"]["S"]
         if sort_key.startswith(SHARD_PREFIX):  # first: nearly every row read is a lease's
-            known = parsed.get(sort_key) if parsed is not None else None
-            if known is not None and (known[0] is item or known[0] == item):  # is: efo.sim's answers share rows
-                lease = known[1]
-            else:
-                lease = parse(item)
-            if fresh is not None:
-                fresh[sort_key] = (item, lease)
+            lease = parse(item)
             state.leases[lease.shard_id] = lease
         elif sort_key == META_KEY:
             state.meta = meta_of(item)
