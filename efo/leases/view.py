@@ -47,7 +47,7 @@ class TableView:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
-        self._holders: dict[str, tuple[str | None, int]] = {}  # shard -> (owner, counter)
+        self._held: dict[str, Lease] = {}  # shard -> its lease as last read, for its owner and counter
         self._moved_at: dict[str, float] = {}  # shard -> when it last changed hands, newest last
         self._moves_in_order = True  # False once a move was stamped before the newest (never, by the clock)
         self._asked_seen: dict[tuple[str, str], float] = {}  # (shard, asker) -> first seen at
@@ -136,12 +136,13 @@ class TableView:
         if len(leases) - sum(1 for shard_id in changed if shard_id not in last) != len(last):
             for shard_id in last.keys() - leases.keys():  # gone: its request with it
                 self._wanted.pop(shard_id, None)
+        held = self._held
         for shard_id in changed:
             lease = leases[shard_id]
-            holder = (lease.owner, lease.counter)
-            if self._holders.get(shard_id, holder) != holder:
+            before = held.get(shard_id)
+            if before is not None and (before.owner != lease.owner or before.counter != lease.counter):
                 self._moved(shard_id, answered_at)
-            self._holders[shard_id] = holder
+            held[shard_id] = lease
             if lease.wanted_by:
                 self._wanted[shard_id] = lease.wanted_by
             else:
