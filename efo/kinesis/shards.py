@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from efo.errors import translate
 from efo.kinesis.graph import Shard, ShardGraph
 
 
-async def list_shards(kinesis: Any, stream_arn: str) -> ShardGraph:
+async def list_shards(
+    kinesis: Any, stream_arn: str, parse: Callable[[dict[str, Any]], Shard] = Shard.from_api
+) -> ShardGraph:
+    """Every shard of the stream, each listed one parsed by ``parse``."""
     shards: list[Shard] = []
     args: dict[str, Any] = {"StreamARN": stream_arn}
     try:
         while True:
             page = await kinesis.list_shards(**args)
-            shards.extend(Shard.from_api(item) for item in page.get("Shards", []))
+            shards.extend(parse(item) for item in page.get("Shards", []))
             token = page.get("NextToken")
             if not token:
                 break

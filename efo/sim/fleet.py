@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
 from efo.errors import EfoError
+from efo.kinesis.graph import Shard
 from efo.kinesis.registration import StreamInfo
 from efo.leases.codec import parse_lease
 from efo.leases.lifecycle import Commit
-from efo.leases.model import Lease
 from efo.leases.table import LeaseTable
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
@@ -38,28 +39,33 @@ RESTART_BACKOFF_MAX_S = 300.0
 TABLE = "sim-leases"
 STREAM = "sim-stream"
 
+T = TypeVar("T")
 
-class SharedParses:
-    """Each lease row the simulated DynamoDB stores, parsed once for the whole fleet: its Query answers
-    every reader with the very item it stored, and after a change every worker reads the partition
-    again (each worker's table parses only what changed since its own last read, but that is the same
-    few rows at every worker). A lease is immutable: workers that share one share its value."""
 
-    #: The rows parsed last that are kept: more than a few seconds' changes of 16,384 leases.
+class SharedParses(Generic[T]):
+    """Each row the simulated DynamoDB stores (each shard its ListShards describes), parsed once for
+    the whole fleet: its Query answers every reader with the very item it stored, and after a change
+    every worker reads the partition again (each worker's table parses only what changed since its
+    own last read, but that is the same few rows at every worker); every listing describes a shard
+    with one object until the shard opens or closes, and at a mass start every worker lists every
+    shard. A lease and a shard are immutable: workers that share one share its value."""
+
+    #: The items parsed last that are kept: more than a few seconds' changes of 16,384 leases.
     KEEP = 1 << 16
 
-    def __init__(self) -> None:
-        self._leases: dict[int, tuple[dict[str, Any], Lease]] = {}  # id of an item (held here) -> it, parsed
+    def __init__(self, parse: Callable[[dict[str, Any]], T]) -> None:
+        self._parse = parse
+        self._parsed: dict[int, tuple[dict[str, Any], T]] = {}  # id of an item (held here) -> it, parsed
 
-    def __call__(self, item: dict[str, Any]) -> Lease:
-        known = self._leases.get(id(item))
+    def __call__(self, item: dict[str, Any]) -> T:
+        known = self._parsed.get(id(item))
         if known is not None and known[0] is item:
             return known[1]
-        lease = parse_lease(item)
-        if len(self._leases) >= self.KEEP:
-            del self._leases[next(iter(self._leases))]  # the oldest parse
-        self._leases[id(item)] = (item, lease)
-        return lease
+        value = self._parse(item)
+        if len(self._parsed) >= self.KEEP:
+            del self._parsed[next(iter(self._parsed))]  # the oldest parse
+        self._parsed[id(item)] = (item, value)
+        return value
 
 
 @dataclass
@@ -127,6 +133,7 @@ class SimWorker:
             heartbeats=table.with_client(db.client(f"{name}/hb", self.clock, random.Random(self.rng.random()))),
             clock=self.clock,
         )
+        self.coordinator.shards.parse_shard = fleet.shard_parses
         self.stop = asyncio.Event()
         self.driver_done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -219,7 +226,8 @@ class Fleet:
         self.trace = trace
         self.clock = SimClock()  # the world's: never late nor paused
         self.db = SimDynamoDB(random.Random(self.rng.random()), config.dynamodb)
-        self.parses = SharedParses()
+        self.parses = SharedParses(parse_lease)
+        self.shard_parses = SharedParses(Shard.from_api)
         self.db.create_table(TABLE)
         self.stream = SimStream(STREAM, config.shards, clock=self.clock)
         self.stream.idle_event_s = config.idle_event_s

@@ -31,7 +31,7 @@ from efo.clock import SYSTEM_CLOCK, Clock
 from efo.concurrency import bounded, periodically
 from efo.config import InitialPosition, Settings
 from efo.errors import EfoError, StreamRecreated
-from efo.kinesis.graph import ShardGraph
+from efo.kinesis.graph import Shard, ShardGraph
 from efo.kinesis.registration import StreamInfo
 from efo.kinesis.shards import list_shards
 from efo.kinesis.subscription import Backoff
@@ -82,6 +82,8 @@ class ShardSync:
         self.listed_at = 0.0  # when the listing behind ``graph`` was asked for
         #: The shards with a lease, as of the lease cycle's last read (None: not read yet).
         self.leased: Callable[[], Collection[str] | None] = lambda: None
+        #: How a listed shard is parsed (efo.sim's workers share one parse of each shard it lists).
+        self.parse_shard: Callable[[dict[str, Any]], Shard] = Shard.from_api
         self._waiting: _Waiting | None = None  # for another worker's bootstrap
         self._log = log.bind(worker_id=table.worker_id)
 
@@ -132,7 +134,7 @@ class ShardSync:
         meta = await self.check()
         if meta is not None and meta.complete:
             return
-        graph = await list_shards(self._kinesis, self._stream.arn)
+        graph = await list_shards(self._kinesis, self._stream.arn, self.parse_shard)
         # Under LATEST a shard this listing shows closed holds nothing to read only if the listing was
         # made before the start moment: so only when this attempt writes the meta row after it. A
         # bootstrap completed later (its worker died, or an attempt failed) lists after the start, and
@@ -231,7 +233,7 @@ class ShardSync:
             self.graph = None  # another worker lists: this one's last listing grows old
             return
         asked_at = self._clock.now()
-        graph = await list_shards(self._kinesis, self._stream.arn)
+        graph = await list_shards(self._kinesis, self._stream.arn, self.parse_shard)
         known = await self._known()
         await self._write({shard_id: graph.shards[shard_id].parents for shard_id in graph.needing_leases(known)})
         self.graph, self.listed_at = graph, asked_at

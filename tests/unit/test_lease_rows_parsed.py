@@ -1,16 +1,20 @@
-"""The lease table's reads of lease partitions: a row read again unchanged is the same Lease object."""
+"""The lease table's reads of lease partitions: a row read again unchanged is the same Lease object
+(and the simulated fleet's shared parses of lease rows and listed shards)."""
 
 from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
 
+from efo.kinesis.graph import Shard
+from efo.kinesis.shards import list_shards
 from efo.leases.codec import parse_lease
 from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB
 from efo.sim.fleet import SharedParses
+from efo.sim.kinesis import SimKinesisClient, SimStream
 from efo.sim.loop import run
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -66,7 +70,7 @@ def test_the_simulated_fleet_parses_each_stored_lease_row_once_for_every_worker(
     parser, two workers' reads of a changed row give one Lease object."""
     db = SimDynamoDB(random.Random(1), Behaviour(stale_read_s=0.0))
     db.create_table("t")
-    parses = SharedParses()
+    parses = SharedParses(parse_lease)
 
     async def scenario() -> None:
         clock = SimClock()
@@ -91,5 +95,22 @@ def test_the_simulated_fleet_parses_each_stored_lease_row_once_for_every_worker(
         first, second = [(await table.read_leases()).leases["s0"] for table in tables]
         assert first is second
         assert (first.owner, first.counter) == ("o", claimed.counter)
+
+    run(scenario())
+
+
+def test_the_simulated_fleet_parses_each_listed_shard_once_for_every_worker() -> None:
+    """ListShards describes a shard with one object until it opens or closes: with the fleet's shared
+    parser, two workers' listings give one Shard object each, equal to a parse of its own."""
+    stream = SimStream("x", 4, clock=SimClock())
+    parses = SharedParses(Shard.from_api)
+
+    async def scenario() -> None:
+        clock = SimClock()
+        clients = [SimKinesisClient(stream, clock, lambda: 0.0, name) for name in ("w", "o")]
+        first, second = [await list_shards(client, stream.arn, parses) for client in clients]
+        plain = await list_shards(clients[0], stream.arn)
+        assert first.shards == plain.shards and len(first.shards) == 4
+        assert all(first.shards[shard_id] is second.shards[shard_id] for shard_id in first.shards)
 
     run(scenario())
