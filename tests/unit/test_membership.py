@@ -53,6 +53,17 @@ class Rows:
         self.members += 1
 
 
+def _worker(me: str, others: tuple[str, ...]) -> tuple[ManualClock, Rows, Membership]:
+    """``me``'s membership, with ``others`` and itself beating once; every row read in full only when
+    the counter moves (the safety net a minute away)."""
+    clock = ManualClock()
+    rows = Rows(me, clock)
+    for worker in (*others, me):
+        rows.beat(worker)
+    view = TableView(me, failover_s=FAILOVER_S, heartbeat_interval_s=2.0, clock=clock)
+    return clock, rows, Membership(rows, view, clock, rng=lambda: 1.0)
+
+
 def _cycles(
     rows: Rows,
     membership: Membership,
@@ -96,12 +107,7 @@ def test_a_death_is_found_in_time_when_newcomers_take_over_watching_the_dead_wor
     its row only since they joined, and w011, which had watched it since before its death, stopped
     watching it: the death was found 13.4 s after it. A worker keeps watching the workers it no longer
     watches for failover_s: whoever watched a death from before it finds it in time."""
-    clock = ManualClock()
-    rows = Rows("w11", clock)
-    for worker in ("w05", "w10", "w11"):
-        rows.beat(worker)
-    view = TableView("w11", failover_s=FAILOVER_S, heartbeat_interval_s=2.0, clock=clock)
-    membership = Membership(rows, view, clock, rng=lambda: 1.0)
+    clock, rows, membership = _worker("w11", ("w05", "w10"))
     _cycles(rows, membership, clock, until_s=20.0, joins={3.0: "w12", 8.0: "w13"})
     assert rows.reaped and rows.reaped[0][0] == "w05"
     assert rows.reaped[0][1] <= 2.0 + FAILOVER_S + 1.0, rows.reaped
@@ -112,12 +118,7 @@ def test_a_death_found_by_a_slow_read_just_after_the_ring_moved_on_is_still_acte
     failover_s after it left; a read asked before that moment and answered after it found the worker
     dead, and the same read's end dropped it from the watched, so nobody that had watched it long
     enough reaped it. A worker found dead stays watched until it is reaped or beats again."""
-    clock = ManualClock()
-    rows = Rows("w11", clock)
-    for worker in ("w05", "w10", "w11"):
-        rows.beat(worker)
-    view = TableView("w11", failover_s=FAILOVER_S, heartbeat_interval_s=2.0, clock=clock)
-    membership = Membership(rows, view, clock, rng=lambda: 1.0)
+    clock, rows, membership = _worker("w11", ("w05", "w10"))
     _cycles(rows, membership, clock, until_s=40.0, joins={3.0: "w12", 8.0: "w13"}, death_s=7.0, read_latency_s=0.9)
     assert rows.reaped and rows.reaped[0][0] == "w05", "never reaped by the worker that had watched it"
     assert rows.reaped[0][1] <= 7.0 + FAILOVER_S + 4 * (1.0 + 0.9), rows.reaped  # a few of its slow cycles
@@ -127,11 +128,7 @@ def test_workers_joining_one_after_another_cost_at_most_twice_the_watched_reads(
     """Found in review: at a mass start every join moves a worker's part of the ring, and each worker
     it left was watched on for failover_s: about 6 more rows a cycle at 64 workers, 12 at 1,024, all
     on the heartbeat partition key. Only the last WATCHED to leave are watched on."""
-    clock = ManualClock()
-    rows = Rows("w00", clock)
-    rows.beat("w00")
-    view = TableView("w00", failover_s=FAILOVER_S, heartbeat_interval_s=2.0, clock=clock)
-    membership = Membership(rows, view, clock, rng=lambda: 1.0)
+    clock, rows, membership = _worker("w00", ())
     largest = 0
 
     async def main() -> None:
