@@ -41,6 +41,7 @@ from efo.clock import SYSTEM_CLOCK, Clock
 from efo.config import Settings
 from efo.errors import EfoError, SinkStalled
 from efo.kinesis.registration import StreamInfo
+from efo.kinesis.subscription import MIN_RENEW_INTERVAL_S
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
@@ -91,6 +92,9 @@ class Coordinator:
         self._log = log.bind(worker_id=table.worker_id)
         self._ready = False
         self.stopping = asyncio.Event()  # nothing new is claimed or started
+        #: No subscription reads any more (a stop's reading on is over, or the run ended): the driver
+        #: commits what it has and ends.
+        self.intake_stopped = asyncio.Event()
         METRICS.add_stream(stream.name)  # its series at 0 from the start
         self.owned = OwnedLeases(table.worker_id, pool, self._on_change, stream=stream.name, clock=clock)
         self.liveness = Liveness(
@@ -211,7 +215,7 @@ class Coordinator:
                 complete = self.bounds is not None and not stop.is_set()
                 stop_at = self._clock.now()
                 self._log.info("run.stopping" if complete else "service.stopping", shards=len(self.owned))
-                await self._stop_intake(intake)
+                await self._stop_intake(intake, None if complete else driver_done)
                 if complete:
                     complete = await self._drain(stop)
                 if not complete:
@@ -228,6 +232,7 @@ class Coordinator:
             await self._finish()  # a fatal error: leave the table as tidy as it can be, then fail
             raise
         finally:
+            self.intake_stopped.set()
             self.liveness.close()
 
     async def _start_intake(self, group: asyncio.TaskGroup, intake: list[asyncio.Task[None]]) -> None:
@@ -236,11 +241,14 @@ class Coordinator:
         intake.append(group.create_task(self.shards.run(), name="shard-discovery"))
         intake.append(group.create_task(self.cycle.run(), name="lease-cycle"))
 
-    async def _stop_intake(self, intake: list[asyncio.Task[None]]) -> None:
-        """Nothing is claimed from here on, and every subscription stops reading."""
+    async def _stop_intake(self, intake: list[asyncio.Task[None]], driver: asyncio.Event | None) -> None:
+        """Nothing is claimed from here on, and every subscription stops reading: at once at a
+        bounded run's end (``driver`` None), after :meth:`_read_on` on a stop."""
         self.stopping.set()
         for task in intake:
             await _cancelled(task)
+        if driver is not None:
+            await self._read_on(driver)
         tasks = []
         for owned in self.owned.values():
             if owned.phase.reading:
@@ -250,6 +258,30 @@ class Coordinator:
                     tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
         self.handoff.cut()  # nothing more comes in: the batch being filled goes to the sink now
+        self.intake_stopped.set()
+
+    async def _read_on(self, driver: asyncio.Event) -> None:
+        """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this
+        worker's last one: a shard released sooner goes unread until then. So the subscriptions read
+        on, and the driver commits what they read, until the youngest is that old: at most that long
+        and half of ``shutdown_timeout_s`` (the rest is the sink's), less if the driver ends first."""
+        now = self._clock.wall()
+        ages_s = [
+            (now - owned.subscribed_at).total_seconds()
+            for owned in self.owned.values()
+            if owned.phase.reading and owned.subscribed_at is not None
+        ]
+        young = sum(1 for age_s in ages_s if age_s < MIN_RENEW_INTERVAL_S)
+        wait_s = min(MIN_RENEW_INTERVAL_S - min(ages_s, default=MIN_RENEW_INTERVAL_S), MIN_RENEW_INTERVAL_S)
+        wait_s = min(wait_s, self.settings.shutdown_timeout_s / 2)
+        if wait_s <= 0 or driver.is_set():
+            return
+        self._log.info("service.reading_on", seconds=round(wait_s, 3), young_subscriptions=young)
+        try:
+            async with self._clock.timeout(wait_s):
+                await driver.wait()
+        except TimeoutError:
+            pass
 
     async def _drain(self, stop: asyncio.Event) -> bool:
         """A bounded run at its end: the sink commits everything handed on (so the final

@@ -52,6 +52,9 @@ class Service:
         #: The service stops on its own (one stream's fatal error stops every stream): the driver
         #: stops taking batches at once, as after a SIGTERM, rather than at the service's end.
         self.stopping = threading.Event()
+        #: Nothing is read any more: every stream's subscriptions have stopped (a stop reads on for
+        #: up to 5 s first: Coordinator._read_on), or the service ended. The driver commits until then.
+        self.intake_ended = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -146,6 +149,7 @@ class Service:
             self.error = translate(exc, resource="the service")
             log.exception("service.crashed")
         finally:
+            self.intake_ended.set()
             self.handoff.close()
             self._finished_at = time.monotonic()
             self.finished.set()
@@ -310,9 +314,15 @@ class Service:
             finally:
                 self._ended_stream(coordinator, coordinators)
 
+        async def intake_ended() -> None:
+            for coordinator in coordinators:  # each sets it when it stops reading, and when it ends
+                await coordinator.intake_stopped.wait()
+            self.intake_ended.set()
+
         async with asyncio.TaskGroup() as group:
             for coordinator in coordinators:
                 group.create_task(run(coordinator), name=f"stream:{coordinator.stream.name}")
+            group.create_task(intake_ended(), name="intake-ended")
         if errors:
             raise errors[0]
 

@@ -95,7 +95,8 @@ class Driver:
         runner._give_up_at = self.give_up_at
 
     def request_stop(self) -> None:
-        """Stop intake now (the service stops reading at once); the sink has until the deadline."""
+        """Stop intake (the service stops reading, after at most 5 s: Coordinator._read_on, and the
+        driver commits what it reads until then); the sink has until the deadline."""
         with self._stop_lock:
             if self._stop_at is None:
                 self._stop_at = self._clock()
@@ -119,7 +120,7 @@ class Driver:
         return capture_signals(self._on_signal)
 
     def run(self) -> int:
-        """Take and commit batches until a stop is asked for or the service fails. The next batch
+        """Take and commit batches until the service reads nothing more (after a stop) or fails. The next batch
         is taken on a worker thread while Spark commits the current one, and converted to Arrow
         there once the current one's DataFrame is made (Prefetcher)."""
         self.service.start()
@@ -128,7 +129,7 @@ class Driver:
         prefetch = Prefetcher(self._take_and_prepare)
         try:
             prepared: PreparedBatch | None = None
-            while not (self._stopping.is_set() or self._service_ending()):
+            while not self._intake_over():
                 # Let go of the batch just committed before the one after next is prepared: its
                 # payload block is then free for it (sparkbridge.batches.BatchRunner.blocks).
                 prepared = None
@@ -209,14 +210,19 @@ class Driver:
         chunks: list[RecordChunk] = []
         # On a quiet stream, take again: a record that arrives while the sink writes is taken at
         # once, and its batch closes max_wait_s after it, not after the commit. Each take waits
-        # for a first record idle_wait_s at most; a stop, the service stopping or a closed
-        # handoff ends the loop.
-        while not chunks and not (self._stopping.is_set() or self.handoff.closed or self._service_ending()):
+        # for a first record idle_wait_s at most; the end of intake or a closed handoff ends the loop.
+        while not chunks and not (self.handoff.closed or self._intake_over()):
             chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
         if not chunks or not turn():  # closing: a batch taken is read again by the next owner
             return None
         self._batches += 1
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
+
+    def _intake_over(self) -> bool:
+        """Nothing more will be read: after a stop, once the service's subscriptions stopped (a
+        driver that stopped at the signal would leave what they read in their last seconds to the
+        next owner), or the service ends on its own."""
+        return self.service.intake_ended.is_set() or self._service_ending()
 
     def _service_ending(self) -> bool:
         return self.service.finished.is_set() or self.service.stopping.is_set()

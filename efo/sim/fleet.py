@@ -168,11 +168,12 @@ class SimWorker:
 
     async def _drive(self) -> None:
         """The sink: a batch every ``batch_interval_s``, committed ``sink_s`` later; on a stop, the
-        batch in the sink is committed and nothing more is taken (the Spark driver's way)."""
+        batch in the sink is committed and nothing more is taken once the service reads nothing more
+        (the Spark driver's way)."""
         config = self.fleet.config
         batch = self.fleet.settings.batch
         try:
-            while not self.stop.is_set():
+            while not self._intake_over():
                 await self.clock.sleep(config.batch_interval_s)
                 chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, 0.0, 0.0)
                 if not chunks:
@@ -184,6 +185,10 @@ class SimWorker:
                 self.coordinator.on_committed([Commit.of(chunk) for chunk in chunks])
         finally:
             self.driver_done.set()
+
+    def _intake_over(self) -> bool:
+        """Nothing more is read (a stop's reading on is over, or the service ended)."""
+        return self.coordinator.intake_stopped.is_set() or (self.task is not None and self.task.done())
 
     @property
     def alive(self) -> bool:
@@ -250,6 +255,10 @@ class Fleet:
 
     def live(self) -> list[SimWorker]:
         return [worker for worker in self.workers if worker.alive]
+
+    def stopping(self) -> list[SimWorker]:
+        """Workers asked to stop (SIGTERM) and not yet stopped."""
+        return [worker for worker in self.workers if worker.stopping and not worker.stopped and not worker.killed]
 
     async def add(self, count: int) -> list[SimWorker]:
         """``count`` new workers, started at once."""

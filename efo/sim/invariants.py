@@ -20,8 +20,9 @@ Checked at every change of a lease row (the simulated DynamoDB reports each one 
 Checked every second by :meth:`Oracle.watch` (the fleet's monitor):
 
 - **read again**: a shard that can be read (its lease not finished, its parents finished) is read by
-  a live worker within ``failover_s + 2 s`` of when it stopped being read (its owner died, stopped,
-  handed it over, or it was born of a reshard), and within :data:`START_LIMIT_S` of the fleet's start
+  a live worker (or one stopping gracefully, whose driver commits what it reads on) within
+  ``failover_s + 2 s`` of when it stopped being read (its owner died, stopped, handed it over, or it
+  was born of a reshard), and within :data:`START_LIMIT_S` of the fleet's start
   or of the end of a fault that could delay it (DynamoDB faults, paused or late workers: the fleet
   converges again as after a start);
 - **no exit**: no worker's service ends on its own (a fault that heals never ends a worker);
@@ -338,6 +339,10 @@ class Oracle:
                     held += 1
             if coordinator.liveness.trust is Trust.TRUSTED:  # a member: up, and its leases trusted
                 counts[worker.name] = held
+        for worker in fleet.stopping():  # no longer a member, but it reads on (Coordinator._read_on)
+            for shard_id, owned in worker.coordinator.owned.items():
+                if owned.phase in READING:
+                    readers.setdefault(shard_id, []).append(worker.name)
         if set(counts) != self._members:  # a worker came up, went into doubt or recovered
             self._members = set(counts)
             self.membership_changed_at = now

@@ -4,6 +4,7 @@ stops the service without moving a checkpoint past the failed batch."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,9 +45,11 @@ def test_sigterm_mid_stream_drains_and_restart_delivers_the_rest_exactly_once(
     puts = put_records(kinesis_client, stream, 100, tag="t0")
     run = ServiceRun(env, tmp_path / "first.log").start()
     run.wait_for_event("batch.committed")
-    with ThreadPoolExecutor(1) as pool:  # keep producing while the service stops
+    # Keep producing while the service stops, and for longer than it may read on after the signal
+    # (its subscriptions are younger than 5 s: Coordinator._read_on), so the stop lands mid-stream.
+    with ThreadPoolExecutor(1) as pool:
         producing = pool.submit(
-            lambda: [put_records(kinesis_client, stream, 60, tag=f"t{i}") for i in range(1, 16) if not time.sleep(0.2)]
+            lambda: [put_records(kinesis_client, stream, 60, tag=f"t{i}") for i in range(1, 41) if not time.sleep(0.2)]
         )
         time.sleep(1.0)
         started = time.monotonic()
@@ -187,3 +190,45 @@ def test_sigterm_commits_the_batch_being_filled_at_once_instead_of_waiting_for_m
     wait_for_rows(tmp_path / "out", len(puts), restarted)
     assert restarted.stop() == 0
     assert_exactly(read_output(tmp_path / "out"), puts)  # the stop checkpointed the batch it committed
+
+
+def test_sigterm_just_after_subscribing_reads_on_and_commits_what_it_read_meanwhile(
+    local_stack: StackEndpoints, kinesis_client: Any, tmp_path: Path
+) -> None:
+    """Kinesis refuses the next owner's SubscribeToShard until 5 s after this worker's last one, so a
+    worker stopped a second after subscribing reads on until then (``service.reading_on``) and its
+    sink commits what was written meanwhile, checkpointed before the release: the shard is read
+    while the next owner could not read it anyway. It used to stop reading at the signal."""
+    stream, app = unique("readon"), unique("app")
+    create_stream(kinesis_client, stream, 1)
+    puts = put_records(kinesis_client, stream, 10, tag="before")
+    env = arrow_env(
+        local_stack,
+        stream=stream,
+        app=app,
+        sink_dir=tmp_path / "out",
+        initial_position="TRIM_HORIZON",
+        EFO_BATCH__MAX_WAIT_S="0.3",
+        EFO_CHECKPOINT__INTERVAL_S="60",  # only the stop's flush saves the position
+    )
+    run = ServiceRun(env, tmp_path / "first.log").start()
+    run.wait_for_event("shard.first_event")
+    assert run.process is not None
+    run.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    late: list[Any] = []  # put a second or more after the signal
+    for i in range(12):
+        batch = put_records(kinesis_client, stream, 5, tag=f"after{i}")
+        (late if time.monotonic() - signalled >= 1.0 else puts).extend(batch)
+        time.sleep(0.2)
+    assert run.process.wait(30) == 0, run.tail()  # a second signal would exit at once
+    reading_on = [e for e in run.events() if e["event"] == "service.reading_on"]
+    assert reading_on and 0 < reading_on[0]["seconds"] <= 5, reading_on
+    committed = {row["sequence_number"] for row in read_output(tmp_path / "out")}
+    assert committed & {put.sequence_number for put in late}, "nothing written after the signal was committed"
+
+    restarted = ServiceRun(env, tmp_path / "second.log").start()  # from the stop's checkpoint: nothing lost
+    restarted.wait_for_event("service.ready")
+    wait_for_rows(tmp_path / "out", len(puts) + len(late), restarted)
+    assert restarted.stop() == 0
+    assert_exactly(read_output(tmp_path / "out"), puts + late)

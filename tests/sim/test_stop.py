@@ -4,9 +4,12 @@ rather than a cycle or two late, when a fenced claim of a lease they think still
 
 from __future__ import annotations
 
+import asyncio
+
 from efo.sim.dynamodb import Fault
 from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig
 from efo.sim.invariants import Trace
+from efo.sim.phases import POLL_S, Unread
 from efo.sim.run import Capture, in_virtual_time
 
 
@@ -44,3 +47,50 @@ def test_a_stop_whose_version_write_is_cut_short_moves_the_versions_before_it_en
     assert cut_short, "the stop's releases ended within its deadline: the test no longer holds their version write"
     assert released, "the stopping worker read some shards"
     assert all(after[name] > before[name] for name in released), (released, before, after)
+
+
+async def _stop_just_after_a_takeover(trace: Trace, capture: Capture) -> tuple[float, int]:
+    """Three workers; one is killed, and a survivor is stopped 1 s after it began reading one of
+    the dead worker's shards: the longest any shard then goes unread, and how many times the stop
+    read on for its young subscriptions."""
+    fleet = Fleet(FleetConfig(shards=6, workers=3, records_per_shard_s=1.0), 3, trace)
+    capture.clock = fleet.clock
+    unread = Unread(fleet)
+
+    async def sample() -> None:
+        while True:
+            unread.sample()
+            await fleet.clock.sleep(POLL_S)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        victim, stopping, _ = await fleet.add(3)
+        await fleet.clock.sleep(40.0)  # each reads its share
+        held = stopping.reading()
+        await fleet.kill(victim)
+        for _ in range(200):  # until it reads one of the dead worker's shards
+            owned = stopping.coordinator.owned
+            if any(owned[shard_id].first_event for shard_id in stopping.reading() - held):
+                break
+            await fleet.clock.sleep(0.1)
+        else:
+            raise AssertionError("the survivor took none of the dead worker's shards")
+        await fleet.clock.sleep(1.0)
+        unread.restart()
+        await fleet.terminate(stopping)
+        await fleet.clock.sleep(15.0)
+        read_on = sum(1 for event in trace.events if f" {stopping.name} " in event and "service.reading_on" in event)
+        return unread.longest_until_now(), read_on
+    finally:
+        sampler.cancel()
+        await fleet.close()
+
+
+def test_a_stop_reads_on_until_kinesis_takes_the_next_owner_s_call() -> None:
+    """Kinesis refuses the next owner's SubscribeToShard until 5 s after this worker's last one. A
+    worker stopped 1 s after subscribing used to stop reading at once, and the shard went unread
+    while the next owner waited out the other 4 s. It reads on (the driver commits what it reads)
+    until then, so the next owner's call is taken at once."""
+    longest_unread_s, read_on = in_virtual_time(_stop_just_after_a_takeover)
+    assert read_on == 1
+    assert longest_unread_s < 3.0, longest_unread_s

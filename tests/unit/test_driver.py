@@ -25,6 +25,7 @@ class FakeService:
         self.handoff = Handoff()
         self.finished = threading.Event()
         self.stopping = threading.Event()
+        self.intake_ended = threading.Event()
         self.error: EfoError | None = None
         self.stops = 0
 

@@ -162,6 +162,7 @@ class DriverService:
         self.handoff = Handoff()
         self.finished = threading.Event()
         self.stopping = threading.Event()
+        self.intake_ended = threading.Event()
         self.error = None
         self.stopped_before_end = False
         self.commits = 0
@@ -171,7 +172,7 @@ class DriverService:
         pass
 
     def request_stop(self) -> None:
-        self.stopping.set()
+        self.intake_ended.set()
 
     def batch_started(self) -> None:
         pass
@@ -251,8 +252,8 @@ def test_on_a_quiet_stream_a_record_arriving_while_the_sink_writes_is_taken_at_o
     assert left == [0], "the record waited in the handoff for the commit before it"
 
 
-@pytest.mark.parametrize("end", ["handoff closed", "service stopping", "stop asked for"])
-def test_the_take_ends_once_the_handoff_is_closed_or_a_stop_is_asked_for(end: str) -> None:
+@pytest.mark.parametrize("end", ["handoff closed", "service stopping", "intake ended"])
+def test_the_take_ends_once_the_handoff_is_closed_or_the_service_reads_nothing_more(end: str) -> None:
     service = DriverService(batches=1)
     settings = load_settings(stream="s", app="a", sink="console")
     runner = BatchRunner(None, ArrowSink([]), max_attempts=1, retry_backoff_s=0)
@@ -268,10 +269,38 @@ def test_the_take_ends_once_the_handoff_is_closed_or_a_stop_is_asked_for(end: st
         elif end == "service stopping":
             service.stopping.set()
         else:
-            driver._stopping.set()
+            service.intake_ended.set()
         taker.join(2)
         assert not taker.is_alive() and results == [None]
     finally:  # a loop that did not end would spin on through the tests after
-        driver._stopping.set()
+        service.intake_ended.set()
         service.handoff.close()
         taker.join(5)
+
+
+def test_after_a_stop_the_driver_commits_what_the_service_reads_on_until_its_intake_ends() -> None:
+    """A stop right after a subscription: the service reads on until Kinesis would take the next
+    owner's call (Coordinator._read_on). What it reads meanwhile must reach the sink and the final
+    checkpoint, so the driver takes batches until the service's intake has ended, not until the signal."""
+    service = DriverService(batches=0)
+    service.request_stop = lambda: None  # type: ignore[method-assign]  # this service reads on
+    settings = load_settings(stream="s", app="a", sink="console", batch={"max_records": 2, "max_wait_s": 0.05})
+    runner = BatchRunner(None, ArrowSink([]), max_attempts=1, retry_backoff_s=0)
+    driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
+    codes: list[int] = []
+    running = threading.Thread(target=lambda: codes.append(driver.run()), daemon=True)
+    try:
+        running.start()
+        driver.request_stop()  # the signal
+        for serial in (1, 2):  # read after it
+            service.handoff.put(chunk(serial))
+            deadline = time.monotonic() + 5
+            while service.commits < serial and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert service.commits == 2 and running.is_alive()
+        service.intake_ended.set()
+        running.join(5)
+        assert not running.is_alive() and codes == [0]
+    finally:
+        service.intake_ended.set()
+        driver.close()
