@@ -19,7 +19,8 @@ The parts (each alone in a module of :mod:`efo.worker`, each tested alone):
   coalesced checkpoint writes, and stops the worker when a batch stalls in the sink;
 - :class:`~efo.worker.owned.OwnedLeases` is the only writer of the set of shards held here.
 
-Stopping (SIGTERM): nothing new is claimed; every subscription stops; the driver gets until
+Stopping (SIGTERM): nothing new is claimed; every subscription stops, once the youngest is 5 s old
+(Kinesis would not take the next owner's call sooner: :meth:`Coordinator._read_on`); the driver gets until
 ``shutdown_timeout_s`` to commit what it holds; the committed positions are checkpointed and every
 lease held is released, so the next worker takes over at once. A fatal error of any task ends the
 group the same way (bounded), then fails.
@@ -243,22 +244,28 @@ class Coordinator:
 
     async def _stop_intake(self, intake: list[asyncio.Task[None]], driver: asyncio.Event | None) -> None:
         """Nothing is claimed from here on, and every subscription stops reading: at once at a
-        bounded run's end (``driver`` None), after :meth:`_read_on` on a stop."""
+        bounded run's end (``driver`` None); on a stop, those not streaming (a call being made,
+        retried or paced) at once, so that no call succeeds now and starts another 5 s for the
+        next owner, the others after :meth:`_read_on`."""
         self.stopping.set()
         for task in intake:
             await _cancelled(task)
         if driver is not None:
+            await self._stop_reading(ShardPhase.SUBSCRIBING)
             await self._read_on(driver)
+        await self._stop_reading(*(phase for phase in ShardPhase if phase.reading))
+        self.handoff.cut()  # nothing more comes in: the batch being filled goes to the sink now
+        self.intake_stopped.set()
+
+    async def _stop_reading(self, *phases: ShardPhase) -> None:
         tasks = []
         for owned in self.owned.values():
-            if owned.phase.reading:
+            if owned.phase in phases:
                 owned.enter(ShardPhase.RELEASING)
                 if owned.task is not None:
                     owned.task.cancel()
                     tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.handoff.cut()  # nothing more comes in: the batch being filled goes to the sink now
-        self.intake_stopped.set()
 
     async def _read_on(self, driver: asyncio.Event) -> None:
         """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this

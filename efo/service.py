@@ -50,7 +50,7 @@ class Service:
         self.error: EfoError | None = None
         self.finished = threading.Event()
         #: The service stops on its own (one stream's fatal error stops every stream): the driver
-        #: stops taking batches at once, as after a SIGTERM, rather than at the service's end.
+        #: stops taking batches at once, rather than at the service's end.
         self.stopping = threading.Event()
         #: Nothing is read any more: every stream's subscriptions have stopped (a stop reads on for
         #: up to 5 s first: Coordinator._read_on), or the service ended. The driver commits until then.
@@ -312,6 +312,7 @@ class Service:
                 self.stopping.set()
                 stop.set()
             finally:
+                coordinator.intake_stopped.set()  # also when it failed before its stop path
                 self._ended_stream(coordinator, coordinators)
 
         async def intake_ended() -> None:

@@ -1,6 +1,7 @@
 """The Spark driver loop: batches from the handoff, through a :class:`BatchRunner`, acknowledged.
 
-The main thread runs Spark and owns the signals. The first SIGTERM or SIGINT stops intake; the
+The main thread runs Spark and owns the signals. The first SIGTERM or SIGINT stops intake (the
+service's subscriptions may read on for up to 5 s, and the driver commits what they read); the
 batch in the sink may finish and be checkpointed until ``shutdown_timeout_s`` after the signal (no
 new sink attempt starts after that); then the service checkpoints what was committed, releases
 the leases and the process exits: 0 when everything taken was committed, 1 when a batch was
@@ -219,10 +220,11 @@ class Driver:
         return self.runner.prepare(f"{self._run_id}-{self._batches:08d}", chunks)
 
     def _intake_over(self) -> bool:
-        """Nothing more will be read: after a stop, once the service's subscriptions stopped (a
-        driver that stopped at the signal would leave what they read in their last seconds to the
-        next owner), or the service ends on its own."""
-        return self.service.intake_ended.is_set() or self._service_ending()
+        """Nothing more to take: after a stop, once the service's subscriptions stopped (a driver
+        that stopped at the signal would leave what they read in their last seconds to the next
+        owner); or the service ends or stops on its own. A bounded run's end stops the reading
+        with no stop asked for: everything queued is taken until the service has finished."""
+        return (self._stopping.is_set() and self.service.intake_ended.is_set()) or self._service_ending()
 
     def _service_ending(self) -> bool:
         return self.service.finished.is_set() or self.service.stopping.is_set()

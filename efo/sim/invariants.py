@@ -340,6 +340,8 @@ class Oracle:
             if coordinator.liveness.trust is Trust.TRUSTED:  # a member: up, and its leases trusted
                 counts[worker.name] = held
         for worker in fleet.stopping():  # no longer a member, but it reads on (Coordinator._read_on)
+            if worker.clock.paused:
+                continue
             for shard_id, owned in worker.coordinator.owned.items():
                 if owned.phase in READING:
                     readers.setdefault(shard_id, []).append(worker.name)

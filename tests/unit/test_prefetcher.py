@@ -172,7 +172,7 @@ class DriverService:
         pass
 
     def request_stop(self) -> None:
-        self.intake_ended.set()
+        self.intake_ended.set()  # it reads nothing more at once
 
     def batch_started(self) -> None:
         pass
@@ -268,12 +268,13 @@ def test_the_take_ends_once_the_handoff_is_closed_or_the_service_reads_nothing_m
             service.handoff.close()
         elif end == "service stopping":
             service.stopping.set()
-        else:
+        else:  # after a stop
+            driver._stopping.set()
             service.intake_ended.set()
         taker.join(2)
         assert not taker.is_alive() and results == [None]
     finally:  # a loop that did not end would spin on through the tests after
-        service.intake_ended.set()
+        service.finished.set()
         service.handoff.close()
         taker.join(5)
 
@@ -303,4 +304,30 @@ def test_after_a_stop_the_driver_commits_what_the_service_reads_on_until_its_int
         assert not running.is_alive() and codes == [0]
     finally:
         service.intake_ended.set()
+        driver.close()
+
+
+def test_a_bounded_run_s_end_lets_the_driver_commit_everything_queued() -> None:
+    """At a bounded run's end the service stops reading (its intake ends) with no stop asked for:
+    the driver must take and commit everything queued until the service has finished, or the run
+    ends incomplete."""
+    service = DriverService(batches=0)
+    for serial in range(1, 6):
+        service.handoff.put(chunk(serial))
+    service.handoff.cut()
+    service.intake_ended.set()
+    settings = load_settings(stream="s", app="a", sink="console", batch={"max_records": 2, "max_wait_s": 0.05})
+    runner = BatchRunner(None, ArrowSink([]), max_attempts=1, retry_backoff_s=0)
+    driver = Driver(runner, settings, service, exit_process=lambda code: None)  # type: ignore[arg-type]
+    running = threading.Thread(target=driver.run, daemon=True)
+    try:
+        running.start()
+        deadline = time.monotonic() + 5
+        while len(service.handoff) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(service.handoff) == 0 and service.commits == 5, service.commits  # a batch per chunk of 2
+        assert running.is_alive()
+    finally:
+        service.finished.set()
+        running.join(5)
         driver.close()

@@ -3,6 +3,7 @@ behind in the shared pool's backlog bound and in the other streams' dealing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from types import SimpleNamespace
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from efo.config import load_settings
+from efo.errors import EfoError
 from efo.leases.lifecycle import Commit
 from efo.leases.model import Lease
 from efo.pipeline.pool import PendingPool
@@ -62,3 +64,30 @@ def test_a_stream_that_ended_leaves_the_backlog_bound_and_the_pool_resumes_at_on
     service._ended_stream(orders, coordinators)  # type: ignore[arg-type]
     assert not pool.paused, "the pool stayed paused by a stream that is read no more"
     assert "arn:orders" not in service._shares.held, "an ended stream still counts in the others' room"
+
+
+class FailsAtItsFirstHeartbeat:
+    """A coordinator whose run raises before it reads anything (its first heartbeat refused)."""
+
+    def __init__(self) -> None:
+        self.stream = SimpleNamespace(name="s", arn="arn:s")
+        self.intake_stopped = asyncio.Event()
+        self.checkpointer = SimpleNamespace(apply_backlog_bound=lambda: None)
+
+    async def run(self, stop: asyncio.Event, driver_done: asyncio.Event) -> None:
+        raise EfoError("AccessDenied on the heartbeat write")
+
+
+def test_a_stream_failing_before_it_reads_ends_the_service_and_its_intake() -> None:
+    """The driver takes batches until every stream's intake has ended: a coordinator that failed
+    before its own stop path must count as ended, or the service waits for it forever."""
+    service = Service(load_settings(stream="s", app="a", sink="console"))
+
+    async def main() -> None:
+        service._stop, service._driver_done = asyncio.Event(), asyncio.Event()
+        async with asyncio.timeout(5):
+            await service._run_all([FailsAtItsFirstHeartbeat()], kinesis=None)  # type: ignore[list-item]
+
+    with pytest.raises(EfoError, match="AccessDenied"):
+        asyncio.run(main())
+    assert service.intake_ended.is_set()
