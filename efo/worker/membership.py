@@ -84,6 +84,11 @@ class Membership:
         self.watching: set[str] = set()  # the rows each cycle reads: the ring's part, and those still watched
         self.rows: dict[str, WorkerRow] = {}  # every row as last read (the watched ones since)
         self.announce = True  # this worker's own change to announce (its start, its recovery)
+        #: A watched row found gone by a read of the watched ones: its worker stopped (or was reaped)
+        #: and the counter may not have moved (its delete landed, the answer was lost). Announced if
+        #: the counter has still not moved by the next cycle (it usually follows the delete at once).
+        self._gone_seen = False
+        self._gone = False
         self._log = log.bind(worker_id=table.worker_id)
 
     async def read(self, members: int) -> None:
@@ -97,6 +102,7 @@ class Membership:
             self.rows = dict(rows)
             self._view.saw_workers(rows, issued_at=issued_at, answered_at=answered_at, complete=True)
             self._members = members
+            self._gone = self._gone_seen = False  # the counter moved: every worker reads every row
             self._full_due = issued_at + ALL_ROWS_EVERY_S * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
             self._rewatch()
             return
@@ -104,9 +110,10 @@ class Membership:
         self._reads.inc(len(asked))
         watched = await self._table.read_some_workers(asked)
         answered_at = self._clock.now()
+        self._gone, self._gone_seen = self._gone_seen, False
         for worker, row in watched.items():
             if row is None:
-                self.rows.pop(worker, None)
+                self._gone_seen |= self.rows.pop(worker, None) is not None
             else:
                 self.rows[worker] = row
         self._view.saw_workers(watched, issued_at=issued_at, answered_at=answered_at, complete=False)
@@ -141,9 +148,9 @@ class Membership:
         """Announce this worker's own change; reap the watched workers found dead; tell of those found
         in doubt, or no longer. Each moves the membership counter."""
         moved = False
-        if self.announce:
+        if self.announce or self._gone:
             moved = True
-            self.announce = False
+            self.announce = self._gone = False
         watched = self.watching
         for worker in sorted(self._view.dead & watched):
             beat = self._view.beat(worker)
