@@ -53,7 +53,7 @@ from efo.worker.checkpointer import Checkpointer
 from efo.worker.cycle import LeaseCycle, parents_finished
 from efo.worker.liveness import HeartbeatWriter, Liveness, Trust
 from efo.worker.owned import OwnedLeases
-from efo.worker.runner import HANDOVER_POLL_S, ShardRunner
+from efo.worker.runner import HANDOVER_POLL_S, ShardRunner, Spawn
 from efo.worker.shardsync import ShardSync
 from efo.worker.streams import StreamShares
 
@@ -63,6 +63,8 @@ log = structlog.get_logger("efo.coordinator")
 #: this many at once (256 shards release in about 3 s against moto, well under a second on AWS).
 FINAL_WRITES_TIMEOUT_S = 5.0
 FINAL_WRITES_CONCURRENCY = 16
+#: A stop's first writes (its heartbeat saying it leaves, the membership counter), at most this long.
+LEAVE_TIMEOUT_S = 2.0
 #: /readyz fails while a shard has been trying to subscribe for longer than this.
 SUBSCRIBING_READY_S = 30.0
 
@@ -96,6 +98,7 @@ class Coordinator:
         #: No subscription reads any more (a stop's reading on is over, or the run ended): the driver
         #: commits what it has and ends.
         self.intake_stopped = asyncio.Event()
+        self._spawn: Spawn | None = None  # the task group's create_task, while it runs
         METRICS.add_stream(stream.name)  # its series at 0 from the start
         self.owned = OwnedLeases(table.worker_id, pool, self._on_change, stream=stream.name, clock=clock)
         self.liveness = Liveness(
@@ -203,7 +206,7 @@ class Coordinator:
         await self.liveness.beat()  # liveness first: before any lease work, and never behind it
         try:
             async with asyncio.TaskGroup() as group:
-                self.runner.spawn = lambda coroutine, name: group.create_task(coroutine, name=name)
+                self._spawn = self.runner.spawn = lambda coroutine, name: group.create_task(coroutine, name=name)
                 self._heartbeat = heartbeat = group.create_task(self.liveness.run(), name="heartbeat")
                 checkpoints = group.create_task(self.checkpointer.run(), name="checkpoints")
                 intake: list[asyncio.Task[None]] = []
@@ -244,34 +247,61 @@ class Coordinator:
 
     async def _stop_intake(self, intake: list[asyncio.Task[None]], driver: asyncio.Event | None) -> None:
         """Nothing is claimed from here on, and every subscription stops reading: at once at a
-        bounded run's end (``driver`` None); on a stop, those not streaming (a call being made,
-        retried or paced) at once, so that no call succeeds now and starts another 5 s for the
-        next owner, the others after :meth:`_read_on`."""
+        bounded run's end (``driver`` None); on a stop after :meth:`_read_on`, except the claims
+        with a call under way that would start another 5 s for the next owner (a first call, a
+        retry, a renewal: no new one is made from here on, SubscriptionStopped), stopped now."""
+        began = self._clock.now()
         self.stopping.set()
-        for task in intake:
+        for task in intake:  # a cycle under way may be writing claims: it ends here
             await _cancelled(task)
+        watching: asyncio.Task[None] | None = None
         if driver is not None:
-            await self._stop_reading(ShardPhase.SUBSCRIBING)
-            await self._read_on(driver)
-        await self._stop_reading(*(phase for phase in ShardPhase if phase.reading))
+            now = self._clock.wall()
+            await self._stop_reading(
+                owned
+                for owned in self.owned.values()
+                if owned.phase is ShardPhase.SUBSCRIBING
+                and (owned.subscribed_at is None or (now - owned.subscribed_at).total_seconds() >= MIN_RENEW_INTERVAL_S)
+            )
+            # While it reads on, its cycles only watch its part of the ring (the others count on it
+            # to find a death) and drop what it lost: they claim nothing.
+            assert self._spawn is not None
+            watching = self._spawn(self.cycle.run(), "lease-cycle-stopping")
+            budget_s = self.settings.shutdown_timeout_s / 2  # the rest is the sink's
+            await self._leave(min(LEAVE_TIMEOUT_S, budget_s))
+            await self._read_on(driver, budget_s - (self._clock.now() - began))
+        if watching is not None:
+            await _cancelled(watching)
+        await self._stop_reading(owned for owned in self.owned.values() if owned.phase.reading)
         self.handoff.cut()  # nothing more comes in: the batch being filled goes to the sink now
         self.intake_stopped.set()
 
-    async def _stop_reading(self, *phases: ShardPhase) -> None:
+    async def _leave(self, timeout_s: float) -> None:
+        """Its heartbeat says it is leaving: the workers watching it (they read its row every cycle)
+        watch on past it from their next cycle, not from when its row is gone (it watches on while it
+        reads on, not while it waits for the driver). Bounded; a failure only delays that."""
+        try:
+            async with self._clock.timeout(timeout_s):
+                await self.liveness.leave()
+        except (TimeoutError, EfoError) as exc:
+            self._log.warning("worker.leave_failed", error=str(exc) or type(exc).__name__)
+
+    @staticmethod
+    async def _stop_reading(claims: Iterable[OwnedShard]) -> None:
         tasks = []
-        for owned in self.owned.values():
-            if owned.phase in phases:
-                owned.enter(ShardPhase.RELEASING)
-                if owned.task is not None:
-                    owned.task.cancel()
-                    tasks.append(owned.task)
+        for owned in list(claims):
+            owned.enter(ShardPhase.RELEASING)
+            if owned.task is not None:
+                owned.task.cancel()
+                tasks.append(owned.task)
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _read_on(self, driver: asyncio.Event) -> None:
+    async def _read_on(self, driver: asyncio.Event, budget_s: float) -> None:
         """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this
         worker's last one: a shard released sooner goes unread until then. So the subscriptions read
         on, and the driver commits what they read, until the youngest is that old: at most that long
-        and half of ``shutdown_timeout_s`` (the rest is the sink's), less if the driver ends first."""
+        and ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the rest is the sink's),
+        less if the driver ends first."""
         now = self._clock.wall()
         ages_s = [
             (now - owned.subscribed_at).total_seconds()
@@ -279,8 +309,7 @@ class Coordinator:
             if owned.phase.reading and owned.subscribed_at is not None
         ]
         young = sum(1 for age_s in ages_s if age_s < MIN_RENEW_INTERVAL_S)
-        wait_s = min(MIN_RENEW_INTERVAL_S - min(ages_s, default=MIN_RENEW_INTERVAL_S), MIN_RENEW_INTERVAL_S)
-        wait_s = min(wait_s, self.settings.shutdown_timeout_s / 2)
+        wait_s = min(MIN_RENEW_INTERVAL_S - min(ages_s, default=MIN_RENEW_INTERVAL_S), MIN_RENEW_INTERVAL_S, budget_s)
         if wait_s <= 0 or driver.is_set():
             return
         self._log.info("service.reading_on", seconds=round(wait_s, 3), young_subscriptions=young)

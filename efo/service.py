@@ -58,6 +58,7 @@ class Service:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._stop_requested = threading.Event()
         self._driver_done: asyncio.Event | None = None
         self._coordinators: list[Coordinator] = []
         self._ended: set[str] = set()  # streams whose coordinator ended (read to a bound, gone, failed)
@@ -105,6 +106,7 @@ class Service:
             coordinator.on_committed([commit for commit in commits if commit.stream == name])
 
     def request_stop(self) -> None:
+        self._stop_requested.set()  # before the loop runs: _main sets the stop as it starts
         self._call(lambda: self._stop.set() if self._stop else None)
 
     def driver_finished(self) -> None:
@@ -157,6 +159,8 @@ class Service:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        if self._stop_requested.is_set():  # a signal that came before there was a loop to call
+            self._stop.set()
         self._driver_done = asyncio.Event()
         self._loop_ready.set()
         try:

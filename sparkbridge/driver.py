@@ -84,6 +84,7 @@ class Driver:
         self.service = service
         self.handoff = service.handoff
         self._stopping = threading.Event()
+        self._closing = threading.Event()  # the loop has ended: nothing more is committed
         self._stop_lock = threading.Lock()
         self._stop_at: float | None = None
         self._done = threading.Event()
@@ -141,6 +142,8 @@ class Driver:
             # Intake stops; a batch taken but not committed is read again by the next owner. The
             # service flushes what was committed, releases the leases and ends.
             self.request_stop()
+            self._closing.set()  # the batch being taken now is not committed: its take ends at once
+            self.handoff.cut()
             prefetch.close()
             self.service.driver_finished()
             if not self.service.join(self.settings.shutdown_timeout_s + EXIT_GRACE_S):
@@ -212,7 +215,7 @@ class Driver:
         # On a quiet stream, take again: a record that arrives while the sink writes is taken at
         # once, and its batch closes max_wait_s after it, not after the commit. Each take waits
         # for a first record idle_wait_s at most; the end of intake or a closed handoff ends the loop.
-        while not chunks and not (self.handoff.closed or self._intake_over()):
+        while not chunks and not (self.handoff.closed or self._closing.is_set() or self._intake_over()):
             chunks = self.handoff.take_batch(batch.max_records, batch.max_bytes, batch.max_wait_s)
         if not chunks or not turn():  # closing: a batch taken is read again by the next owner
             return None

@@ -110,6 +110,7 @@ class ShardSubscription:
         on_first_event: Callable[[Position], Awaitable[None]] | None = None,
         on_subscribed: Callable[[datetime], None] = lambda at: None,
         previous_call_at: datetime | None = None,
+        stopping: asyncio.Event | None = None,
         series: ShardSeries | None = None,
         logger: Any = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -143,6 +144,7 @@ class ShardSubscription:
         self._last_call_at = -1e9
         self._last_success_at = -1e9
         self._previous_call_at = previous_call_at  # the previous owner's: Kinesis counts its 5 s from it
+        self._stopping = stopping  # set: no new call (SubscriptionStopped)
         self._refused_since: float | None = None  # ResourceInUse at the start of a subscription, since
         self._started = False
         self._expired_restart = False  # restarted at TRIM_HORIZON once after an expired position
@@ -164,6 +166,8 @@ class ShardSubscription:
             self._last_success_at = self._clock.now() - min(max(since_s, 0.0), MIN_RENEW_INTERVAL_S)
         while True:
             await self._pace()
+            if self._stopping is not None and self._stopping.is_set():
+                raise SubscriptionStopped(self.shard_id)
             self.attempt += 1
             self._streaming = False
             self._on_phase(ShardPhase.SUBSCRIBING)
@@ -435,6 +439,11 @@ class ShardSubscription:
             METRICS.pool_wait.observe(self._clock.now() - waiting_since)
         self._on_phase(ShardPhase.READING)
         return grant
+
+
+class SubscriptionStopped(Exception):
+    """The worker is stopping: no new SubscribeToShard (a renewal, a retry) is made, since one that
+    succeeded would start another 5 s before Kinesis takes the next owner's call."""
 
 
 class Backpressure(Exception):

@@ -38,6 +38,10 @@ from dataclasses import dataclass, field
 
 from efo.leases.model import Lease
 
+#: Spare free leases named for each claim: a worker whose claim and first spare were both taken by
+#: others whose reads were newer still claims in the same cycle (simulation seed 39 of 64 x 8).
+SPARES_PER_CLAIM = 2
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -46,6 +50,10 @@ class Plan:
     ask: list[Lease] = field(default_factory=list)
     target: int = 0
     short: bool = False  # below its share with nothing free to claim: others should shed to it
+    #: The free leases next in this worker's order after its claims (SPARES_PER_CLAIM for each):
+    #: claimed in the same cycle in place of those another worker claimed first (workers whose reads
+    #: differ by a claim collide, and so may their spares).
+    spare: list[Lease] = field(default_factory=list)
 
 
 def plan(
@@ -168,6 +176,7 @@ def plan_by_owner(
     if room is not None:
         cap = min(cap, room)
     claim = free[: max(0, cap - mine)]
+    spare = free[len(claim) : len(claim) + SPARES_PER_CLAIM * len(claim)]
     # Stale leases: up to the ceiling whatever the shares say, and only those above the share.
     taken = {lease.shard_id for lease in claim}
     stale = [lease for lease in free if lease.shard_id in stale_free and lease.shard_id not in taken]
@@ -207,7 +216,10 @@ def plan_by_owner(
                     key=lambda lease: lease.shard_id,
                 )
                 ask = candidates[: min(room, max_steals - asked)]
-    return Plan(claim=claim, shed=shed, ask=ask, target=target, short=short)
+    taken = {lease.shard_id for lease in claim}
+    return Plan(
+        claim=claim, shed=shed, ask=ask, target=target, short=short, spare=[s for s in spare if s.shard_id not in taken]
+    )
 
 
 def by_owner(leases: Iterable[Lease]) -> dict[str | None, dict[str, Lease]]:

@@ -152,6 +152,9 @@ class WorkerRow:
     consumer_arn: str | None = None
     reads: str | None = None  # which streams the worker reads (a digest of their ARNs; None: one, or older)
     in_doubt: bool = False  # it wrote this while it did not trust its leases (it reads nothing)
+    #: It is stopping (it still reads and holds its leases for a few seconds): the others watch its
+    #: part of the ring from now (efo.leases.view.TableView.watched).
+    leaving: bool = False
     #: Its release deletes finished leases, and so never writes again the lease of a shard that a leased
     #: shard descends from (False: a release before that, which would: efo.leases.cleanup waits for it).
     deletes_leases: bool = False

@@ -529,6 +529,7 @@ class LeaseTable:
                 consumer_arn=item.get("consumer_arn", {}).get("S"),
                 reads=item.get("reads", {}).get("S"),
                 in_doubt=item.get("in_doubt", {}).get("BOOL", False),
+                leaving=item.get("leaving", {}).get("BOOL", False),
                 deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
                 reads_generations=item.get("reads_generations", {}).get("BOOL", False),
             )
@@ -948,9 +949,10 @@ class LeaseTable:
         if self._bumps_failed or self._bumps_waiting:  # waiting: left by a caller cancelled while it waited
             await self._bump(())
 
-    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+    async def heartbeat(self, *, in_doubt: bool = False, leaving: bool = False) -> bool:
         """This worker's heartbeat row, its counter one more; ``in_doubt``: it does not trust its
-        leases now (it reads nothing), so the others take them at once rather than after failover_s.
+        leases now (it reads nothing), so the others take them at once rather than after failover_s;
+        ``leaving``: it is stopping, so the others watch its part of the ring.
         Heartbeats may be under way several at once: one lands only over an older counter (False:
         a newer one had landed already)."""
         self._heartbeat += 1
@@ -961,6 +963,7 @@ class LeaseTable:
                     **self._key(WORKER_PREFIX + self.worker_id),
                     "heartbeat": {"N": str(self._heartbeat)},
                     **({"in_doubt": {"BOOL": True}} if in_doubt else {}),
+                    **({"leaving": {"BOOL": True}} if leaving else {}),
                     "updated_at": self._now(),
                     "started_at": {"S": self._started_at},
                     "version": {"S": __version__},

@@ -36,6 +36,7 @@ class _Seen:
     since: float  # when the counter took this value, as near as the reads tell
     read_at: float  # when the last read that found it was issued
     in_doubt: bool
+    leaving: bool = False
 
 
 class TableView:
@@ -73,9 +74,9 @@ class TableView:
             if seen is None or seen.beat != row.heartbeat:
                 recent = seen is not None and answered_at - seen.read_at <= self.heartbeat_interval_s
                 since = seen.read_at if recent and seen is not None else answered_at
-                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt)
+                self._seen[worker] = _Seen(row.heartbeat, since, issued_at, row.in_doubt, row.leaving)
             else:
-                seen.read_at, seen.in_doubt = issued_at, row.in_doubt
+                seen.read_at, seen.in_doubt, seen.leaving = issued_at, row.in_doubt, row.leaving
         if complete:
             for worker in set(self._seen) - set(rows):  # stopped cleanly, or reaped
                 del self._seen[worker]
@@ -97,11 +98,26 @@ class TableView:
         return set(self._seen) | {self.me}
 
     def watched(self, count: int) -> list[str]:
-        """The ``count`` workers after this one, in name order around the ring of every worker with a
-        row: each worker is watched by the ``count`` before it."""
+        """The workers after this one, in name order around the ring of every worker with a row, up
+        to the ``count``-th that is not leaving: each worker is watched by the ``count`` before it
+        that are not stopping (and by those that are, while they still run). A worker that leaves
+        (its heartbeat says so) thus hands its part over as its stop begins, not as it ends: those
+        watching from then on have seen the rows for the seconds its stop lasts."""
         ring = sorted(self.known())
         place = ring.index(self.me)
-        return [ring[(place + step) % len(ring)] for step in range(1, min(count, len(ring) - 1) + 1)]
+        watched: list[str] = []
+        if count <= 0:
+            return watched
+        counted = 0
+        for step in range(1, len(ring)):
+            worker = ring[(place + step) % len(ring)]
+            watched.append(worker)
+            seen = self._seen.get(worker)
+            if seen is None or not seen.leaving:
+                counted += 1
+                if counted == count:
+                    break
+        return watched
 
     def confirm(self, worker: str, row: WorkerRow | None, *, issued_at: float, answered_at: float) -> bool:
         """A fresh read of a worker thought dead (or in doubt): True if it still is. A counter that

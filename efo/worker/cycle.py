@@ -135,10 +135,12 @@ class LeaseCycle:
     async def cycle(self, state: TableState) -> None:
         """One read of the table, acted on: losses, requests, resets, then claims and handovers."""
         self._watch_deaths()
-        if not self._trust.in_doubt and not self._stopping.is_set():
+        if not self._trust.in_doubt:
             await self.membership.act()
         METRICS.workers_live.labels(stream=self._owned.stream).set(len(self.view.live))
         self._check_owned(state)
+        if self._stopping.is_set():  # a stop reading on: it watches its part of the ring, nothing more
+            return
         await self._apply_resets(state)
         arn = self._table.stream_arn
         limit = self._settings.lease.max_leases_per_worker
@@ -152,7 +154,7 @@ class LeaseCycle:
         index = self._readable  # what _apply_requests looks at: this worker's leases in the table or here
         mine = {**index.owned_by(self._me), **{sid: lease for sid in self._owned if (lease := index.get(sid))}}
         await self._apply_requests(list(mine.values()), target)
-        if self._stopping.is_set() or self._trust.in_doubt:
+        if self._trust.in_doubt:
             return
         handing_over = {sid for sid, owned in self._owned.items() if owned.phase is ShardPhase.RELEASING}
         readable, stranded = self._as_planned(handing_over)
@@ -188,7 +190,9 @@ class LeaseCycle:
         # thought dead is taken only once a fresh read of its heartbeat says so still.
         alive = await self._confirm_dead(lease.owner for lease in moves.claim)
         claims = [state.leases[lease.shard_id] for lease in moves.claim if lease.owner not in alive]
-        await bounded(CLAIM_CONCURRENCY, self._claim, claims)
+        lost: list[Lease] = []  # claimed first by another worker
+        await bounded(CLAIM_CONCURRENCY, lambda lease: self._claim(lease, lost), claims)
+        await self._claim_spares(moves.spare, len(lost), state)
         # Ours in the table but beyond this worker's share: others see them held by a live worker and
         # would never take them (a spread of one asks for nothing), so give them up now.
         for shard_id in sorted(stranded - {lease.shard_id for lease in moves.claim}):
@@ -394,17 +398,30 @@ class LeaseCycle:
             state.workers[worker].reads == self._table.reads for worker in self.view.live if worker in state.workers
         )
 
-    async def _claim(self, lease: Lease) -> None:
+    async def _claim_spares(self, spares: list[Lease], missing: int, state: TableState) -> None:
+        """The next free leases in this worker's order, one after another, until as many are claimed
+        as other workers claimed first of this cycle's (or none is left)."""
+        for lease in spares:
+            if missing <= 0:
+                return
+            if lease.owner is not None and await self._confirm_dead([lease.owner]):
+                continue  # alive after all
+            missing -= await self._claim(state.leases[lease.shard_id])
+
+    async def _claim(self, lease: Lease, lost: list[Lease] | None = None) -> bool:
+        """True if it claimed the lease (``lost``: where a lease another worker claimed first goes)."""
         seen = self.state.leases if self.state is not None else {}
         if not await self._parents_finished_now(lease, seen):
-            return  # the claim would start it before its parents (or apply a reset and do so)
+            return False  # the claim would start it before its parents (or apply a reset and do so)
         try:
             claimed = await self._table.claim(lease)
         except LeaseLost:
-            return
+            if lost is not None:
+                lost.append(lease)
+            return False
         self.asked.pop(lease.shard_id, None)
         if self._trust.in_doubt or self._stopping.is_set():
-            return  # taken while this worker's leases went into doubt: claimed again once it is sure
+            return True  # taken while this worker's leases went into doubt: claimed again once it is sure
         # Asked of a live worker (handed over, or taken overdue), not free or left by a dead one.
         stolen = lease.wanted_by == self._me or (
             lease.owner not in (None, self._me) and not self.view.owner_is_dead(lease.owner)
@@ -413,6 +430,7 @@ class LeaseCycle:
             self._log.info("lease.taken", shard_id=lease.shard_id, previous_owner=lease.owner)
         METRICS.lease_changes.labels(stream=self._owned.stream, reason="stolen" if stolen else "taken").inc()
         self._runner.start(claimed)
+        return True
 
     async def _release_stranded(self, lease: Lease) -> None:
         try:

@@ -62,7 +62,7 @@ TRANSITIONS: dict[Trust, frozenset[Trust]] = {
 class HeartbeatWriter(Protocol):
     worker_id: str
 
-    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+    async def heartbeat(self, *, in_doubt: bool = False, leaving: bool = False) -> bool:
         """True if it landed; False if a newer heartbeat of this worker had landed already."""
         ...
 
@@ -103,6 +103,7 @@ class Liveness:
         self.landed_at: float | None = None  # when the last heartbeat that landed was sent
         self._sent = 0  # heartbeats sent, in the order of their counters in the row
         self._last_in_doubt = 0  # the number of the last one written in doubt (0: none)
+        self.leaving = False  # stopping: every heartbeat from now says so
         self.trust = Trust.UNPROVEN
         self._log = log.bind(worker_id=writer.worker_id)
 
@@ -130,6 +131,12 @@ class Liveness:
         assert trust in TRANSITIONS[self.trust], f"{self.trust.name} -> {trust.name}"
         self.trust = trust
 
+    async def leave(self) -> bool:
+        """This worker is stopping: every heartbeat from now says so, and one goes out now (True if
+        it landed), so the others watch its part of the ring while it reads on."""
+        self.leaving = True
+        return await self.beat()
+
     async def beat(self) -> bool:
         """One heartbeat, waited for at most the lease validity; True if it landed."""
         sent_at = self._clock.now()
@@ -141,7 +148,7 @@ class Liveness:
         try:
             # A write that lands late still counts (from when it was sent); past the validity it is moot.
             async with self._clock.timeout(self.validity_s):
-                if not await self._writer.heartbeat(in_doubt=written_in_doubt):
+                if not await self._writer.heartbeat(in_doubt=written_in_doubt, leaving=self.leaving):
                     return False  # a newer one landed first: this one proves nothing more
         except TimeoutError:
             self._log.warning("lease.heartbeat_failed", error=f"no answer within {self.validity_s:g} s")

@@ -21,7 +21,7 @@ from efo.config import Settings
 from efo.errors import EfoError, LeaseLost, ResourceNotFound
 from efo.kinesis.registration import StreamInfo, describe_consumer
 from efo.kinesis.shards import list_shards
-from efo.kinesis.subscription import Backoff, ShardEnded, ShardSubscription
+from efo.kinesis.subscription import Backoff, ShardEnded, ShardSubscription, SubscriptionStopped
 from efo.leases.lifecycle import OwnedShard, ShardPhase
 from efo.leases.model import Lease
 from efo.leases.table import LeaseTable
@@ -149,6 +149,7 @@ class ShardRunner:
             on_first_event=lambda first: self._checkpointer.pin(owned),
             on_subscribed=owned.subscribed,
             previous_call_at=owned.lease.subscribed_at,
+            stopping=self._stopping,
             series=owned.series,
             logger=owned.log,
             clock=self._clock,
@@ -157,6 +158,10 @@ class ShardRunner:
             ended = await subscription.run() if bound is None else await bound.read(subscription.run())
         except LeaseLost as exc:  # another worker owns the shard now: stop it here, nothing else
             self._owned.lose(owned, str(exc))
+            return
+        except SubscriptionStopped:  # the stop releases it
+            if owned.phase.reading:
+                owned.enter(ShardPhase.RELEASING)
             return
         except ResourceNotFound as exc:
             await self._not_found(owned, exc)

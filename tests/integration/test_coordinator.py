@@ -311,12 +311,12 @@ def test_a_worker_whose_leases_went_into_doubt_before_its_first_events_is_not_re
             real = w.table.heartbeat
             beats = 0
 
-            async def heartbeat(*, in_doubt: bool = False) -> bool:
+            async def heartbeat(*, in_doubt: bool = False, leaving: bool = False) -> bool:
                 nonlocal beats
                 beats += 1
                 if beats > 1:  # the first lands (run() needs it); then DynamoDB is too busy
                     raise Retriable("ThrottlingException on DynamoDB table (injected)")
-                return await real(in_doubt=in_doubt)
+                return await real(in_doubt=in_doubt, leaving=leaving)
 
             w.table.heartbeat = heartbeat  # type: ignore[method-assign]
 
@@ -345,10 +345,10 @@ def test_a_worker_whose_heartbeats_fail_drops_its_shards_before_others_may_take_
             real = w.table.heartbeat
             failing = True
 
-            async def heartbeat(*, in_doubt: bool = False) -> bool:
+            async def heartbeat(*, in_doubt: bool = False, leaving: bool = False) -> bool:
                 if failing:
                     raise Retriable("ThrottlingException on DynamoDB table (injected)")
-                return await real(in_doubt=in_doubt)
+                return await real(in_doubt=in_doubt, leaving=leaving)
 
             w.table.heartbeat = heartbeat  # type: ignore[method-assign]
             started = asyncio.get_running_loop().time()
@@ -521,7 +521,7 @@ def test_leases_in_doubt_while_the_stop_releases_them_do_not_crash_the_stop(loca
                 await asyncio.sleep(1.0)  # longer than the lease validity (0.75 s) in these settings
                 await real_release(lease, **how)
 
-            async def failing_heartbeat(*, in_doubt: bool = False) -> bool:
+            async def failing_heartbeat(*, in_doubt: bool = False, leaving: bool = False) -> bool:
                 raise Retriable("ThrottlingException on DynamoDB table (injected)")
 
             w.table.release = slow_release  # type: ignore[method-assign]

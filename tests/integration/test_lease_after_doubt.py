@@ -41,10 +41,10 @@ def test_every_shard_is_read_again_after_a_worker_whose_leases_were_in_doubt_rec
 
                 real, failing = w1.table.heartbeat, True
 
-                async def heartbeat(*, in_doubt: bool = False) -> bool:
+                async def heartbeat(*, in_doubt: bool = False, leaving: bool = False) -> bool:
                     if failing:
                         raise Retriable("ThrottlingException on DynamoDB table (injected)")
-                    return await real(in_doubt=in_doubt)
+                    return await real(in_doubt=in_doubt, leaving=leaving)
 
                 w1.table.heartbeat = heartbeat  # type: ignore[method-assign]
                 await until(lambda: not w1.coordinator.owned, timeout_s=3, what="w1 dropping its shards")

@@ -108,10 +108,10 @@ class FlakyHeartbeats:
         self._table = table
         self.ok = False
 
-    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+    async def heartbeat(self, *, in_doubt: bool = False, leaving: bool = False) -> bool:
         if not self.ok:
             raise Retriable("ProvisionedThroughputExceededException on DynamoDB table 'app'")
-        return await self._table.heartbeat(in_doubt=in_doubt)
+        return await self._table.heartbeat(in_doubt=in_doubt, leaving=leaving)
 
 
 def test_a_worker_claims_nothing_and_is_not_ready_until_its_first_heartbeat_lands(local_stack: Any) -> None:

@@ -26,6 +26,8 @@ FOUND = {
     152: "free leases unread for 30.7 s: the newcomers watching two dead workers saw them alive",
     203: "counts 7 to 9 after 30 s: a worker far below its share asked one lease at a time, slowly",
     434: "counts 7 to 9 after 30 s: a declined request stopped a worker below its share asking anyone",
+    755: "a free lease unread 30.7 s: a stopping worker's row deletion landed unannounced, shares differed",
+    882: "read again 12.7 s after a death: a dead worker's watchers had both stopped; claims collided",
 }
 
 

@@ -30,10 +30,11 @@ async def _stop_with_its_version_write_held(trace: Trace, capture: Capture) -> t
         released = {f"p{table.partition_of(shard_id)}" for shard_id in stopping.reading()}
         before = _versions(fleet)
         now = fleet.clock.now()
-        # Its version writes of the next 3 s (the releases' move: the stop waits about 1 s for the
-        # batch in the sink first) take longer than the stop allows for its final writes; later ones do not.
+        # Its version writes of the next 5 s (its leave's, cut at LEAVE_TIMEOUT_S, then the releases'
+        # move: the stop waits about 1 s for the batch in the sink first) take longer than the stop
+        # allows for its final writes; later ones do not.
         control = f"{APP}|{fleet.stream.arn}"
-        held = Fault("latency", now, now + 3.0, operation="UpdateItem", key=control, client=stopping.name, extra_s=10.0)
+        held = Fault("latency", now, now + 5.0, operation="UpdateItem", key=control, client=stopping.name, extra_s=10.0)
         fleet.db.faults.add(held)
         await fleet.terminate(stopping)
         cut_short = any(f" {stopping.name} " in event and "leases.release_failed" in event for event in trace.events)

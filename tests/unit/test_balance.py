@@ -61,6 +61,18 @@ def test_workers_claiming_at_once_from_the_same_read_pick_different_leases() -> 
     assert len(claims[0] | claims[1] | claims[2]) == 12
 
 
+def test_the_next_free_leases_are_spares_for_claims_another_worker_wins() -> None:
+    """Workers whose reads differ by another's claims collide (simulation seed 882 of 64 x 8: a dead
+    worker's last lease went unread a cycle longer): the plan names as many free leases after its
+    claims, in the same order, to claim in the same cycle in place of those lost."""
+    owners = {**shards(12), "s00": "b", "s01": "b", "s02": "b"}
+    moves = plan("a", leases(owners), ["a", "b", "c"])
+    claimed, spare = [lease.shard_id for lease in moves.claim], [lease.shard_id for lease in moves.spare]
+    assert len(claimed) == 4 and len(spare) == 5  # the rest of the free: up to SPARES_PER_CLAIM a claim
+    assert not set(claimed) & set(spare) and not set(spare) & {"s00", "s01", "s02"}
+    assert plan("a", leases(shards(2)), ["a"]).spare == []  # nothing beyond what it claims
+
+
 def test_leases_still_its_own_in_the_table_are_taken_back_before_other_free_ones() -> None:
     """After its leases were in doubt, a worker's rows still name it: claiming those back moves
     nothing, where claiming others' would make it release its own afterwards."""

@@ -21,8 +21,9 @@ class Writer:
         self.beats = 0
         self.latency_s = 0.0
         self.written: list[tuple[float, bool]] = []  # (when it landed, in_doubt)
+        self.leaving: list[bool] = []  # what each that landed said of it
 
-    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+    async def heartbeat(self, *, in_doubt: bool = False, leaving: bool = False) -> bool:
         """The row is written halfway through the latency, the answer comes after the rest (so a
         write abandoned after its timeout may still have landed, as on the wire)."""
         await asyncio.sleep(self.latency_s / 2)
@@ -30,6 +31,7 @@ class Writer:
             raise Retriable("ProvisionedThroughputExceededException")
         self.beats += 1
         self.written.append((asyncio.get_running_loop().time(), in_doubt))
+        self.leaving.append(leaving)
         await asyncio.sleep(self.latency_s / 2)
         return True
 
@@ -60,6 +62,28 @@ def test_no_lease_is_trusted_before_the_first_heartbeat_lands_and_landing_is_no_
         assert await liveness.beat()
         assert liveness.trust is Trust.TRUSTED and not liveness.in_doubt and liveness.valid
         assert events == []
+        liveness.close()
+
+    run(scenario())
+
+
+def test_a_worker_leaving_says_so_at_once_and_in_every_heartbeat_after(
+    parts: tuple[Liveness, Writer, list[str]],
+) -> None:
+    liveness, writer, events = parts
+
+    async def scenario() -> None:
+        task = asyncio.create_task(liveness.run())
+        await asyncio.sleep(3.0)
+        assert writer.leaving and not any(writer.leaving)
+        before = len(writer.leaving)
+        assert await liveness.leave()
+        assert writer.leaving[before:] == [True]  # at once, not at the next interval
+        await asyncio.sleep(4.0)
+        assert len(writer.leaving) > before + 1 and all(writer.leaving[before:])
+        assert liveness.trust is Trust.TRUSTED and events == []
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         liveness.close()
 
     run(scenario())
@@ -104,7 +128,7 @@ def test_a_heartbeat_that_lands_late_counts_from_when_it_was_sent(parts: tuple[L
     """Trust runs from the send, not the answer: a write answered 3 s late leaves 5 s of trust."""
     liveness, writer, events = parts
 
-    async def late(*, in_doubt: bool = False) -> bool:
+    async def late(*, in_doubt: bool = False, leaving: bool = False) -> bool:
         await asyncio.sleep(3.0)
         writer.beats += 1
         return True
@@ -175,7 +199,7 @@ class Row:
         self.in_doubt = False
         self.latencies_s: list[float] = []
 
-    async def heartbeat(self, *, in_doubt: bool = False) -> bool:
+    async def heartbeat(self, *, in_doubt: bool = False, leaving: bool = False) -> bool:
         self.counter += 1
         counter = self.counter
         await asyncio.sleep(self.latencies_s.pop(0) if self.latencies_s else 0.0)

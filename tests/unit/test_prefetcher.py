@@ -5,6 +5,8 @@ No Spark here: a runner whose DataFrame is the Arrow table itself."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +16,10 @@ import pyarrow as pa
 import pytest
 
 from efo.config import load_settings
+from efo.errors import EfoError
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.records import RecordChunk, Row
+from efo.service import Service
 from sparkbridge.batches import BatchRunner, Prefetcher, PreparedBatch
 from sparkbridge.driver import Driver
 from sparkbridge.sinks import SinkCapabilities
@@ -323,11 +327,51 @@ def test_a_bounded_run_s_end_lets_the_driver_commit_everything_queued() -> None:
     try:
         running.start()
         deadline = time.monotonic() + 5
-        while len(service.handoff) and time.monotonic() < deadline:
+        while service.commits < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(service.handoff) == 0 and service.commits == 5, service.commits  # a batch per chunk of 2
         assert running.is_alive()
     finally:
         service.finished.set()
         running.join(5)
+        driver.close()
+
+
+class ReadingOn(Service):
+    """A service whose stop reads on until the driver is done, as Coordinator._read_on does (at most
+    ``read_on_s``), then ends its intake."""
+
+    read_on_s = 5.0
+
+    async def _serve(self) -> None:
+        assert self._stop is not None and self._driver_done is not None
+        await self._stop.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._driver_done.wait(), self.read_on_s)
+        self.intake_ended.set()
+        await self._driver_done.wait()
+
+
+def test_a_driver_whose_sink_failed_ends_at_once_while_the_service_reads_on() -> None:
+    """The loop ended (the sink raised): nothing more will be committed, so the next batch's take
+    must end at once, not when the service's intake ends (its stop reads on until the driver is
+    done: the driver would wait for itself, up to the read-on's 5 s)."""
+    settings = load_settings(stream="s", app="a", sink="console", batch={"max_records": 2, "max_wait_s": 0.05})
+    service = ReadingOn(settings)
+
+    class Failing:
+        capabilities = SinkCapabilities(takes_arrow=True)
+
+        def write(self, table: Any, batch: Any) -> None:
+            time.sleep(0.3)  # the next batch's take is under way
+            raise RuntimeError("the sink failed")
+
+    driver = Driver(BatchRunner(None, Failing(), max_attempts=1, retry_backoff_s=0), settings, service)
+    service.handoff.put(chunk(1))
+    started = time.monotonic()
+    try:
+        with pytest.raises(EfoError, match="the sink failed"):
+            driver.run()
+        assert time.monotonic() - started < service.read_on_s / 2
+    finally:
         driver.close()

@@ -91,3 +91,19 @@ def test_a_stream_failing_before_it_reads_ends_the_service_and_its_intake() -> N
     with pytest.raises(EfoError, match="AccessDenied"):
         asyncio.run(main())
     assert service.intake_ended.is_set()
+
+
+def test_a_stop_asked_for_before_the_service_s_loop_runs_stops_it_once_it_does() -> None:
+    """A SIGTERM during start-up comes before the service has a loop to tell. The driver now takes
+    batches until the service's intake ends, so a stop lost there would leave both running until
+    the watchdog ends the process, no lease released."""
+    service = Service(load_settings(stream="s", app="a", sink="console"))
+    service.request_stop()
+
+    async def serve() -> None:
+        assert service._stop is not None
+        async with asyncio.timeout(5):
+            await service._stop.wait()
+
+    service._serve = serve  # type: ignore[method-assign]
+    asyncio.run(service._main())

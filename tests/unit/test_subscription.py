@@ -24,7 +24,13 @@ from efo.errors import (
     LeaseLost,
     ResourceNotFound,
 )
-from efo.kinesis.subscription import MIN_CALL_INTERVAL_S, MIN_RENEW_INTERVAL_S, Backoff, ShardSubscription
+from efo.kinesis.subscription import (
+    MIN_CALL_INTERVAL_S,
+    MIN_RENEW_INTERVAL_S,
+    Backoff,
+    ShardSubscription,
+    SubscriptionStopped,
+)
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, after, shard_key
@@ -536,6 +542,21 @@ def test_a_renewal_waits_five_seconds_after_the_last_successful_call() -> None:
     run(h.subscription.run())
     assert [c.at for c in h.client.calls] == pytest.approx([0.0, 5.0, 10.0])
     _assert_paced(h)
+
+
+def test_once_the_worker_stops_no_new_call_is_made() -> None:
+    """A stop reads on for up to 5 s (Coordinator._read_on): a renewal or a retry that succeeded
+    meanwhile would start another 5 s before Kinesis takes the next owner's call."""
+    stopping = asyncio.Event()
+    h = harness(
+        [[event("1", continuation="1")], [shard_end()]],
+        stopping=stopping,
+        on_subscribed=lambda at: stopping.set(),  # the stop comes while the first subscription reads
+    )
+    with pytest.raises(SubscriptionStopped):
+        run(h.subscription.run())
+    assert len(h.client.calls) == 1
+    assert h.delivered() == ["1"]
 
 
 def test_a_retry_after_a_failure_still_keeps_five_seconds_from_the_last_success() -> None:

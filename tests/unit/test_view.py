@@ -91,6 +91,22 @@ def test_each_worker_watches_the_ones_after_it_around_the_ring() -> None:
     assert view.watched(2) == ["a", "me"] and view.watched(5) == ["a", "me"]
 
 
+def test_a_worker_leaving_hands_its_part_of_the_ring_to_the_ones_before_it_as_its_stop_begins() -> None:
+    """A stop lasts seconds (its subscriptions read on, the sink commits): its watchers must be in
+    place before its row is gone, or a worker dying meanwhile is found late by ones that first read
+    its row after the death (simulation seed 882 of 64 x 8, every fault)."""
+    rows = {name: WorkerRow(name, 1, None, leaving=name == "b") for name in ("a", "b", "c", "d", "e")}
+    views = {}
+    for name in rows:
+        views[name] = TableView(name, failover_s=10.0, heartbeat_interval_s=2.0, clock=ManualClock())
+        views[name].saw_workers(dict(rows), issued_at=0.0, answered_at=0.0, complete=True)
+    assert views["a"].watched(2) == ["b", "c", "d"]  # b leaves: a watches on to the second that does not
+    assert views["e"].watched(2) == ["a", "b", "c"]
+    assert views["b"].watched(2) == ["c", "d"]  # the leaving one watches on while it runs
+    watchers = {name: {w for w, view in views.items() if name in view.watched(2) and w != "b"} for name in rows}
+    assert all(len(who) == 2 for who in watchers.values()), watchers  # two that stay, for every one
+
+
 def test_a_fresh_read_of_a_worker_thought_dead_brings_it_back_if_its_counter_moved() -> None:
     view = _view()
     view.saw_workers(_rows({"me": 1, "other": 5}), issued_at=0.0, answered_at=0.0, complete=True)
