@@ -176,9 +176,14 @@ def plan_by_owner(
     if room is not None:
         cap = min(cap, room)
     claim = free[: max(0, cap - mine)]
-    spare = free[len(claim) : len(claim) + SPARES_PER_CLAIM * len(claim)]
-    # Stale leases: up to the ceiling whatever the shares say, and only those above the share.
+    # What it asked for and is free now (its owner died, or handed it over late) is left to it by
+    # every other worker until the request is failover_s old: claimed even at its share, up to the
+    # ceiling, or its shard waits that long unread.
+    asked_for = [lease for lease in first if lease.wanted_by == me and lease not in claim]
+    claim += asked_for[: max(0, most - mine - len(claim))]
     taken = {lease.shard_id for lease in claim}
+    spare = [lease for lease in free if lease.shard_id not in taken][: SPARES_PER_CLAIM * len(claim)]
+    # Stale leases: up to the ceiling whatever the shares say, and only those above the share.
     stale = [lease for lease in free if lease.shard_id in stale_free and lease.shard_id not in taken]
     stale = stale[: max(0, most - mine - len(claim))]
     claim += stale
@@ -216,7 +221,7 @@ def plan_by_owner(
                     key=lambda lease: lease.shard_id,
                 )
                 ask = candidates[: min(room, max_steals - asked)]
-    taken = {lease.shard_id for lease in claim}
+    taken = {lease.shard_id for lease in claim}  # the stale ones too
     return Plan(
         claim=claim, shed=shed, ask=ask, target=target, short=short, spare=[s for s in spare if s.shard_id not in taken]
     )
