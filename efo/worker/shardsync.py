@@ -235,10 +235,16 @@ class ShardSync:
         asked_at = self._clock.now()
         graph = await list_shards(self._kinesis, self._stream.arn, self.parse_shard)
         known = await self._known()
-        await self._write({shard_id: graph.shards[shard_id].parents for shard_id in graph.needing_leases(known)})
+        needing = graph.needing_leases(known)
+        closed = {parent for shard in graph.shards.values() for parent in shard.parents}
+        if closed.intersection(needing) and self.leased() is not None:
+            # A closed shard looks unleased. Its descendants' leases may only be missing from the lease
+            # cycle's last read (a partition whose version move was lost is read again only by the
+            # next full read), and a finished shard's deleted lease must never be written again.
+            needing = graph.needing_leases((await self._table.read()).leases.keys())
+        await self._write({shard_id: graph.shards[shard_id].parents for shard_id in needing})
         self.graph, self.listed_at = graph, asked_at
         self._on_listed()
-        closed = {parent for shard in graph.shards.values() for parent in shard.parents}
         await self.grow(sum(1 for shard_id in graph.shards if shard_id not in closed))
 
     async def grow(self, open_shards: int) -> bool:
