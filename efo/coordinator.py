@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -63,7 +64,7 @@ log = structlog.get_logger("efo.coordinator")
 #: this many at once (256 shards release in about 3 s against moto, well under a second on AWS).
 FINAL_WRITES_TIMEOUT_S = 5.0
 FINAL_WRITES_CONCURRENCY = 16
-#: A stop's first writes (its heartbeat saying it leaves, the membership counter), at most this long.
+#: A stop's first heartbeat, the one that says it leaves, is waited for at most this long.
 LEAVE_TIMEOUT_S = 2.0
 #: /readyz fails while a shard has been trying to subscribe for longer than this.
 SUBSCRIBING_READY_S = 30.0
@@ -257,12 +258,7 @@ class Coordinator:
         watching: asyncio.Task[None] | None = None
         if driver is not None:
             now = self._clock.wall()
-            await self._stop_reading(
-                owned
-                for owned in self.owned.values()
-                if owned.phase is ShardPhase.SUBSCRIBING
-                and (owned.subscribed_at is None or (now - owned.subscribed_at).total_seconds() >= MIN_RENEW_INTERVAL_S)
-            )
+            await self._stop_reading(owned for owned in self.owned.values() if _calling_anew(owned, now))
             # While it reads on, its cycles only watch its part of the ring (the others count on it
             # to find a death) and drop what it lost: they claim nothing.
             assert self._spawn is not None
@@ -492,6 +488,15 @@ class Coordinator:
         if all(owned.first_event for owned in reading):
             self._ready = True
             self._log.info("service.ready", stream=self.stream.name, shards=len(reading))
+
+
+def _calling_anew(owned: OwnedShard, now: datetime) -> bool:
+    """A claim making (or about to make) a SubscribeToShard whose success would start another 5 s
+    before the next owner's call is taken: a first call, a retry, a renewal (one that succeeded
+    under 5 s ago is reading, or about to: it reads on)."""
+    if owned.phase is not ShardPhase.SUBSCRIBING:
+        return False
+    return owned.subscribed_at is None or (now - owned.subscribed_at).total_seconds() >= MIN_RENEW_INTERVAL_S
 
 
 async def _first_of(*events: asyncio.Event) -> None:

@@ -13,8 +13,12 @@ second on one partition key at 256 workers. Instead:
   eventually consistent. A watched worker whose counter did not change for ``failover_s`` is dead:
   its row is deleted (if still as read: :meth:`~efo.leases.table.LeaseTable.reap_worker`) and the
   counter moved, so every worker reads the rows again, finds none for it, and takes its leases. One
-  whose row says it is in doubt, or no longer, moves the counter too. A worker that joins or leaves
-  moves others' places on the ring: a worker keeps watching the last :data:`WATCHED` it no longer
+  whose row says it is in doubt, or no longer, moves the counter too, and so does a watcher that
+  finds a watched row gone while the counter stays where it was (a stop whose delete landed but
+  whose own move of the counter did not). A stopping worker says so in its heartbeats as its stop
+  begins (``leaving``): the ones before it count their watched past it (:meth:`TableView.watched`),
+  so its part of the ring is watched while it still reads for a few seconds. A worker that joins or
+  leaves moves others' places on the ring: a worker keeps watching the last :data:`WATCHED` it no longer
   watches for ``failover_s`` more, so a death is found in time by whoever watched it from before (a
   newcomer counts a row's age only from its own first read of it).
 - **The safety net.** Every row is read again about every :data:`ALL_ROWS_EVERY_S` (at a random

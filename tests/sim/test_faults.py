@@ -28,6 +28,8 @@ FOUND = {
     434: "counts 7 to 9 after 30 s: a declined request stopped a worker below its share asking anyone",
     755: "a free lease unread 30.7 s: a stopping worker's row deletion landed unannounced, shares differed",
     882: "read again 12.7 s after a death: a dead worker's watchers had both stopped; claims collided",
+    398: "a dead worker's lease unread 12.8 s: its asker had reached its share and left it free",
+    873: "a finished shard's lease written again: the lister's read missed its children's partition",
 }
 
 
