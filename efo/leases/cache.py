@@ -26,6 +26,7 @@ may be old: a claim starts from the row it writes, never from this.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 
@@ -111,8 +112,8 @@ class LeaseCache:
                     if first and behind:
                         fresh.leases.update((await self._table.read_leases(behind)).leases)
                         strong, moved, behind = strong | behind, moved - behind, set()
-            except EfoError:
-                self._stale |= strong  # still to be read: a failed read forgets nothing
+            except (EfoError, asyncio.CancelledError):
+                self._stale |= strong  # still to be read: a failed or cut-short read forgets nothing
                 raise
             for partition in behind:
                 self._behind[partition] = self._behind.get(partition, 0) + 1

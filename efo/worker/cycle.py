@@ -275,9 +275,12 @@ class LeaseCycle:
         """A lease another worker took (or reset) is dropped now, not at the next failed write. A lease
         with no owner one counter on, while this claim drains or releases, is its own finish or release,
         read between its landing and the write's return (the version write comes in between): that
-        write's caller ends it."""
+        write's caller ends it. A counter below this claim's is an answer from before the claim
+        (counters only grow), not a loss."""
         for owned in list(self._owned.values()):
             lease = state.leases.get(owned.shard_id)
+            if lease is not None and lease.counter < owned.epoch:
+                continue
             if (
                 lease is not None
                 and lease.owner is None
