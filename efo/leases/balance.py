@@ -147,12 +147,17 @@ def plan_by_owner(
     load = Counter({worker: len(readable.get(worker, {})) for worker in workers})
     mine, target = load[me], share(me) if room is None else min(share(me), room)
 
+    def _asked_at_share(asker: str | None) -> bool:
+        """A live asker already at its share may not claim what it asked for (its ceiling, its
+        limit): the lease is not kept for it."""
+        return asker in members and load[asker] >= share(asker)
+
     free = [
         lease
         for owner, leases in readable.items()
         if owner not in members
         for lease in leases.values()
-        if lease.wanted_by == me or lease.shard_id not in reserved_for_others
+        if lease.wanted_by == me or lease.shard_id not in reserved_for_others or _asked_at_share(lease.wanted_by)
     ]
     # What this worker asked for or still holds in the table first; then from its own place in the
     # list (its rank's share of the way along), so that workers claiming at once do not all race
@@ -176,13 +181,14 @@ def plan_by_owner(
     if room is not None:
         cap = min(cap, room)
     claim = free[: max(0, cap - mine)]
+    within_cap = len(claim)
     # What it asked for and is free now (its owner died, or handed it over late) is left to it by
     # every other worker until the request is failover_s old: claimed even at its share, up to the
     # ceiling, or its shard waits that long unread.
     asked_for = [lease for lease in first if lease.wanted_by == me and lease not in claim]
     claim += asked_for[: max(0, most - mine - len(claim))]
     taken = {lease.shard_id for lease in claim}
-    spare = [lease for lease in free if lease.shard_id not in taken][: SPARES_PER_CLAIM * len(claim)]
+    spare = [lease for lease in free if lease.shard_id not in taken][: SPARES_PER_CLAIM * within_cap]
     # Stale leases: up to the ceiling whatever the shares say, and only those above the share.
     stale = [lease for lease in free if lease.shard_id in stale_free and lease.shard_id not in taken]
     stale = stale[: max(0, most - mine - len(claim))]

@@ -26,12 +26,10 @@ may be old: a claim starts from the row it writes, never from this.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable
 
 from efo.clock import SYSTEM_CLOCK, Clock
-from efo.errors import EfoError
 from efo.leases.model import Lease, TableState
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
@@ -89,7 +87,12 @@ class LeaseCache:
         rest: set[int] = set()
         if everything:  # but not what was read so lately that a stale answer could be older
             recent = {p for p, at in self._fresh_at.items() if now - at < STRONG_IS_FRESH_S}
-            rest = set(range(await self._table.layout())) - strong - moved - recent
+            try:
+                partitions = await self._table.layout()
+            except BaseException:
+                self._stale |= strong  # still to be read
+                raise
+            rest = set(range(partitions)) - strong - moved - recent
         if first:  # every partition, each answer checked against the version like a moved one's
             moved, rest = moved | rest, set()
         behind: set[int] = set()
@@ -112,7 +115,7 @@ class LeaseCache:
                     if first and behind:
                         fresh.leases.update((await self._table.read_leases(behind)).leases)
                         strong, moved, behind = strong | behind, moved - behind, set()
-            except (EfoError, asyncio.CancelledError):
+            except BaseException:
                 self._stale |= strong  # still to be read: a failed or cut-short read forgets nothing
                 raise
             for partition in behind:

@@ -280,6 +280,7 @@ class LeaseCycle:
         for owned in list(self._owned.values()):
             lease = state.leases.get(owned.shard_id)
             if lease is not None and lease.counter < owned.epoch:
+                state.leases[owned.shard_id] = owned.lease  # what the claim wrote, for this cycle's plan
                 continue
             if (
                 lease is not None

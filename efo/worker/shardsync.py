@@ -241,7 +241,13 @@ class ShardSync:
             # A closed shard looks unleased. Its descendants' leases may only be missing from the lease
             # cycle's last read (a partition whose version move was lost is read again only by the
             # next full read), and a finished shard's deleted lease must never be written again.
-            needing = graph.needing_leases((await self._table.read()).leases.keys())
+            table = (await self._table.read()).leases.keys()
+            needing = graph.needing_leases(table)
+            # Every worker's read lacks those leases until its next full read: their partitions'
+            # versions move now (once each), or each listing would read the table again.
+            unseen = {self._table.partition_of(shard_id): shard_id for shard_id in sorted(set(table) - set(known))}
+            for shard_id in unseen.values():
+                await self._table.unseen_change(shard_id)
         await self._write({shard_id: graph.shards[shard_id].parents for shard_id in needing})
         self.graph, self.listed_at = graph, asked_at
         self._on_listed()

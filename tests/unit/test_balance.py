@@ -340,3 +340,14 @@ def test_a_free_lease_this_worker_asked_for_is_claimed_even_once_it_reached_its_
     moves = plan("c", leases(owners, {"s19": "c"}), ["a", "b", "c"])  # shares 7, 7, 6; c holds 6
     assert moves.target == 6
     assert [lease.shard_id for lease in moves.claim] == ["s19"], moves
+
+
+def test_a_free_lease_asked_for_by_a_worker_at_its_share_is_not_kept_for_it() -> None:
+    """Found in review: the asker at its share and at the ceiling cannot claim what it asked for,
+    and every other worker kept it for the asker until the request was failover_s old."""
+    owners = {f"s{i:02d}": "a" if i < 9 else "c" if i < 19 else None for i in range(20)}
+    moves = plan("a", leases(owners, {"s19": "c"}), ["a", "c"], reserved_for_others={"s19"})
+    assert [lease.shard_id for lease in moves.claim] == ["s19"], moves
+    owners["s18"] = None  # c below its share now: the lease stays its own to claim
+    moves = plan("a", leases(owners, {"s19": "c"}), ["a", "c"], reserved_for_others={"s19"})
+    assert "s19" not in [lease.shard_id for lease in moves.claim], moves

@@ -62,6 +62,9 @@ class Table:
     async def unseen_change(self, shard_id: str) -> None:
         self.unseen.append(shard_id)
 
+    def partition_of(self, shard_id: str) -> int:
+        return ord(shard_id[0]) % 2
+
     async def read(self) -> TableState:
         self.reads += 1
         return TableState(leases={s: Lease(s, (), None, 1, Position("TRIM_HORIZON")) for s in self.existing})
@@ -137,6 +140,7 @@ def test_a_finished_parent_is_not_written_again_when_the_cycle_s_read_missed_its
     run(_sync(settings, kinesis, table, set(), lists=True).sync())
     assert "p" not in [shard_id for shard_id, _, _ in table.created] and table.reads == 1
     assert [shard_id for shard_id, _, _ in table.created] == ["n"]
+    assert sorted(table.unseen) == ["a", "b"], "their partitions' versions move: every worker reads them again"
     table = Table({"a", "b"})
     run(_sync(settings, Kinesis({"a": (), "b": (), "n": ()}), table, {"a", "b"}, lists=True).sync())
     assert table.reads == 0, "an open shard without a lease needs no read of the table"
