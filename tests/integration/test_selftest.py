@@ -51,14 +51,21 @@ def name_of(output: str) -> str:
 
 
 def left_behind(kinesis: Any, dynamodb: Any, name: str) -> list[str]:
-    """What of this run is still there (a stream or table being deleted counts as gone)."""
+    """What of this run is still there (a stream or table being deleted, or gone between the listing
+    and the description, counts as gone: kinesis-local deletes a while after DeleteStream answers)."""
     left = []
     if name in kinesis.list_streams()["StreamNames"]:
-        status = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamStatus"]
+        try:
+            status = kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamStatus"]
+        except kinesis.exceptions.ResourceNotFoundException:
+            status = "DELETING"
         if status != "DELETING":
             left.append(f"stream {name} ({status})")
     if name in dynamodb.list_tables()["TableNames"]:
-        status = dynamodb.describe_table(TableName=name)["Table"]["TableStatus"]
+        try:
+            status = dynamodb.describe_table(TableName=name)["Table"]["TableStatus"]
+        except dynamodb.exceptions.ResourceNotFoundException:
+            status = "DELETING"
         if status != "DELETING":
             left.append(f"table {name} ({status})")
     return left
