@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -170,6 +171,15 @@ class TableState:
     leases: dict[str, Lease] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # lease partition -> its version (none yet: 0)
     members: int = 0  # moved by every change of who is alive: a start, a stop, a death, doubt
+    #: The same leases by lease partition, each partition's the very mapping of the read before while
+    #: that partition was not read again (efo.leases.changes); empty: not known. Read-only.
+    parts: dict[int, Mapping[str, Lease]] = field(default_factory=dict)
+
+    def put(self, lease: Lease) -> None:
+        """``lease`` in place of the one read (what this worker wrote since): the partitions no longer
+        say what changed."""
+        self.leases[lease.shard_id] = lease
+        self.parts = {}
 
     @property
     def heartbeats(self) -> dict[str, int]:

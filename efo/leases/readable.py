@@ -12,8 +12,9 @@ at the children of those: a cycle costs what changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
+from efo.leases.changes import LeaseChanges
 from efo.leases.model import Lease
 
 
@@ -30,7 +31,7 @@ def can_read(lease: Lease, leases: Mapping[str, Lease]) -> bool:
 
 class ReadableLeases:
     def __init__(self) -> None:
-        self._last: dict[str, Lease] = {}  # every lease as the last update showed it
+        self._changes = LeaseChanges()  # every lease as the last update showed it
         self._children: dict[str, set[str]] = {}  # parent shard -> the shards whose leases name it
         self._readable: dict[str, Lease] = {}
         self._by_owner: dict[str | None, dict[str, Lease]] = {}
@@ -58,29 +59,22 @@ class ReadableLeases:
     def owned_by(self, owner: str | None) -> Mapping[str, Lease]:
         return self._by_owner.get(owner, {})
 
-    def update(self, leases: Mapping[str, Lease]) -> None:
-        """The leases as a new read shows them (every lease there is)."""
-        last = self._last
-        changed = [shard_id for shard_id, lease in leases.items() if last.get(shard_id) is not lease]
-        gone: Iterable[str] = ()
-        if len(leases) - sum(1 for shard_id in changed if shard_id not in last) != len(last):
-            gone = last.keys() - leases.keys()
+    def update(self, leases: Mapping[str, Lease], parts: Mapping[int, Mapping[str, Lease]] | None = None) -> None:
+        """The leases as a new read shows them (every lease there is; ``parts``: the same by partition,
+        if known: :mod:`efo.leases.changes`)."""
         touched: set[str] = set()
-        for shard_id in (*gone, *changed):
-            before = last.get(shard_id)
+        for shard_id, before, after in self._changes.update(leases, parts or {}):
             if before is not None:
                 for parent in before.parents:
                     children = self._children[parent]
                     children.discard(shard_id)
                     if not children:
                         del self._children[parent]
-            after = leases.get(shard_id)
             if after is not None:
                 for parent in after.parents:
                     self._children.setdefault(parent, set()).add(shard_id)
             touched.add(shard_id)
             touched.update(self._children.get(shard_id, ()))  # a parent finished, came or went
-        self._last = dict(leases)  # a copy: the caller may change its own afterwards
         for shard_id in touched:
             self._place(shard_id, leases)
 

@@ -333,8 +333,8 @@ class LeaseTable:
         return state
 
     async def read_leases(self, partitions: Collection[int] | None = None, *, consistent: bool = True) -> TableState:
-        """The lease rows of ``partitions`` (default: all), and in ``versions`` the mark of each (0:
-        none yet): one paginated Query each, a few at once."""
+        """The lease rows of ``partitions`` (default: all), also by partition (``parts``), and in
+        ``versions`` the mark of each (0: none yet): one paginated Query each, a few at once."""
         count = await self.layout()
         wanted = sorted(range(count) if partitions is None else partitions)
         state = TableState()
@@ -347,6 +347,7 @@ class LeaseTable:
 
         for partition, part in await asyncio.gather(*(one(partition) for partition in wanted)):
             state.leases.update(part.leases)
+            state.parts[partition] = part.leases
             self._where.update(dict.fromkeys(part.leases, partition))
             state.versions[partition] = part.versions.get(-1, 0)
         return state

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from efo.clock import SYSTEM_CLOCK, Clock
+from efo.leases.changes import LeaseChanges
 from efo.leases.model import Lease, WorkerRow
 
 
@@ -52,7 +53,8 @@ class TableView:
         self._moved_at: dict[str, float] = {}  # shard -> when it last changed hands, newest last
         self._moves_in_order = True  # False once a move was stamped before the newest (never, by the clock)
         self._asked_seen: dict[tuple[str, str], float] = {}  # (shard, asker) -> first seen at
-        self._last: dict[str, Lease] = {}  # the leases as the last read showed them
+        self._changes = LeaseChanges()  # the leases as the last read showed them
+        self.resets: set[str] = set()  # shards whose lease has an operator's reset, in the last read
         self._wanted: dict[str, str] = {}  # shard -> who asked for it, in the last read
         self.live: set[str] = {me}
         self.dead: set[str] = set()  # with a row whose counter did not change for failover_s
@@ -143,18 +145,22 @@ class TableView:
 
     # ---- the leases ---------------------------------------------------------------------------
 
-    def saw_leases(self, leases: Mapping[str, Lease], *, answered_at: float) -> None:
-        """One read of the lease rows. Only the rows that are not the very objects the last read
-        showed are looked at (a lease is immutable, and the cache hands back the same object while its
-        partition is not read again): a cycle costs what changed, not every lease."""
-        last = self._last
-        changed = [shard_id for shard_id, lease in leases.items() if last.get(shard_id) is not lease]
-        if len(leases) - sum(1 for shard_id in changed if shard_id not in last) != len(last):
-            for shard_id in last.keys() - leases.keys():  # gone: its request with it
-                self._wanted.pop(shard_id, None)
+    def saw_leases(
+        self,
+        leases: Mapping[str, Lease],
+        *,
+        answered_at: float,
+        parts: Mapping[int, Mapping[str, Lease]] | None = None,
+    ) -> None:
+        """One read of the lease rows (``parts``: the same by partition, if known). Only the rows that
+        are not the very objects the last read showed are looked at (:mod:`efo.leases.changes`): a
+        cycle costs what changed, not every lease."""
         held = self._held
-        for shard_id in changed:
-            lease = leases[shard_id]
+        for shard_id, _, lease in self._changes.update(leases, parts or {}):
+            if lease is None:  # gone: its request with it
+                self._wanted.pop(shard_id, None)
+                self.resets.discard(shard_id)
+                continue
             before = held.get(shard_id)
             if before is not None and (before.owner != lease.owner or before.counter != lease.counter):
                 self._moved(shard_id, answered_at)
@@ -163,7 +169,10 @@ class TableView:
                 self._wanted[shard_id] = lease.wanted_by
             else:
                 self._wanted.pop(shard_id, None)
-        self._last = dict(leases)  # a copy: the caller may change its own afterwards
+            if lease.reset is not None:
+                self.resets.add(shard_id)
+            else:
+                self.resets.discard(shard_id)
         asked = set(self._wanted.items())
         self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}
 

@@ -127,7 +127,7 @@ class LeaseCycle:
         state = await self._cache.read()
         await self.membership.read(state.members)
         state.workers = dict(self.membership.rows)
-        self.view.saw_leases(state.leases, answered_at=self._cache.answered_at)
+        self.view.saw_leases(state.leases, answered_at=self._cache.answered_at, parts=state.parts)
         self.state = state
         self.read_at = self._cache.answered_at
         return self.state
@@ -146,7 +146,7 @@ class LeaseCycle:
         limit = self._settings.lease.max_leases_per_worker
         # Read once: another stream's cycle may publish while this one awaits its writes.
         rank_offset, room = self._shares.rank_offset(arn), self._shares.room(arn, limit)
-        self._readable.update(state.leases)  # what changed since the last cycle, and the children of that
+        self._readable.update(state.leases, state.parts)  # what changed since the last cycle, and the children of that
         count = self._readable.count
         target = balance.target(
             self._me, count, self.view.live, max_leases=limit or None, rank_offset=rank_offset, room=room
@@ -280,7 +280,7 @@ class LeaseCycle:
         for owned in list(self._owned.values()):
             lease = state.leases.get(owned.shard_id)
             if lease is not None and lease.counter < owned.epoch:
-                state.leases[owned.shard_id] = owned.lease  # what the claim wrote, for this cycle's plan
+                state.put(owned.lease)  # what the claim wrote, for this cycle's plan
                 continue
             if (
                 lease is not None
@@ -295,13 +295,14 @@ class LeaseCycle:
 
     async def _apply_resets(self, state: TableState) -> None:
         """Operators' resets, of finished leases first (their children may have to wait again)."""
-        pending = [lease for lease in state.leases.values() if lease.reset is not None]
+        leases = (state.leases.get(shard_id) for shard_id in sorted(self.view.resets))  # as read, or as written since
+        pending = [lease for lease in leases if lease is not None and lease.reset is not None]
         for lease in sorted(pending, key=lambda lease: not lease.finished):
             assert lease.reset is not None
             owned = self._owned.get(lease.shard_id)
             if lease.finished and lease.owner is None:
                 try:
-                    state.leases[lease.shard_id] = await self._table.apply_reset(lease)
+                    state.put(await self._table.apply_reset(lease))
                     self._log.info("shard.reset", shard_id=lease.shard_id, position=str(lease.reset.position))
                 except LeaseLost:
                     continue
@@ -364,7 +365,7 @@ class LeaseCycle:
         owned.enter(ShardPhase.RELEASED)
         self._owned.forget(owned)
         owned.log.info("shard.reset", position=str(lease.reset.position))
-        state.leases[lease.shard_id] = reset
+        state.put(reset)
         if can_read(reset, state) and await self._parents_finished_now(reset, state.leases):  # strongly: unchecked
             self._runner.start(reset)
         else:  # its parents are to be read again first

@@ -282,6 +282,7 @@ def test_a_finished_child_reset_by_a_worker_that_has_not_seen_its_parent_s_reset
         await table.finish(await table.claim(await _row(table, child)))
         await lister.request_reset([parent, child], START)
         state = TableState(leases={parent: finished_parent, child: await _row(table, child)})
+        cycle.view.saw_leases(state.leases, answered_at=clock.now())  # as the cycle's read
         await cycle._apply_resets(state)  # the child's reset, applied here; the parent's unseen
         cycle.state = state
         await cycle._claim(state.leases[child])

@@ -56,7 +56,8 @@ class FakeTable:
         owner = self.owner_before if behind else self.owner
         leases = {"shard-1": Lease("shard-1", (), owner, 1, Position("TRIM_HORIZON"))}
         marks = {p: self.versions[p] - (behind and p == HOME) for p in partitions}  # as of the answer
-        return TableState(leases=leases if HOME in partitions else {}, versions=marks)
+        parts = {p: leases if p == HOME else {} for p in partitions}
+        return TableState(leases=leases if HOME in partitions else {}, versions=marks, parts=parts)
 
     @property
     def lease_reads(self) -> int:
