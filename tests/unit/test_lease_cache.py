@@ -4,7 +4,7 @@ the versions, and a lease partition only when its leases may have changed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import pytest
@@ -56,7 +56,7 @@ class FakeTable:
         owner = self.owner_before if behind else self.owner
         leases = {"shard-1": Lease("shard-1", (), owner, 1, Position("TRIM_HORIZON"))}
         marks = {p: self.versions[p] - (behind and p == HOME) for p in partitions}  # as of the answer
-        parts = {p: leases if p == HOME else {} for p in partitions}
+        parts: dict[int, Mapping[str, Lease]] = {p: leases if p == HOME else {} for p in partitions}
         return TableState(leases=leases if HOME in partitions else {}, versions=marks, parts=parts)
 
     @property
@@ -195,7 +195,7 @@ def test_a_failed_read_of_a_changed_partition_is_read_again_next_time() -> None:
     table.owner = "me"
     real = table.read_leases
 
-    async def throttled(partitions: Collection[int]) -> TableState:
+    async def throttled(partitions: Collection[int], *, consistent: bool = True) -> TableState:
         raise Retriable("ProvisionedThroughputExceededException")
 
     table.read_leases = throttled  # type: ignore[method-assign]
