@@ -78,13 +78,13 @@ from efo.leases.codec import (
     VERSION_KEY,
     WORKER_PREFIX,
     Update,
-    datetime_of,
     meta_of,
     number_of,
     parse_lease,
     position_item,
     stamp,
     version_attribute,
+    worker_of,
 )
 from efo.leases.model import (
     LAYOUT_FORMAT,
@@ -519,20 +519,8 @@ class LeaseTable:
             }
             state.members = int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
         elif sort_key.startswith(WORKER_PREFIX):
-            worker_id = sort_key.removeprefix(WORKER_PREFIX)
-            state.workers[worker_id] = WorkerRow(
-                worker_id=worker_id,
-                heartbeat=int(item["heartbeat"]["N"]),
-                updated_at=datetime_of(item.get("updated_at", {}).get("S")),
-                version=item.get("version", {}).get("S"),
-                started_at=datetime_of(item.get("started_at", {}).get("S")),
-                consumer_arn=item.get("consumer_arn", {}).get("S"),
-                reads=item.get("reads", {}).get("S"),
-                in_doubt=item.get("in_doubt", {}).get("BOOL", False),
-                leaving=item.get("leaving", {}).get("BOOL", False),
-                deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
-                reads_generations=item.get("reads_generations", {}).get("BOOL", False),
-            )
+            row = worker_of(item)
+            state.workers[row.worker_id] = row
 
     async def create_meta(
         self,
