@@ -18,7 +18,7 @@ import structlog.testing
 from efo.config import load_settings
 from efo.errors import EfoError, LayoutOutdated, LeaseLost
 from efo.kinesis.registration import StreamInfo
-from efo.leases import cost, model
+from efo.leases import admin, cost, model
 from efo.leases.codec import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX
 from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
 from efo.leases.table import LeaseTable
@@ -218,7 +218,7 @@ def test_a_grown_table_is_removed_whole_every_generation_and_reservation() -> No
         assert await table.grow(await table.lease_layout(), Layout((8, 16, 32)))
         await table.create_lease("c", (), START)
         assert any(sk.startswith(RESERVED_PREFIX) for _, sk in _items(db))
-        await table.delete_all()
+        await admin.delete_all(table)
         assert _items(db) == []
 
     run(scenario())
