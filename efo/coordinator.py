@@ -107,7 +107,6 @@ class Coordinator:
             settings.lease,
             on_expired=self._leases_expired,
             on_recovered=self._recovered,
-            before_beat=lambda: self.checkpointer.check_batch_progress(),
             clock=clock,
         )
         self.checkpointer = Checkpointer(
@@ -208,7 +207,9 @@ class Coordinator:
         try:
             async with asyncio.TaskGroup() as group:
                 self._spawn = self.runner.spawn = lambda coroutine, name: group.create_task(coroutine, name=name)
-                self._heartbeat = heartbeat = group.create_task(self.liveness.run(), name="heartbeat")
+                # Before each heartbeat: has a batch been in the sink too long (SinkStalled ends the group)?
+                beats = self.liveness.run(before_beat=self.checkpointer.check_batch_progress)
+                self._heartbeat = heartbeat = group.create_task(beats, name="heartbeat")
                 checkpoints = group.create_task(self.checkpointer.run(), name="checkpoints")
                 intake: list[asyncio.Task[None]] = []
                 intake.append(group.create_task(self._start_intake(group, intake), name="bootstrap"))
