@@ -118,6 +118,14 @@ class Coordinator:
             on_shard_end=self._shard_ended,  # its children may start now
             clock=clock,
         )
+        self.shards = ShardSync(
+            settings=settings,
+            stream=stream,
+            kinesis=kinesis,
+            table=table,
+            on_listed=lambda: self.cycle.run_now(),
+            clock=clock,
+        )
         until = settings.run.bound
         #: A bounded run (run.until): where each shard's reading ends, and when this worker is done.
         self.bounds = (
@@ -129,11 +137,9 @@ class Coordinator:
                 worker_id=table.worker_id,
                 handoff=handoff,
                 pool=pool,
-                owned=lambda: self.owned,
-                view=lambda: (self.cycle.state, self.cycle.read_at, self.cycle.view.live),
-                listing=lambda: (self.shards.graph, self.shards.listed_at),
+                owned=self.owned,
+                listing=self.shards,
                 parents_finished=parents_finished,
-                on_change=lambda: self.shards.list_now(),
                 clock=clock,
                 stream=stream.name,
             )
@@ -143,14 +149,6 @@ class Coordinator:
         #: Why a bounded run is not complete: "stopped" (a stop was asked for), "max_duration"
         #: (run.max_duration_s reached) or "final_writes" (a final checkpoint or release did not land).
         self.incomplete: str | None = None
-        self.shards = ShardSync(
-            settings=settings,
-            stream=stream,
-            kinesis=kinesis,
-            table=table,
-            on_listed=lambda: self.cycle.run_now(),
-            clock=clock,
-        )
         self.runner = ShardRunner(
             settings=settings,
             stream=stream,
@@ -182,6 +180,8 @@ class Coordinator:
             clock=clock,
         )
         # What each part learns of another, wired here rather than inside either.
+        if self.bounds is not None:
+            self.bounds.connect(self.cycle)  # the run's end reads the cycle's last read of the table
         self.owned.on_forget = self.checkpointer.apply_backlog_bound
         self.shards.leased = lambda: None if self.cycle.state is None else self.cycle.state.leases.keys()
         self.shards.lists = lambda: self.bounds is not None or self.cycle.first_live

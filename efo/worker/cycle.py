@@ -118,6 +118,11 @@ class LeaseCycle:
                 await self.cycle(state)
 
     @property
+    def live(self) -> AbstractSet[str]:
+        """The workers alive as of the last read, this one among them."""
+        return self.view.live
+
+    @property
     def first_live(self) -> bool:
         """This worker comes first in name order among the live ones (it lists the stream)."""
         return self.cycles > 0 and min(self.view.live) == self._me
