@@ -123,7 +123,6 @@ class Coordinator:
             stream=stream,
             kinesis=kinesis,
             table=table,
-            on_listed=lambda: self.cycle.run_now(),
             clock=clock,
         )
         until = settings.run.bound
@@ -179,12 +178,12 @@ class Coordinator:
             shares=shares,
             clock=clock,
         )
-        # What each part learns of another, wired here rather than inside either.
+        # The cycle reads the listing and the listing reads the cycle's last read of the table (and so
+        # does the run's end, which the runner the cycle drives takes): connected once both exist.
+        self.shards.connect(self.cycle)
         if self.bounds is not None:
-            self.bounds.connect(self.cycle)  # the run's end reads the cycle's last read of the table
+            self.bounds.connect(self.cycle)
         self.owned.on_forget = self.checkpointer.apply_backlog_bound
-        self.shards.leased = lambda: None if self.cycle.state is None else self.cycle.state.leases.keys()
-        self.shards.lists = lambda: self.bounds is not None or self.cycle.first_live
         self._heartbeat: asyncio.Task[None] | None = None
 
     # ---- start-up -------------------------------------------------------------------------
