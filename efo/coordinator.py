@@ -118,6 +118,8 @@ class Coordinator:
             on_shard_end=self._shard_ended,  # its children may start now
             clock=clock,
         )
+        # It writes the claims of ``owned``, which tells it when one leaves (the backlog bound is checked again).
+        self.owned.connect(self.checkpointer)
         self.shards = ShardSync(
             settings=settings,
             stream=stream,
@@ -183,7 +185,6 @@ class Coordinator:
         self.shards.connect(self.cycle)
         if self.bounds is not None:
             self.bounds.connect(self.cycle)
-        self.owned.on_forget = self.checkpointer.apply_backlog_bound
         self._heartbeat: asyncio.Task[None] | None = None
 
     # ---- start-up -------------------------------------------------------------------------
