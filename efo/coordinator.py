@@ -50,7 +50,7 @@ from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.worker.bound import RunEnd
-from efo.worker.checkpointer import Checkpointer
+from efo.worker.checkpointer import Checkpointer, SharedBacklog
 from efo.worker.cycle import LeaseCycle, parents_finished
 from efo.worker.liveness import HeartbeatWriter, Liveness, Trust
 from efo.worker.owned import OwnedLeases
@@ -84,6 +84,7 @@ class Coordinator:
         handoff: Handoff,
         heartbeats: HeartbeatWriter | None = None,
         shares: StreamShares | None = None,
+        shared_backlog: SharedBacklog | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
@@ -116,6 +117,7 @@ class Coordinator:
             settings=settings,
             trust=self.liveness,
             on_shard_end=self._shard_ended,  # its children may start now
+            shared_backlog=shared_backlog,
             clock=clock,
         )
         # It writes the claims of ``owned``, which tells it when one leaves (the backlog bound is checked again).
