@@ -50,7 +50,7 @@ from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.worker.bound import RunEnd
-from efo.worker.checkpointer import Checkpointer
+from efo.worker.checkpointer import Checkpointer, SharedBacklog
 from efo.worker.cycle import LeaseCycle, parents_finished
 from efo.worker.liveness import HeartbeatWriter, Liveness, Trust
 from efo.worker.owned import OwnedLeases
@@ -84,6 +84,7 @@ class Coordinator:
         handoff: Handoff,
         heartbeats: HeartbeatWriter | None = None,
         shares: StreamShares | None = None,
+        shared_backlog: SharedBacklog | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
@@ -107,7 +108,6 @@ class Coordinator:
             settings.lease,
             on_expired=self._leases_expired,
             on_recovered=self._recovered,
-            before_beat=lambda: self.checkpointer.check_batch_progress(),
             clock=clock,
         )
         self.checkpointer = Checkpointer(
@@ -117,6 +117,16 @@ class Coordinator:
             settings=settings,
             trust=self.liveness,
             on_shard_end=self._shard_ended,  # its children may start now
+            shared_backlog=shared_backlog,
+            clock=clock,
+        )
+        # It writes the claims of ``owned``, which tells it when one leaves (the backlog bound is checked again).
+        self.owned.connect(self.checkpointer)
+        self.shards = ShardSync(
+            settings=settings,
+            stream=stream,
+            kinesis=kinesis,
+            table=table,
             clock=clock,
         )
         until = settings.run.bound
@@ -130,11 +140,9 @@ class Coordinator:
                 worker_id=table.worker_id,
                 handoff=handoff,
                 pool=pool,
-                owned=lambda: self.owned,
-                view=lambda: (self.cycle.state, self.cycle.read_at, self.cycle.view.live),
-                listing=lambda: (self.shards.graph, self.shards.listed_at),
+                owned=self.owned,
+                listing=self.shards,
                 parents_finished=parents_finished,
-                on_change=lambda: self.shards.list_now(),
                 clock=clock,
                 stream=stream.name,
             )
@@ -144,14 +152,6 @@ class Coordinator:
         #: Why a bounded run is not complete: "stopped" (a stop was asked for), "max_duration"
         #: (run.max_duration_s reached) or "final_writes" (a final checkpoint or release did not land).
         self.incomplete: str | None = None
-        self.shards = ShardSync(
-            settings=settings,
-            stream=stream,
-            kinesis=kinesis,
-            table=table,
-            on_listed=lambda: self.cycle.run_now(),
-            clock=clock,
-        )
         self.runner = ShardRunner(
             settings=settings,
             stream=stream,
@@ -182,10 +182,11 @@ class Coordinator:
             shares=shares,
             clock=clock,
         )
-        # What each part learns of another, wired here rather than inside either.
-        self.owned.on_forget = self.checkpointer.apply_backlog_bound
-        self.shards.leased = lambda: None if self.cycle.state is None else self.cycle.state.leases.keys()
-        self.shards.lists = lambda: self.bounds is not None or self.cycle.first_live
+        # The cycle reads the listing and the listing reads the cycle's last read of the table (and so
+        # does the run's end, which the runner the cycle drives takes): connected once both exist.
+        self.shards.connect(self.cycle)
+        if self.bounds is not None:
+            self.bounds.connect(self.cycle)
         self._heartbeat: asyncio.Task[None] | None = None
 
     # ---- start-up -------------------------------------------------------------------------
@@ -208,7 +209,9 @@ class Coordinator:
         try:
             async with asyncio.TaskGroup() as group:
                 self._spawn = self.runner.spawn = lambda coroutine, name: group.create_task(coroutine, name=name)
-                self._heartbeat = heartbeat = group.create_task(self.liveness.run(), name="heartbeat")
+                # Before each heartbeat: has a batch been in the sink too long (SinkStalled ends the group)?
+                beats = self.liveness.run(before_beat=self.checkpointer.check_batch_progress)
+                self._heartbeat = heartbeat = group.create_task(beats, name="heartbeat")
                 checkpoints = group.create_task(self.checkpointer.run(), name="checkpoints")
                 intake: list[asyncio.Task[None]] = []
                 intake.append(group.create_task(self._start_intake(group, intake), name="bootstrap"))

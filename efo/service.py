@@ -34,6 +34,7 @@ from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
+from efo.worker.checkpointer import SharedBacklog
 from efo.worker.streams import StreamShares, streams_digest
 
 log = structlog.get_logger("efo.service")
@@ -64,6 +65,7 @@ class Service:
         self._ended: set[str] = set()  # streams whose coordinator ended (read to a bound, gone, failed)
         self._gone: set[str] = set()  # streams deleted while running, no longer read
         self._shares = StreamShares()
+        self._backlog: SharedBacklog | None = None  # the pool's, over every stream still read (several streams)
         #: Each stream's description and consumer ARN, by its place in settings.per_stream(), once checked.
         self._checked: list[tuple[StreamInfo, str]] | None = None
         #: A bounded run (run.until) that reached its end: everything read committed and checkpointed.
@@ -194,6 +196,8 @@ class Service:
         reads = streams_digest(stream.arn for stream, _ in self._checked) if several else None
         pool = PendingPool.of(self.settings.pool)
         shares = self._shares = StreamShares()  # each stream's cycle counts this worker's share over every stream
+        # One pool: its backlog bound counts the uncheckpointed records of every stream still read.
+        backlog = self._backlog = SharedBacklog() if several else None
         coordinators: list[Coordinator] = []
         for settings, (stream, consumer_arn) in zip(every, self._checked, strict=True):
             table = LeaseTable(
@@ -219,20 +223,14 @@ class Service:
                 # The heartbeat's own client (its own connections): no lease or checkpoint traffic delays it.
                 heartbeats=table.with_client(await clients.dynamodb()),
                 shares=shares,
+                shared_backlog=backlog,
             )
+            if backlog is not None:
+                backlog.count(stream.name, coordinator.owned.backlog)
             if checking:
                 await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
             coordinators.append(coordinator)
-        if several:
-            self._share_backlog(coordinators)
         return coordinators
-
-    def _share_backlog(self, coordinators: list[Coordinator]) -> None:
-        """One pool: its backlog bound counts the uncheckpointed records of every stream still read."""
-        for coordinator in coordinators:
-            coordinator.checkpointer.backlog = lambda: sum(
-                c.checkpointer.own_backlog() for c in self._read(coordinators)
-            )
 
     def _read(self, coordinators: list[Coordinator]) -> list[Coordinator]:
         """The streams still read: not ended (read to a bound, deleted or failed)."""
@@ -243,6 +241,8 @@ class Service:
         the pool's bound, which is checked again at once (nothing else would resume the pool)."""
         self._ended.add(coordinator.stream.name)
         self._shares.forget(coordinator.stream.arn)
+        if self._backlog is not None:
+            self._backlog.forget(coordinator.stream.name)
         for other in self._read(coordinators)[:1]:
             other.checkpointer.apply_backlog_bound()
 

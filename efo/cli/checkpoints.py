@@ -38,6 +38,7 @@ from efo.cli.status import LEASE_STYLES, duration, lag_text, lease_record
 from efo.config import InitialPosition
 from efo.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, EfoError, ResourceNotFound
 from efo.kinesis.shards import list_shards
+from efo.leases import admin
 from efo.leases.model import TableState
 from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position, after
@@ -276,7 +277,7 @@ def _delete_all(scope: Scope, *, yes: bool, force: bool, as_json: bool) -> int:
             f"from table {table.table!r}? The next start applies EFO_INITIAL_POSITION.",
             yes=yes,
         )
-        removed = await table.delete_all()
+        removed = await admin.delete_all(table)
         return {"deleted_rows": removed, "table": table.table, "app": scope.app, "stream": conn.stream.name}
 
     record = with_stream(scope, body)
@@ -313,7 +314,7 @@ def migrate_command(scope: Scope, yes: bool, force: bool, as_json: bool) -> int:
             f"{table.table!r} to lease partitions?",
             yes=yes,
         )
-        moved = await table.migrate()
+        moved = await admin.migrate(table)
         return {
             "moved_leases": moved,
             "lease_partitions": table.lease_partitions,

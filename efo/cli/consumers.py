@@ -44,7 +44,7 @@ from efo.kinesis.registration import (
     list_consumers,
     register_consumer,
 )
-from efo.leases.table import table_workers
+from efo.leases.admin import table_workers
 
 DEFAULT_WAIT_S = 120.0
 TABLES_HINT = "check --table, --app and EFO_TABLE: each names a lease table that efo run has created"

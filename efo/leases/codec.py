@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from efo.leases.model import Lease, Meta, PendingReset
+from efo.leases.model import Lease, Meta, PendingReset, WorkerRow
 from efo.pipeline.records import Position
 
 META_KEY = "meta"
@@ -156,6 +156,23 @@ def meta_of(item: dict[str, Any]) -> Meta:
         lease_partitions=number_of(item, "lease_partitions"),  # a string in a grown table
         lease_generations=tuple(int(size["N"]) for size in generations),
         layout_format=number_of(item, "layout_format") or 0,
+    )
+
+
+def worker_of(item: dict[str, Any]) -> WorkerRow:
+    """A worker's heartbeat row (``sk = worker|<id>``), parsed (the one place that knows its attributes)."""
+    return WorkerRow(
+        worker_id=item["sk"]["S"].removeprefix(WORKER_PREFIX),
+        heartbeat=int(item["heartbeat"]["N"]),
+        updated_at=datetime_of(item.get("updated_at", {}).get("S")),
+        version=item.get("version", {}).get("S"),
+        started_at=datetime_of(item.get("started_at", {}).get("S")),
+        consumer_arn=item.get("consumer_arn", {}).get("S"),
+        reads=item.get("reads", {}).get("S"),
+        in_doubt=item.get("in_doubt", {}).get("BOOL", False),
+        leaving=item.get("leaving", {}).get("BOOL", False),
+        deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
+        reads_generations=item.get("reads_generations", {}).get("BOOL", False),
     )
 
 

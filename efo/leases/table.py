@@ -39,7 +39,7 @@ partition only when its version moved, after a write of its own there, or as a s
 
 A table written by efo before lease partitions (every lease row in the control partition; its
 meta row has no ``lease_partitions``) is refused with :class:`~efo.errors.LayoutOutdated` until
-``efo checkpoints migrate`` (:meth:`LeaseTable.migrate`) moves the rows, checkpoints untouched.
+``efo checkpoints migrate`` (:func:`efo.leases.admin.migrate`) moves the rows, checkpoints untouched.
 
 Ownership changes and checkpoint writes are conditional on the owner and the lease counter
 (fencing): a worker whose lease was taken gets :class:`LeaseLost` instead of writing.
@@ -51,7 +51,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -78,13 +78,13 @@ from efo.leases.codec import (
     VERSION_KEY,
     WORKER_PREFIX,
     Update,
-    datetime_of,
     meta_of,
     number_of,
     parse_lease,
     position_item,
     stamp,
     version_attribute,
+    worker_of,
 )
 from efo.leases.model import (
     LAYOUT_FORMAT,
@@ -94,8 +94,6 @@ from efo.leases.model import (
     Meta,
     TableState,
     WorkerRow,
-    lease_partition_of,
-    lease_partitions_for,
 )
 from efo.pipeline.records import SHARD_END, Position
 
@@ -150,6 +148,11 @@ class LeaseTable:
         self._parsed: dict[str, dict[str, tuple[dict[str, Any], Lease]]] = {}
         self._parse_lease = parse_lease
 
+    @property
+    def dynamodb(self) -> Any:
+        """The client this table reads and writes through (efo.leases.admin writes rows no worker does)."""
+        return self._ddb
+
     def _now(self) -> dict[str, Any]:
         return stamp(self._clock.wall())
 
@@ -171,12 +174,26 @@ class LeaseTable:
         if self._layout is None:
             meta = await self.read_meta()
             if meta is None:
-                raise self._not_started()
+                raise self.not_started()
             self.adopt(meta)
         assert self._layout is not None
         return self._layout
 
-    def _not_started(self) -> ResourceNotFound:
+    def forget_layout(self) -> None:
+        """Every row is gone (the operator's reset, :func:`efo.leases.admin.delete_all`): the layout
+        is read again, and every lease looked for again, at the next use."""
+        self.lease_partitions, self._layout, self._where = None, None, {}
+
+    async def migrated(self, partitions: int, *, moved: bool) -> None:
+        """The operator's migration (:func:`efo.leases.admin.migrate`) put the leases in ``partitions``
+        lease partitions: this client uses them from now on, and if rows ``moved`` every partition's
+        version moves (each mark set to it)."""
+        self._layout, self.lease_partitions = Layout((partitions,)), partitions
+        if moved:
+            await self._bump(range(partitions))
+
+    def not_started(self) -> ResourceNotFound:
+        """The error of a read of the application's rows before its first start."""
         return ResourceNotFound(
             f"application {self.app!r} has no rows for stream {self.stream_arn} in {self._resource()} "
             "(it has not started yet)"
@@ -381,7 +398,7 @@ class LeaseTable:
         """The meta row read again (the table may have grown since it was read)."""
         meta = await self.read_meta()
         if meta is None:
-            raise self._not_started()
+            raise self.not_started()
         before = self._layout
         self.adopt(meta)
         assert self._layout is not None
@@ -425,7 +442,7 @@ class LeaseTable:
     ) -> TableState:
         state = TableState()
         try:
-            items = await _query(self._ddb, self.table, partition, prefix, after=after, consistent=consistent)
+            items = await query_partition(self._ddb, self.table, partition, prefix, after=after, consistent=consistent)
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
         if partition == self.partition:
@@ -456,12 +473,22 @@ class LeaseTable:
 
     async def read_meta(self) -> Meta | None:
         """The application's meta row (its first start), strongly consistent; None before the first start."""
-        item = await self._meta_item()
+        item = await self.read_meta_item()
         if item is None:
             return None
         state = TableState()
         self._absorb(state, item)
         return state.meta
+
+    async def read_meta_item(self) -> dict[str, Any] | None:
+        """The meta row as DynamoDB holds it, strongly consistent (None: no row): every attribute,
+        those of layouts this release refuses too (efo.leases.admin reads them)."""
+        try:
+            response = await self._ddb.get_item(TableName=self.table, Key=self._key(META_KEY), ConsistentRead=True)
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+        item = response.get("Item")
+        return dict(item) if item is not None else None
 
     def with_client(self, dynamodb: Any) -> LeaseTable:
         """The same table, application and worker through another client (the heartbeat's own connections)."""
@@ -520,20 +547,8 @@ class LeaseTable:
             }
             state.members = int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
         elif sort_key.startswith(WORKER_PREFIX):
-            worker_id = sort_key.removeprefix(WORKER_PREFIX)
-            state.workers[worker_id] = WorkerRow(
-                worker_id=worker_id,
-                heartbeat=int(item["heartbeat"]["N"]),
-                updated_at=datetime_of(item.get("updated_at", {}).get("S")),
-                version=item.get("version", {}).get("S"),
-                started_at=datetime_of(item.get("started_at", {}).get("S")),
-                consumer_arn=item.get("consumer_arn", {}).get("S"),
-                reads=item.get("reads", {}).get("S"),
-                in_doubt=item.get("in_doubt", {}).get("BOOL", False),
-                leaving=item.get("leaving", {}).get("BOOL", False),
-                deletes_leases=item.get("deletes_leases", {}).get("BOOL", False),
-                reads_generations=item.get("reads_generations", {}).get("BOOL", False),
-            )
+            row = worker_of(item)
+            state.workers[row.worker_id] = row
 
     async def create_meta(
         self,
@@ -1017,118 +1032,8 @@ class LeaseTable:
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
 
-    async def delete_all(self) -> int:
-        """Remove every row of this application and stream (the operator's reset). Returns the count."""
-        meta = await self._meta_item()
-        # Every generation's (a grown table's migrating_to), or a migration's cut short.
-        count = number_of(meta, "lease_partitions") or number_of(meta, "migrating_to")
-        # The meta row, which names the lease partitions, goes last: a removal cut short is run again.
-        partitions = [self.lease_partition_key(n) for n in range(count or 0)] + [self.partition]
-        deleted = 0
-        try:
-            for partition in partitions:
-                for item in await _query(self._ddb, self.table, partition, projection="pk, sk"):
-                    await self._ddb.delete_item(TableName=self.table, Key={"pk": item["pk"], "sk": item["sk"]})
-                    deleted += 1
-        except Exception as exc:
-            raise translate(exc, resource=self._resource()) from None
-        self.lease_partitions, self._layout, self._where = None, None, {}
-        return deleted
 
-    async def migrate(self) -> int:
-        """Move the lease rows of a table of the layout before lease partitions (every row in the
-        control partition) to lease partitions; returns how many were copied (0: nothing to move).
-        Every worker of the application must be stopped. Safe to run again after a crash at any
-        step: the meta row names the partitions to come (``migrating_to``) before any copy, each row
-        is copied as it is (its owner cleared: nobody runs), then the meta row names them as the
-        partitions (from then on the copies are the leases), then the old rows are deleted."""
-        meta = await self._meta_item()
-        if meta is None:
-            raise self._not_started()
-        if "lease_generations" in meta:  # grown: in lease partitions since long before
-            state = TableState()
-            self._absorb(state, meta)
-            assert state.meta is not None
-            self.adopt(state.meta)
-            return 0
-        try:
-            old = await _query(self._ddb, self.table, self.partition, SHARD_PREFIX)
-            copied = 0
-            partitions = number_of(meta, "lease_partitions")
-            if partitions is None:
-                partitions = number_of(meta, "migrating_to") or lease_partitions_for(len(old))
-                await self._set_meta("SET migrating_to = :n", partitions)
-                await bounded(READ_CONCURRENCY, lambda item: self._copy_lease(item, partitions), old)
-                await self._set_meta("SET lease_partitions = :n REMOVE migrating_to", partitions)
-                copied = len(old)
-            for item in old:  # the copies are the leases now
-                await self._ddb.delete_item(TableName=self.table, Key={"pk": item["pk"], "sk": item["sk"]})
-        except Exception as exc:
-            raise translate(exc, resource=self._resource()) from None
-        self._layout, self.lease_partitions = Layout((partitions,)), partitions
-        if old:
-            await self._bump(range(partitions))
-        log.info("table.migrated", table=self.table, app=self.app, leases=len(old), lease_partitions=partitions)
-        return copied
-
-    async def _copy_lease(self, item: dict[str, Any], partitions: int) -> None:
-        shard_id = item["sk"]["S"].removeprefix(SHARD_PREFIX)
-        row = {name: value for name, value in item.items() if name not in ("pk", "lease_owner")}
-        row["pk"] = {"S": self.lease_partition_key(lease_partition_of(shard_id, partitions))}
-        row["lease_counter"] = {"N": str(int(item.get("lease_counter", {}).get("N", "0")) + 1)}
-        await self._ddb.put_item(TableName=self.table, Item=row)
-
-    async def _set_meta(self, expression: str, partitions: int) -> None:
-        """``expression`` on the meta row, while it names no lease partitions yet."""
-        await self._ddb.update_item(
-            TableName=self.table,
-            Key=self._key(META_KEY),
-            UpdateExpression=expression,
-            ConditionExpression="attribute_not_exists(lease_partitions)",
-            ExpressionAttributeValues={":n": {"N": str(partitions)}},
-        )
-
-    async def _meta_item(self) -> dict[str, Any] | None:
-        try:
-            response = await self._ddb.get_item(TableName=self.table, Key=self._key(META_KEY), ConsistentRead=True)
-        except Exception as exc:
-            raise translate(exc, resource=self._resource()) from None
-        item = response.get("Item")
-        return dict(item) if item is not None else None
-
-
-@dataclass(frozen=True, slots=True)
-class TableWorker:
-    """A heartbeat row found by :func:`table_workers`, with the application and stream it is of."""
-
-    app: str
-    stream_arn: str
-    row: WorkerRow
-
-
-async def table_workers(
-    dynamodb: Any, table: str, *, known: tuple[tuple[str, str], ...] = (), hint: str = ""
-) -> list[TableWorker]:
-    """Every worker's heartbeat row in ``table``, of every application and stream: one Query of
-    the registry partition (the partitions of the table), then one Query of each partition's worker
-    rows. Never a Scan. ``known``: (app, stream ARN) partitions to read even if not registered (a
-    worker of a release before the registry)."""
-    found: list[TableWorker] = []
-    try:
-        partitions = {
-            (entry["app"]["S"], entry["stream_arn"]["S"]) for entry in await _query(dynamodb, table, REGISTRY_PK)
-        }
-        for app, stream_arn in sorted(partitions | set(known)):
-            state = TableState()
-            for item in await _query(dynamodb, table, f"{app}|{stream_arn}", WORKER_PREFIX):
-                LeaseTable._absorb(state, item)
-            found.extend(TableWorker(app, stream_arn, row) for row in state.workers.values())
-    except Exception as exc:
-        raise translate(exc, resource=f"DynamoDB table {table!r}", hint=hint) from None
-    return found
-
-
-async def _query(
+async def query_partition(
     dynamodb: Any,
     table: str,
     partition: str,

@@ -54,7 +54,8 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Set as AbstractSet
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -271,9 +272,48 @@ def _truncate(chunk: RecordChunk, cut: int) -> None:
     chunk.dead_letters = dead_letters
 
 
+class ShardListing(Protocol):
+    """The last listing of the stream's shards, as the run's end reads it (efo.worker.shardsync.ShardSync)."""
+
+    @property
+    def graph(self) -> ShardGraph | None:
+        """The shards as last listed (None: this worker has no listing, or an old one)."""
+        ...
+
+    @property
+    def listed_at(self) -> float:
+        """When the listing behind ``graph`` was asked for."""
+        ...
+
+    def list_now(self) -> None:
+        """List again at once (a shard reached its bound: is it still open, has it children?)."""
+        ...
+
+
+class LeaseView(Protocol):
+    """The lease cycle's last read of the table, as the run's end reads it (efo.worker.cycle.LeaseCycle)."""
+
+    @property
+    def state(self) -> TableState | None:
+        """The table as last read (None: not read yet)."""
+        ...
+
+    @property
+    def read_at(self) -> float | None:
+        """When it was read."""
+        ...
+
+    @property
+    def live(self) -> AbstractSet[str]:
+        """The workers alive as of that read, this one among them."""
+        ...
+
+
 class RunEnd:
     """The worker's side of a bounded run: each claim's :class:`ShardBound`, whether the worker is
-    done, the ``run.progress`` event and the shard timeout."""
+    done, the ``run.progress`` event and the shard timeout. It reads the claims held here
+    (``owned``), the last shard listing (``listing``, asked for again when a claim reaches its
+    bound) and the lease cycle's last read of the table (:meth:`connect`)."""
 
     def __init__(
         self,
@@ -283,24 +323,21 @@ class RunEnd:
         worker_id: str,
         handoff: Handoff,
         pool: PendingPool,
-        owned: Callable[[], Mapping[str, OwnedShard]],
-        view: Callable[[], tuple[TableState | None, float | None, set[str]]],
-        listing: Callable[[], tuple[ShardGraph | None, float]],
+        owned: Mapping[str, OwnedShard],
+        listing: ShardListing,
         parents_finished: Callable[[Any, TableState, ShardGraph], bool],
-        on_change: Callable[[], None] = lambda: None,
         clock: Clock = SYSTEM_CLOCK,
         stream: str = "",
     ) -> None:
         self._settings = settings
         self._stream = stream  # the stream's name, for the remaining-shards gauge
         self.until = until
-        self._on_change = on_change
         self._me = worker_id
         self._handoff = handoff
         self._pool = pool
         self._owned = owned
-        self._view = view
         self._listing = listing
+        self._view: LeaseView | None = None  # connect()
         self._parents_finished = parents_finished
         self._clock = clock
         self._bounds: dict[str, ShardBound] = {}  # by shard, the current claim's
@@ -318,6 +355,18 @@ class RunEnd:
         self._log = log.bind(worker_id=worker_id, until=str(until))
         self._started_at = clock.now()
         self._progress_at = clock.now()
+
+    def connect(self, view: LeaseView) -> None:
+        """Read the table through ``view`` (the lease cycle), which is built after this part: the
+        cycle drives the shard runner, and the runner takes this part to bound each claim. Once,
+        before :meth:`run` (or any check of the run's end)."""
+        assert self._view is None, "connected already"
+        self._view = view
+
+    def _last_read(self) -> tuple[TableState | None, float | None, AbstractSet[str]]:
+        """The lease cycle's last read of the table: what it found, when, and who was alive."""
+        assert self._view is not None, "connect() the lease cycle first"
+        return self._view.state, self._view.read_at, self._view.live
 
     # ---- claims -------------------------------------------------------------------------------
 
@@ -341,7 +390,7 @@ class RunEnd:
 
     def _changed(self, bound: ShardBound) -> None:
         self._last_change_at = self._clock.now()
-        self._on_change()  # a listing newer than the change: is the shard still open, are there children
+        self._listing.list_now()  # a listing newer than the change: is the shard still open, are there children
 
     # ---- the worker ---------------------------------------------------------------------------
 
@@ -353,10 +402,10 @@ class RunEnd:
 
     def remaining(self) -> tuple[list[str], int]:
         """The shards here or claimable that are short of the run's end, and how many are done here."""
-        graph, listed_at = self._listing()
-        state, _, live = self._view()
+        graph, listed_at = self._listing.graph, self._listing.listed_at
+        state, _, live = self._last_read()
         short = []
-        for shard_id, owned in self._owned().items():
+        for shard_id, owned in self._owned.items():
             if self.claim_done(owned, graph, listed_at):
                 self._done_here.add(shard_id)
             else:
@@ -365,7 +414,7 @@ class RunEnd:
         unclaimed = set()
         if state is not None and graph is not None:
             for lease in state.leases.values():
-                if lease.finished or lease.shard_id not in graph.shards or lease.shard_id in self._owned():
+                if lease.finished or lease.shard_id not in graph.shards or lease.shard_id in self._owned:
                     continue
                 if not self._parents_finished(lease, state, graph):
                     continue
@@ -378,8 +427,8 @@ class RunEnd:
 
     def done(self) -> bool:
         """See the module's documentation: the worker has nothing left to read in this run."""
-        graph, listed_at = self._listing()
-        state, read_at, _ = self._view()
+        graph, listed_at = self._listing.graph, self._listing.listed_at
+        state, read_at, _ = self._last_read()
         if graph is None or state is None or read_at is None:
             return False
         if listed_at < self._last_change_at or read_at < listed_at:
@@ -418,10 +467,10 @@ class RunEnd:
 
     def _check_timeouts(self) -> None:
         now = self._clock.now()
-        graph, listed_at = self._listing()
+        graph, listed_at = self._listing.graph, self._listing.listed_at
         timeout_s = self._settings.shard_timeout_s
         silent = []
-        for owned in self._owned().values():
+        for owned in self._owned.values():
             bound = self._bounds.get(owned.shard_id)
             if bound is None or bound.owned is not owned or not owned.phase.reading:
                 continue
@@ -437,7 +486,7 @@ class RunEnd:
                 f"before reaching the run's end ({self.until}): {', '.join(unclaimed[:5])}; is "
                 "lease.max_leases_per_worker too low for the workers running?"
             )
-        _, read_at, _ = self._view()
+        _, read_at, _ = self._last_read()
         stale = [
             what
             for what, at in (("shard listing", listed_at if graph is not None else None), ("lease-table read", read_at))
@@ -474,7 +523,7 @@ class RunEnd:
         short, done = self.remaining()
         lags = [  # not of a cut shard: nothing more is read there, its last lag is no one's lag
             owned.series.lag_ms
-            for owned in self._owned().values()
+            for owned in self._owned.values()
             if owned.series.lag_ms is not None and not self._cut(owned)
         ]
         fields = {

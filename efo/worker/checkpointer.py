@@ -20,6 +20,7 @@ from efo.concurrency import bounded
 from efo.config import Settings
 from efo.errors import EfoError, LeaseLost, SinkStalled
 from efo.kinesis.subscription import Backoff
+from efo.leases.ledger import RecordTally
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
@@ -34,6 +35,27 @@ log = structlog.get_logger("efo.worker.checkpointer")
 WRITE_CONCURRENCY = 16
 
 
+class SharedBacklog:
+    """The committed records not checkpointed yet of every stream a worker reads from one pool
+    (efo.service gives one to each stream's checkpointer when it reads several): the pool's backlog
+    bound counts them all, not one stream's."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, RecordTally] = {}  # stream name -> its held claims' backlog
+
+    def count(self, stream: str, backlog: RecordTally) -> None:
+        """``stream``'s claims count from now on (``backlog``: its OwnedLeases.backlog)."""
+        self._streams[stream] = backlog
+
+    def forget(self, stream: str) -> None:
+        """``stream`` is read no more (read to a bound, deleted, failed): its claims no longer count."""
+        self._streams.pop(stream, None)
+
+    @property
+    def records(self) -> int:
+        return sum(backlog.records for backlog in self._streams.values())
+
+
 class Checkpointer:
     def __init__(
         self,
@@ -44,8 +66,11 @@ class Checkpointer:
         settings: Settings,
         trust: LeaseTrust,
         on_shard_end: Callable[[OwnedShard], None] = lambda owned: None,
+        shared_backlog: SharedBacklog | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``shared_backlog``: the backlog of every stream sharing the pool, when several do (None: the
+        bound counts this stream's claims alone)."""
         self._table = table
         self.owned = owned
         self.pool = pool
@@ -55,9 +80,7 @@ class Checkpointer:
         self._clock = clock
         self._now = asyncio.Event()
         self.batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
-        #: Committed records not checkpointed yet over every stream sharing the pool (the service
-        #: wires it when several streams are read): the bound is the pool's, not one stream's.
-        self.backlog: Callable[[], int] = self.own_backlog
+        self._shared_backlog = shared_backlog
         self._log = log.bind(worker_id=table.worker_id)
 
     # ---- the sink's side ----------------------------------------------------------------------
@@ -97,8 +120,11 @@ class Checkpointer:
         if owned.ledger.urgent:
             self._now.set()
 
-    def own_backlog(self) -> int:
-        """Committed records of this stream's shards whose checkpoint is not written yet."""
+    def backlog(self) -> int:
+        """Committed records whose checkpoint is not written yet: of every stream sharing the pool,
+        or of this stream's shards when it reads alone."""
+        if self._shared_backlog is not None:
+            return self._shared_backlog.records
         return self.owned.backlog.records
 
     def apply_backlog_bound(self) -> None:

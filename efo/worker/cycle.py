@@ -14,7 +14,7 @@ finished is finished, so its children do not wait for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
@@ -116,6 +116,15 @@ class LeaseCycle:
             state = await self.read()
             async with self._table.changing():  # the cycle's changes move each partition's version once
                 await self.cycle(state)
+
+    def leased(self) -> Collection[str] | None:
+        """The shards with a lease, as of the last read (None: not read yet)."""
+        return None if self.state is None else self.state.leases.keys()
+
+    @property
+    def live(self) -> AbstractSet[str]:
+        """The workers alive as of the last read, this one among them."""
+        return self.view.live
 
     @property
     def first_live(self) -> bool:

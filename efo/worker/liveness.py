@@ -89,14 +89,12 @@ class Liveness:
         *,
         on_expired: Callable[[], None],
         on_recovered: Callable[[], None],
-        before_beat: Callable[[], None] = lambda: None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._writer = writer
         self._settings = settings
         self._on_expired = on_expired
         self._on_recovered = on_recovered
-        self._before_beat = before_beat
         self._clock = clock
         self._deadline: Timer | None = None
         self._beat_now = asyncio.Event()
@@ -161,9 +159,12 @@ class Liveness:
         self.landed(sent_at, number, written_in_doubt=written_in_doubt)
         return True
 
-    async def run(self) -> None:
+    async def run(self, before_beat: Callable[[], None] = lambda: None) -> None:
         """A heartbeat every ``heartbeat_interval_s`` until cancelled, on a fixed schedule: the next
-        goes out on time while the last is still under way (at most as many as fit in the validity)."""
+        goes out on time while the last is still under way (at most as many as fit in the validity).
+        ``before_beat`` runs before each (the coordinator's: has a batch stalled in the sink); what it
+        raises ends the run. Given here, not to the constructor: the checkpointer that answers it is
+        built after this part, with this part as its :class:`LeaseTrust`."""
         interval_s = self._settings.heartbeat_interval_s
         most = max(1, math.ceil(self.validity_s / interval_s))
         under_way: set[asyncio.Task[bool]] = set()
@@ -179,7 +180,7 @@ class Liveness:
                 due_at += interval_s
                 if due_at < self._clock.now():  # woke late (a busy loop, a pause): on from now
                     due_at = self._clock.now() + interval_s
-                self._before_beat()
+                before_beat()
                 if len(under_way) < most:
                     task = beats.create_task(self.beat(), name="heartbeat-write")
                     under_way.add(task)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from efo.clock import SYSTEM_CLOCK, Clock
 from efo.leases.ledger import RecordTally
@@ -17,6 +18,13 @@ from efo.leases.model import Lease
 from efo.observability import METRICS
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, shard_key
+
+
+class BacklogBound(Protocol):
+    """What hears that a claim left the set (efo.worker.checkpointer.Checkpointer): its uncheckpointed
+    records no longer count, so reading paused by the backlog may resume."""
+
+    def apply_backlog_bound(self) -> None: ...
 
 
 class OwnedLeases(Mapping[str, OwnedShard]):
@@ -37,8 +45,13 @@ class OwnedLeases(Mapping[str, OwnedShard]):
         self._shards: dict[str, OwnedShard] = {}
         #: The held claims' committed records whose checkpoint is not written yet, kept as they change.
         self.backlog = RecordTally()
-        #: Called after a shard left the set (its uncheckpointed records no longer count).
-        self.on_forget: Callable[[], None] = lambda: None
+        self._bound: BacklogBound | None = None  # connect()
+
+    def connect(self, bound: BacklogBound) -> None:
+        """Tell ``bound`` (the checkpointer) after each claim that leaves the set. The checkpointer is
+        built after this part, which it takes to find the claims it writes."""
+        assert self._bound is None, "connected already"
+        self._bound = bound
 
     def __getitem__(self, shard_id: str) -> OwnedShard:
         return self._shards[shard_id]
@@ -77,7 +90,8 @@ class OwnedLeases(Mapping[str, OwnedShard]):
             METRICS.forget_shard(self.stream, owned.shard_id)
         self._pool.unregister(shard_key(self.stream, owned.shard_id))
         METRICS.leases_held.labels(stream=self.stream).set(len(self._shards))
-        self.on_forget()
+        if self._bound is not None:
+            self._bound.apply_backlog_bound()
 
     def lose(self, owned: OwnedShard, reason: str) -> None:
         """Another worker holds the lease now (or may): stop the claim here, write nothing more."""

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -50,6 +50,24 @@ BOOTSTRAP_BATCH = 256
 BOOTSTRAP_WAIT_MAX_S = 120.0
 
 
+class LeaseReads(Protocol):
+    """The lease cycle as shard sync uses it (efo.worker.cycle.LeaseCycle, which reads the listing in
+    turn): its last read of the table, and a cycle at once after a listing."""
+
+    @property
+    def first_live(self) -> bool:
+        """This worker comes first in name order among the live ones (it lists the stream)."""
+        ...
+
+    def leased(self) -> Collection[str] | None:
+        """The shards with a lease, as of the cycle's last read of the table (None: not read yet)."""
+        ...
+
+    def run_now(self) -> None:
+        """A cycle at once (a listing landed: it may finish leases, or delete finished ones)."""
+        ...
+
+
 @dataclass(slots=True)
 class _Waiting:
     began_at: float
@@ -65,30 +83,41 @@ class ShardSync:
         stream: StreamInfo,
         kinesis: Any,
         table: LeaseTable,
-        on_listed: Callable[[], None] = lambda: None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
         self._stream = stream
         self._kinesis = kinesis
         self._table = table
-        self._on_listed = on_listed
         self._clock = clock
         self._now = asyncio.Event()
-        #: Whether this worker lists the stream (wired by the coordinator: the first live worker by name,
-        #: or every worker of a bounded run).
-        self.lists: Callable[[], bool] = lambda: True
+        self._cycle: LeaseReads | None = None  # connect()
+        self._bounded = settings.run.until is not None  # a bounded run: every worker lists, for its end
         self.graph: ShardGraph | None = None
         self.listed_at = 0.0  # when the listing behind ``graph`` was asked for
-        #: The shards with a lease, as of the lease cycle's last read (None: not read yet).
-        self.leased: Callable[[], Collection[str] | None] = lambda: None
         #: How a listed shard is parsed (efo.sim's workers share one parse of each shard it lists).
         self.parse_shard: Callable[[dict[str, Any]], Shard] = Shard.from_api
         self._waiting: _Waiting | None = None  # for another worker's bootstrap
         self._log = log.bind(worker_id=table.worker_id)
 
+    def connect(self, cycle: LeaseReads) -> None:
+        """Take which shards have a lease, and who lists, from ``cycle`` (the lease cycle), and run it
+        after each listing. The cycle is built after this part, which it reads the listing from.
+        Unconnected (a start-up check, a test), it knows no lease and lists."""
+        assert self._cycle is None, "connected already"
+        self._cycle = cycle
+
     def list_now(self) -> None:
         self._now.set()
+
+    def _lists(self) -> bool:
+        """Whether this worker lists the stream: the first live worker by name, or every worker of a
+        bounded run."""
+        return self._cycle is None or self._bounded or self._cycle.first_live
+
+    def _leased(self) -> Collection[str] | None:
+        """The shards with a lease, as of the lease cycle's last read (None: not read yet)."""
+        return None if self._cycle is None else self._cycle.leased()
 
     # ---- the first start ----------------------------------------------------------------------
 
@@ -229,7 +258,7 @@ class ShardSync:
 
     async def sync(self) -> None:
         """The listing and the leases it shows missing, on the worker that lists; nothing on the others."""
-        if not self.lists():
+        if not self._lists():
             self.graph = None  # another worker lists: this one's last listing grows old
             return
         asked_at = self._clock.now()
@@ -237,7 +266,7 @@ class ShardSync:
         known = await self._known()
         needing = graph.needing_leases(known)
         closed = {parent for shard in graph.shards.values() for parent in shard.parents}
-        if closed.intersection(needing) and self.leased() is not None:
+        if closed.intersection(needing) and self._leased() is not None:
             # A closed shard looks unleased. Its descendants' leases may only be missing from the lease
             # cycle's last read (a partition whose version move was lost is read again only by the
             # next full read), and a finished shard's deleted lease must never be written again.
@@ -250,14 +279,15 @@ class ShardSync:
                 await self._table.unseen_change(shard_id)
         await self._write({shard_id: graph.shards[shard_id].parents for shard_id in needing})
         self.graph, self.listed_at = graph, asked_at
-        self._on_listed()
+        if self._cycle is not None:
+            self._cycle.run_now()
         await self.grow(sum(1 for shard_id in graph.shards if shard_id not in closed))
 
     async def grow(self, open_shards: int) -> bool:
         """A generation of lease partitions more, if the leases (as the lease cycle last read them) outgrew
         the newest and every worker reads generations (True: this worker added it)."""
         layout = await self._table.lease_layout()
-        leased = self.leased()
+        leased = self._leased()
         if leased is None:
             return False
         grown = layout.grown_for(self._table.newest_rows(leased), open_shards)
@@ -300,7 +330,7 @@ class ShardSync:
         )
 
     async def _known(self) -> Collection[str]:
-        known = self.leased()
+        known = self._leased()
         return set((await self._table.read()).leases) if known is None else known
 
     async def _write(self, missing: Mapping[str, tuple[str, ...]]) -> None:

@@ -159,7 +159,8 @@ def test_read_stops_the_subscription_at_the_cut() -> None:
 
 
 class View:
-    """A worker's view for RunEnd: its claims, the last table read and the last listing."""
+    """A worker's view for RunEnd: its claims, the last table read (its LeaseView) and the last
+    listing (its ShardListing)."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -171,18 +172,22 @@ class View:
         self.live = {"me"}
 
     def run_end(self, **settings: Any) -> RunEnd:
-        return RunEnd(
+        end = RunEnd(
             settings=RunSettings(**settings),
             until=Until(),
             worker_id="me",
             handoff=Handoff(),
             pool=PendingPool(1000, 1 << 20),
-            owned=lambda: self.owned,
-            view=lambda: (self.state, self.read_at, self.live),
-            listing=lambda: (self.graph, self.listed_at),
+            owned=self.owned,
+            listing=self,
             parents_finished=parents_finished,
             clock=self.clock,
         )
+        end.connect(self)
+        return end
+
+    def list_now(self) -> None:
+        """A listing asked for: the test sets the next one itself."""
 
     def table(self, *leases: Lease) -> None:
         self.state = TableState(leases={lease.shard_id: lease for lease in leases})
@@ -248,7 +253,7 @@ def test_progress_counts_shards_done_records_bytes_and_the_slowest_lag() -> None
     view = View(clock)
     end = view.run_end()
     view.graph = ShardGraph.of([Shard("a", (), 0, 5), Shard("b", (), 6, 10)])
-    view.owned = {"a": _owned("a"), "b": _owned("b")}
+    view.owned.update({"a": _owned("a"), "b": _owned("b")})
     _caught_up(end, view.owned["a"])
     view.owned["b"].enter(ShardPhase.READING)
     bound_b = end.track(view.owned["b"])
@@ -378,7 +383,7 @@ def test_a_cut_shard_s_lag_is_not_reported_any_more() -> None:
     end = view.run_end()
     end.until = UNTIL
     view.graph = ShardGraph.of([Shard("cut-a", (), 0, 5), Shard("busy-b", (), 6, 10)])
-    view.owned = {"cut-a": _owned("cut-a"), "busy-b": _owned("busy-b")}
+    view.owned.update({"cut-a": _owned("cut-a"), "busy-b": _owned("busy-b")})
     week_ms = 7 * 86400 * 1000
     for shard_id in view.owned:
         view.owned[shard_id].enter(ShardPhase.READING)

@@ -19,7 +19,7 @@ from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import SHARD_END, Position, after
 from efo.sim.clock import SimClock
 from efo.sim.loop import run as run_virtual
-from efo.worker.checkpointer import Checkpointer
+from efo.worker.checkpointer import Checkpointer, SharedBacklog
 from efo.worker.cycle import LeaseCycle
 from efo.worker.owned import OwnedLeases
 from tests.unit.trust import Trusted
@@ -119,17 +119,21 @@ def test_commits_of_an_earlier_claim_release_their_budget_but_move_nothing(
 def test_the_backlog_bound_counts_every_stream_sharing_the_pool(coordinator: tuple[Checkpointer, FlakyTable]) -> None:
     """Two streams' checkpointers share one pool: one stream whose own backlog is small must not
     resume reading that the other's backlog paused (every coordinator hears of every commit)."""
-    orders, table = coordinator
-    payments = Checkpointer(
-        table=table,  # type: ignore[arg-type]
-        owned=OwnedLeases("me", orders.pool, stream="payments"),
-        pool=orders.pool,
-        settings=orders._settings,
-        trust=Trusted(),
+    alone, table = coordinator
+    backlog = SharedBacklog()
+    orders, payments = (
+        Checkpointer(
+            table=table,  # type: ignore[arg-type]
+            owned=OwnedLeases("me", alone.pool, stream=stream),
+            pool=alone.pool,
+            settings=alone._settings,
+            trust=Trusted(),
+            shared_backlog=backlog,
+        )
+        for stream in ("", "payments")
     )
-    streams = [orders, payments]
-    for each in streams:
-        each.backlog = lambda: sum(c.own_backlog() for c in streams)
+    for each in (orders, payments):
+        backlog.count(each.owned.stream, each.owned.backlog)
     _shard(orders, "shard-a", 3)
     _shard(payments, "shard-a", 3)
     orders.on_committed([Commit("shard-a", 1, 1, 60)])

@@ -8,6 +8,7 @@ import math
 import os
 import random
 from collections import Counter
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import structlog.testing
 from efo.config import load_settings
 from efo.errors import EfoError, LayoutOutdated, LeaseLost
 from efo.kinesis.registration import StreamInfo
-from efo.leases import cost, model
+from efo.leases import admin, cost, model
 from efo.leases.codec import GROWN, META_KEY, RESERVED_PREFIX, SHARD_PREFIX
 from efo.leases.model import LAYOUT_FORMAT, SHARDS_PER_LEASE_PARTITION, Layout, WorkerRow
 from efo.leases.table import LeaseTable
@@ -30,6 +31,21 @@ from efo.worker.shardsync import ShardSync
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 START = Position("TRIM_HORIZON")
+
+
+class Cycle:
+    """The lease cycle as shard sync reads it: the leases of its last read, and whether this worker lists."""
+
+    def __init__(self, leased: Collection[str] | None, *, first_live: bool = True) -> None:
+        self.leased_now = leased
+        self.first_live = first_live
+        self.runs = 0
+
+    def leased(self) -> Collection[str] | None:
+        return self.leased_now
+
+    def run_now(self) -> None:
+        self.runs += 1
 
 
 def _db() -> SimDynamoDB:
@@ -218,7 +234,7 @@ def test_a_grown_table_is_removed_whole_every_generation_and_reservation() -> No
         assert await table.grow(await table.lease_layout(), Layout((8, 16, 32)))
         await table.create_lease("c", (), START)
         assert any(sk.startswith(RESERVED_PREFIX) for _, sk in _items(db))
-        await table.delete_all()
+        await admin.delete_all(table)
         assert _items(db) == []
 
     run(scenario())
@@ -309,11 +325,11 @@ def test_the_lister_grows_the_layout_only_once_no_heartbeat_row_is_of_a_release_
             Item={"pk": {"S": table.partition}, "sk": {"S": "worker|old"}, "heartbeat": {"N": "1"}},
         )
         sync = ShardSync(settings=settings, stream=stream, kinesis=None, table=table, clock=clock)
-        sync.leased = lambda: leased
+        sync.connect(Cycle(leased))
         # another lister (the one before, still listing once more) read the table before the growth
         late_table = _table(db, "w3", clock)
         late = ShardSync(settings=settings, stream=stream, kinesis=None, table=late_table, clock=clock)
-        late.leased = lambda: {f"s{n}" for n in range(33)}
+        late.connect(Cycle({f"s{n}" for n in range(33)}))
         await late_table.read()
         assert not await sync.grow(40), "not outgrown: 32 leases, 8 partitions of 4"
         leased.add("s32")
@@ -420,7 +436,7 @@ def test_a_worker_of_an_older_release_that_started_while_the_layout_grew_is_logg
             for n in range(5):
                 await table.create_lease(f"s{n}", (), START)
         sync = ShardSync(settings=settings, stream=StreamInfo("s", "s", NOW, "ACTIVE", 2), kinesis=None, table=table)
-        sync.leased = lambda: {f"s{n}" for n in range(5)}
+        sync.connect(Cycle({f"s{n}" for n in range(5)}))
         with structlog.testing.capture_logs() as logged:
             assert await sync.grow(5)
         errors = [entry for entry in logged if entry["event"] == "lease.layout_grew_under_older"]

@@ -67,10 +67,32 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 class Parts:
-    def __init__(self, settings: Settings, *, valid: bool = True, bounds: RunEnd | None = None) -> None:
+    """A runner and the parts it calls; with ``until``, a bounded run's, whose end sees no listing
+    and no table read (this is its ShardListing and its LeaseView)."""
+
+    graph = None
+    listed_at = 0.0
+    state = None
+    read_at = None
+    live: frozenset[str] = frozenset()
+
+    def __init__(self, settings: Settings, *, valid: bool = True, until: Until | None = None) -> None:
         self.table, self.clock, pool = Table(), SimClock(), PendingPool(1000, 1 << 20)
         self.pool = pool
         self.owned = OwnedLeases("me", pool)
+        self.bounds = None
+        if until is not None:
+            self.bounds = RunEnd(
+                settings=RunSettings(),
+                until=until,
+                worker_id="me",
+                handoff=Handoff(),
+                pool=PendingPool(1000, 1 << 20),
+                owned=self.owned,
+                listing=self,
+                parents_finished=lambda lease, state, graph: True,
+            )
+            self.bounds.connect(self)
         self.checkpointer = Checkpointer(
             table=self.table,  # type: ignore[arg-type]
             owned=self.owned,
@@ -93,12 +115,15 @@ class Parts:
             stopping=asyncio.Event(),
             trust=Trusted(valid=valid),
             children=self,
-            bounds=bounds,
+            bounds=self.bounds,
             clock=self.clock,
         )
         self.tasks: list[asyncio.Task[None]] = []
         self.runner.spawn = lambda coroutine, name: self._spawn(coroutine)
         self.children_born: list[dict[str, tuple[str, ...]]] = []
+
+    def list_now(self) -> None:
+        """The run's end asks for a listing: none comes."""
 
     async def born(self, children: dict[str, tuple[str, ...]]) -> None:
         """The runner's ChildLeases: what a shard's end named."""
@@ -261,19 +286,9 @@ def test_a_cut_on_a_closed_shard_stays_at_its_bound_and_is_never_ended(
         monkeypatch.setattr(ShardBound, "read", read_ahead)
 
     async def scenario() -> None:
-        holder: dict[str, Parts] = {}
-        bounds = RunEnd(
-            settings=RunSettings(),
-            until=UNTIL,
-            worker_id="me",
-            handoff=Handoff(),
-            pool=PendingPool(1000, 1 << 20),
-            owned=lambda: holder["parts"].owned,
-            view=lambda: (None, None, set()),
-            listing=lambda: (None, 0.0),
-            parents_finished=lambda lease, state, graph: True,
-        )
-        parts = holder["parts"] = Parts(settings, bounds=bounds)
+        parts = Parts(settings, until=UNTIL)
+        bounds = parts.bounds
+        assert bounds is not None
         parts.runner._subscriber = Subscriber()
         parts.runner._stream = SimpleNamespace(name="s", arn="arn:stream")  # type: ignore[assignment]
         ended: list[OwnedShard] = []

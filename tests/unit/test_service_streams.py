@@ -17,7 +17,7 @@ from efo.leases.model import Lease
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, after
 from efo.service import Service
-from efo.worker.checkpointer import Checkpointer
+from efo.worker.checkpointer import Checkpointer, SharedBacklog
 from efo.worker.owned import OwnedLeases
 from tests.unit.trust import Trusted
 
@@ -37,14 +37,18 @@ def service(monkeypatch: pytest.MonkeyPatch) -> Service:
     return Service(settings)
 
 
-def _stream(service: Service, name: str, pool: PendingPool) -> Any:
+def _stream(service: Service, name: str, pool: PendingPool, backlog: SharedBacklog) -> Any:
+    """A stream's coordinator, as the service builds it when it reads several: the backlog shared."""
+    owned = OwnedLeases("me", pool, stream=name)
     checkpointer = Checkpointer(
         table=Table(),  # type: ignore[arg-type]
-        owned=OwnedLeases("me", pool, stream=name),
+        owned=owned,
         pool=pool,
         settings=service.settings,
         trust=Trusted(),
+        shared_backlog=backlog,
     )
+    backlog.count(name, owned.backlog)
     return SimpleNamespace(stream=SimpleNamespace(name=name, arn=f"arn:{name}"), checkpointer=checkpointer)
 
 
@@ -52,9 +56,9 @@ def test_a_stream_that_ended_leaves_the_backlog_bound_and_the_pool_resumes_at_on
     """A stream whose final checkpoints did not land keeps its ledgers; once it ended they must
     not hold the shared pool paused for the streams still read (nothing else would resume it)."""
     pool = PendingPool(1000, 1 << 20)
-    orders, payments = _stream(service, "orders", pool), _stream(service, "payments", pool)
+    backlog = service._backlog = SharedBacklog()
+    orders, payments = _stream(service, "orders", pool, backlog), _stream(service, "payments", pool, backlog)
     coordinators = [orders, payments]
-    service._share_backlog(coordinators)  # type: ignore[arg-type]
     owned = orders.checkpointer.owned.own(Lease("shard-a", (), "me", 1, Position("TRIM_HORIZON")))
     serial = owned.ledger.next_serial()
     owned.ledger.enqueued(serial, after("10"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,21 @@ class Kinesis:
                 for shard_id, parents in self.shards.items()
             ]
         }
+
+
+class Cycle:
+    """The lease cycle as shard sync reads it: the leases of its last read, and whether this worker lists."""
+
+    def __init__(self, leased: Collection[str] | None, *, first_live: bool = True) -> None:
+        self.leased_now = leased
+        self.first_live = first_live
+        self.runs = 0
+
+    def leased(self) -> Collection[str] | None:
+        return self.leased_now
+
+    def run_now(self) -> None:
+        self.runs += 1
 
 
 class Table:
@@ -86,8 +102,7 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 def _sync(settings: Settings, kinesis: Kinesis, table: Table, leased: set[str], lists: bool) -> ShardSync:
     sync = ShardSync(settings=settings, stream=STREAM, kinesis=kinesis, table=table, clock=SimClock())  # type: ignore[arg-type]
-    sync.leased = lambda: leased
-    sync.lists = lambda: lists
+    sync.connect(Cycle(leased, first_live=lists))
     return sync
 
 
