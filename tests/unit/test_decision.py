@@ -3,15 +3,19 @@ from its own view of the same table, cycle after cycle, with the moves applied a
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import math
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
 
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
+from efo.leases import balance
 from efo.leases.balance import by_owner
 from efo.leases.model import Lease
 from efo.pipeline.records import Position
-from efo.worker.decision import ASK_AFTER_CYCLES, QUIET_CYCLES, STALE_FREE_CYCLES, Memory, Seen, decide
+from efo.worker.decision import ASK_AFTER_CYCLES, QUIET_CYCLES, SETTLE_CYCLES, STALE_FREE_CYCLES, Memory, Seen, decide
 
 INTERVAL_S = 1.0
 
@@ -222,3 +226,391 @@ def test_only_a_claim_of_a_lease_it_asked_for_keeps_the_count_of_cycles_below_th
     seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1"}, interval_s=INTERVAL_S)
     plan, memory = decide(seen, Memory(short_since=0.0), now=float(ASK_AFTER_CYCLES))
     assert [lease.shard_id for lease in plan.claim] == ["f0"] and memory.short_since is None
+
+
+# ---- requests: asks, hand-overs to the asker, declines, reservations -----------------------------
+
+#: lease.failover_s's default (a cycle a second): how long a request reserves a handed-over lease for
+#: its asker, how long a decline bars the decliner, and how long after giving an owner declines.
+FAILOVER_S = 10.0
+#: The longest hand-over generated, in cycles: the sink commits what the shard handed on, then the
+#: checkpoint is written and the lease released (ShardRunner.hand_over: within FAILOVER_S / 2 when
+#: the sink keeps up).
+HANDOVER_CYCLES = 4
+
+
+@dataclass
+class _Worker:
+    """What one LeaseCycle keeps from cycle to cycle, as far as its decisions and requests go."""
+
+    name: str
+    live: set[str]
+    offset: int = 0
+    memory: Memory = field(default_factory=Memory)
+    last: dict[str, Lease] = field(default_factory=dict)  # its last read (TableView)
+    moved_at: dict[str, float] = field(default_factory=dict)  # shard -> when its read saw it change hands
+    asked_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (shard, asker) -> first seen
+    asked: dict[str, tuple[float, str | None]] = field(default_factory=dict)  # LeaseCycle.asked
+    releasing: dict[str, tuple[Lease, float]] = field(default_factory=dict)  # handing over: lease, released at
+    gave_at: float | None = None  # its last shed or hand-over
+
+    def see(self, read: dict[str, Lease], now: float) -> None:
+        """TableView.saw_leases: a lease whose owner or counter changed since the last read moved now."""
+        for shard_id, lease in read.items():
+            before = self.last.get(shard_id)
+            if before is not None and (before.owner, before.counter) != (lease.owner, lease.counter):
+                self.moved_at[shard_id] = now
+        self.last = dict(read)
+        wanted = {(shard_id, lease.wanted_by) for shard_id, lease in read.items() if lease.wanted_by}
+        self.asked_seen = {key: self.asked_seen.get(key, now) for key in wanted}
+
+    def reserved_for_others(self, now: float) -> set[str]:
+        """TableView.reserved_for_others: another live worker's request younger than FAILOVER_S."""
+        return {
+            shard_id
+            for (shard_id, asker), since in self.asked_seen.items()
+            if asker != self.name and asker in self.live and now - since < FAILOVER_S
+        }
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A request that landed: when, by whom, of whom; whether a decline barred a worker for the
+    asker then, and whether the owner held more than its share as the asker read it."""
+
+    at: float
+    asker: str
+    owner: str
+    barred: bool
+    above_share: bool
+
+
+class AskingFleet:
+    """Workers taking turns, a cycle a second, each one as LeaseCycle.cycle does: it answers the
+    requests for its leases (:func:`balance.answer_requests`: a hand-over releases the lease keeping
+    its request, so that it is reserved for the asker; a decline clears the request), decides, claims
+    (spares in place of claims another worker made first), sheds, asks, and takes note of its
+    requests that were declined. Each write is the table's conditional one, fenced on the lease as
+    this worker read it. ``together``: every worker reads the table as the cycle starts (their cycles
+    at the same moment), else each at its turn, after the writes of those before it; ``handover_cycles``:
+    a hand-over's release lands as the cycle that many cycles later starts (0: at once)."""
+
+    def __init__(
+        self,
+        owners: dict[str, str | None],
+        views: dict[str, set[str]],
+        *,
+        order: list[str] | None = None,
+        offsets: dict[str, int] | None = None,
+        quiet: AbstractSet[str] = frozenset(),
+        together: bool = False,
+        handover_cycles: int = 0,
+    ) -> None:
+        self.leases = _leases(owners)
+        self.workers = {
+            worker: _Worker(
+                worker,
+                live | {worker},
+                offset=(offsets or {}).get(worker, 0),
+                memory=Memory(quiet_until=math.inf if worker in quiet else 0.0),
+                last=dict(self.leases),  # running before: this table is what it last read
+            )
+            for worker, live in views.items()
+        }
+        self.order = order if order is not None else sorted(views)
+        self.together = together
+        self.handover_s = handover_cycles * INTERVAL_S
+        self.now = 0.0
+        self.released: set[str] = set()  # released in the last cycle: claimed in the next
+        self.asks: list[_Ask] = []
+        self.declines: list[tuple[float, str, str]] = []  # (when the asker saw it, asker, decliner)
+        #: Leases reserved for their asker that another worker claimed: when, who, the asker, and
+        #: whether the asker held its share then, as the claimer read the table.
+        self.taken_from_askers: list[tuple[float, str, str, bool]] = []
+        self.holders = {sid: [(-math.inf, lease.owner)] for sid, lease in self.leases.items() if lease.owner in views}
+
+    def cycle(self) -> None:
+        self.released = set()
+        for worker in self.workers.values():
+            for lease, at in list(worker.releasing.values()):
+                if self.now >= at:
+                    self._release(worker, lease)
+        snapshot = dict(self.leases)
+        for name in self.order:
+            self._turn(self.workers[name], snapshot if self.together else dict(self.leases))
+        self.now += INTERVAL_S
+
+    def _turn(self, worker: _Worker, read: dict[str, Lease]) -> None:
+        now, me = self.now, worker.name
+        worker.see(read, now)
+        self._answer_requests(worker, read)
+        handing_over = set(worker.releasing)
+        planned = {**read, **{sid: self._as_planned(worker, read[sid]) for sid in handing_over}}
+        seen = Seen(
+            me=me,
+            readable=by_owner(planned.values()),
+            live=worker.live,
+            interval_s=INTERVAL_S,
+            moved_recently={sid for sid, at in worker.moved_at.items() if now - at < SETTLE_CYCLES * INTERVAL_S}
+            | handing_over,
+            reserved_for_others=worker.reserved_for_others(now) | handing_over,
+            asked=len(worker.asked),
+            rank_offset=worker.offset,
+        )
+        plan, worker.memory = decide(seen, worker.memory, now)
+        reserved = worker.reserved_for_others(now)
+        lost = sum(not self._claim(worker, read[lease.shard_id], reserved) for lease in plan.claim)
+        for lease in plan.spare:
+            if lost <= 0:
+                break
+            lost -= self._claim(worker, read[lease.shard_id], reserved)
+        for shard_id in plan.shed:
+            self._hand_over(worker, read[shard_id])
+        for lease in plan.ask:
+            if self._write(lease, wanted=True, wanted_by=me):
+                worker.asked[lease.shard_id] = (now, lease.owner)
+                owner = str(lease.owner)
+                above = len(seen.readable.get(owner, {})) > balance.target(owner, len(read), worker.live)
+                self.asks.append(_Ask(now, me, owner, barred=bool(worker.memory.declined_by), above_share=above))
+        self._take_overdue(worker, read, asked_now={lease.shard_id for lease in plan.ask})
+
+    def _answer_requests(self, worker: _Worker, read: dict[str, Lease]) -> None:
+        """LeaseCycle._apply_requests: the requests for its leases (not those it hands over already)."""
+        mine = sorted(sid for sid, lease in read.items() if lease.owner == worker.name and sid not in worker.releasing)
+        target = balance.target(worker.name, len(read), worker.live, rank_offset=worker.offset)
+        gave_lately = worker.gave_at is not None and self.now - worker.gave_at < FAILOVER_S
+        requested = [sid for sid in mine if read[sid].wanted_by]
+        honour, decline = balance.answer_requests(requested, held=len(mine), target=target, gave_lately=gave_lately)
+        for shard_id in honour:
+            self._hand_over(worker, read[shard_id])
+        for shard_id in decline:
+            self._write(read[shard_id], wanted=True, wanted_by=None)
+
+    def _take_overdue(self, worker: _Worker, read: dict[str, Lease], asked_now: AbstractSet[str]) -> None:
+        """LeaseCycle._take_overdue: a request cleared by the owner asked is a decline, which bars that
+        owner for FAILOVER_S; one neither honoured nor declined within FAILOVER_S is taken."""
+        for shard_id, (asked_at, asked_of) in list(worker.asked.items()):
+            if shard_id in asked_now:
+                continue
+            lease = read[shard_id]
+            if lease.wanted_by != worker.name:
+                del worker.asked[shard_id]
+                if lease.owner is not None and lease.owner == asked_of:
+                    declined_by = {**worker.memory.declined_by, lease.owner: self.now + FAILOVER_S}
+                    worker.memory = replace(worker.memory, declined_by=declined_by)
+                    self.declines.append((self.now, worker.name, lease.owner))
+                continue
+            if lease.owner is not None and self.now - asked_at >= FAILOVER_S:
+                self._claim(worker, lease)
+                worker.asked.pop(shard_id, None)
+
+    @staticmethod
+    def _as_planned(worker: _Worker, lease: Lease) -> Lease:
+        """LeaseCycle._as_planned: a lease being handed over is its asker's already (free if none lives)."""
+        return replace(lease, owner=lease.wanted_by if lease.wanted_by in worker.live else None)
+
+    def _hand_over(self, worker: _Worker, lease: Lease) -> None:
+        """ShardRunner.hand_over: it stops reading now, and releases the lease ``handover_s`` later."""
+        worker.releasing[lease.shard_id] = (lease, self.now + self.handover_s)
+        worker.gave_at = self.now
+        if not self.handover_s:
+            self._release(worker, lease)
+
+    def _release(self, worker: _Worker, lease: Lease) -> None:
+        """LeaseTable.release: the request stays, for the asker."""
+        del worker.releasing[lease.shard_id]
+        if self._write(lease, owner=None, counter=lease.counter + 1):
+            self.released.add(lease.shard_id)
+
+    def _claim(self, worker: _Worker, lease: Lease, reserved: AbstractSet[str] = frozenset()) -> bool:
+        """LeaseTable.claim: fenced on the lease as read (and on its request, if it had one).
+        ``reserved``: what this worker's view keeps for others (noted when it claims one of those)."""
+        claimed = self._write(
+            lease, wanted=lease.wanted_by is not None, owner=worker.name, counter=lease.counter + 1, wanted_by=None
+        )
+        if claimed:
+            worker.asked.pop(lease.shard_id, None)
+            asker = lease.wanted_by
+            if lease.shard_id in reserved and asker is not None and asker != worker.name:
+                read = worker.last
+                held = sum(1 for other in read.values() if other.owner == asker)
+                at_share = held >= balance.target(asker, len(read), worker.live)
+                self.taken_from_askers.append((self.now, worker.name, asker, at_share))
+            history = self.holders.setdefault(lease.shard_id, [])
+            if not history or history[-1][1] != worker.name:
+                history.append((self.now, worker.name))
+        return claimed
+
+    def _write(self, read: Lease, *, wanted: bool = False, **changes: object) -> bool:
+        """The table's conditional write: only on the row as read (owner, counter; its request too)."""
+        row = self.leases[read.shard_id]
+        if (row.owner, row.counter) != (read.owner, read.counter) or (wanted and row.wanted_by != read.wanted_by):
+            return False
+        self.leases[read.shard_id] = replace(row, **changes)  # type: ignore[arg-type]
+        return True
+
+    def unread(self) -> list[str]:
+        """Shards without a live owner, but for those released in the last cycle."""
+        return sorted(
+            sid for sid, lease in self.leases.items() if lease.owner not in self.workers and sid not in self.released
+        )
+
+    def off_share(self) -> dict[str, int]:
+        """Each worker's holding less its share, where that is more than one either way."""
+        off = {
+            worker: sum(1 for lease in self.leases.values() if lease.owner == worker)
+            - balance.target(worker, len(self.leases), self.workers)
+            for worker in sorted(self.workers)
+        }
+        return {worker: by for worker, by in off.items() if abs(by) > 1}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A generated fleet: what each worker (w0, w1, ...) holds, and the leases nobody live holds."""
+
+    held: tuple[int, ...]
+    unowned: tuple[str | None, ...] = ()  # free (None) or a dead worker's
+    order: tuple[int, ...] = ()  # the workers' turns in a cycle
+    quiet: tuple[bool, ...] = ()  # took stale leases lately: hands nothing over to short workers
+    offsets: tuple[int, ...] = ()  # where each deals the extra shards from (its list of streams)
+    together: bool = False
+    handover_cycles: int = 0
+
+    @property
+    def workers(self) -> list[str]:
+        return [f"w{i}" for i in range(len(self.held))]
+
+    def fleet(self) -> AskingFleet:
+        owners: dict[str, str | None] = {
+            f"{worker}-{i:02d}": worker
+            for worker, count in zip(self.workers, self.held, strict=True)
+            for i in range(count)
+        }
+        owners |= {f"u-{i:02d}": owner for i, owner in enumerate(self.unowned)}  # sorted first: asked for first
+        workers = self.workers
+        return AskingFleet(
+            owners,
+            {worker: set(workers) for worker in workers},
+            order=[workers[i] for i in self.order] if self.order else None,
+            offsets=dict(zip(workers, self.offsets, strict=False)),
+            quiet={worker for worker, quiet in zip(workers, self.quiet, strict=False) if quiet},
+            together=self.together,
+            handover_cycles=self.handover_cycles,
+        )
+
+    def shortfall(self) -> int:
+        """The leases the workers below their share lack, together."""
+        count = sum(self.held) + len(self.unowned)
+        return sum(
+            max(0, balance.target(w, count, self.workers) - h) for w, h in zip(self.workers, self.held, strict=True)
+        )
+
+    def cycles_to_balance(self) -> int:
+        """ASK_AFTER_CYCLES, then k cycles for each lease the short workers lack (see the test below)."""
+        return ASK_AFTER_CYCLES + (2 + self.together + self.handover_cycles) * self.shortfall()
+
+
+@st.composite
+def request_only(draw: st.DrawFn) -> Setup:
+    """Nothing free, nobody above the ceiling, every worker quiet: only requests can balance it."""
+    workers = draw(st.integers(min_value=2, max_value=8))
+    floor = draw(st.integers(min_value=1, max_value=6))
+    extra = draw(st.integers(min_value=1, max_value=workers - 1))
+    held = [floor + 1] * workers  # the ceiling, each: workers - extra too many
+    for taken in draw(st.lists(st.integers(0, workers - 1), min_size=workers - extra, max_size=workers - extra)):
+        at = next(at for step in range(workers) if held[at := (taken + step) % workers] > 0)
+        held[at] -= 1
+    return Setup(
+        tuple(held),
+        order=tuple(draw(st.permutations(range(workers)))),
+        quiet=(True,) * workers,
+        together=draw(st.booleans()),
+        handover_cycles=draw(st.integers(min_value=0, max_value=HANDOVER_CYCLES)),
+    )
+
+
+@st.composite
+def mixed(draw: st.DrawFn, *, offsets: bool = False) -> Setup:
+    """A request-only fleet, some leases free or a dead worker's besides, some workers not quiet
+    (``offsets``: each deals the extra shards from its own place, as during a rolling restart)."""
+    setup = draw(request_only())
+    workers = len(setup.held)
+    return replace(
+        setup,
+        unowned=tuple(draw(st.lists(st.sampled_from([None, "dead"]), max_size=10))),
+        quiet=tuple(draw(st.lists(st.booleans(), min_size=workers, max_size=workers))),
+        offsets=tuple(draw(st.lists(st.integers(0, 3), min_size=workers, max_size=workers))) if offsets else (),
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(request_only(), mixed()))
+def test_with_requests_every_shard_is_read_again_at_the_cycle_after_the_one_that_released_it(setup: Setup) -> None:
+    """Today's promise holds with requests: workers that agree on who is live leave no shard unread
+    but those released in the last cycle (shed, or handed over to the worker that asked for it), and
+    the next claims each. A lease reserved for its asker is claimed by the asker (below its share, it
+    may), or by another worker only once the asker is at its share as that worker read the table (the
+    reservation lasts FAILOVER_S: the stale rule does not apply to it before). (A lease being handed
+    over is not read either, for as long as the hand-over takes: ShardRunner bounds that.)"""
+    fleet = setup.fleet()
+    for _ in range(ASK_AFTER_CYCLES + 2 * SETTLE_CYCLES):
+        fleet.cycle()
+        assert fleet.unread() == [], (fleet.now, fleet.unread())
+    assert all(at_share for *_, at_share in fleet.taken_from_askers), fleet.taken_from_askers
+
+
+@settings(max_examples=100, deadline=None)
+@given(request_only())
+def test_a_fleet_with_nothing_free_balances_through_requests_within_a_bounded_number_of_cycles(setup: Setup) -> None:
+    """Nothing free, nobody above the ceiling and every worker quiet (it took stale leases lately): no
+    one sheds, only requests move leases. Every worker is within one of its share after
+    ASK_AFTER_CYCLES + k * S cycles, S the leases the short workers lack together, and stays so; and
+    no more than S leases move (no owner hands over below its share: it declines instead).
+    A short worker asks once it has been short for ASK_AFTER_CYCLES; then k cycles a request: it is
+    answered, the lease claimed and the next request made in 2 cycles when each worker reads after
+    the writes of those before it, 3 when all read at once (a write is seen a cycle later), and one
+    more for each cycle a hand-over takes to release the lease. S, not the most one worker lacks:
+    the short workers all ask the same worker (the most above its share, ties by name), which
+    honours one request and declines the others (it gave lately, and is at its share now); each
+    decline costs its asker as long as a move, and comes with a move to another worker. (Every
+    generated fleet balanced at least 2 cycles within this bound: the last lease need not move.)"""
+    fleet = setup.fleet()
+    for _ in range(setup.cycles_to_balance()):
+        fleet.cycle()
+    for _ in range(SETTLE_CYCLES):
+        assert fleet.off_share() == {}, (fleet.now, fleet.off_share())
+        fleet.cycle()
+    moves = sum(len(history) - 1 for history in fleet.holders.values())
+    assert moves <= setup.shortfall(), fleet.holders
+
+
+@settings(max_examples=100, deadline=None)
+@given(mixed(offsets=True))
+def test_no_lease_changes_hands_again_within_settle_cycles(setup: Setup) -> None:
+    """A lease that changed owner SETTLE_CYCLES cycles ago or less is neither shed nor asked for
+    (every worker saw it move): the next change of its owner comes more than SETTLE_CYCLES later.
+    Here the workers deal the extra shards from their own offsets too (they may disagree on the
+    shares, and so hand over and ask for more)."""
+    fleet = setup.fleet()
+    for _ in range(ASK_AFTER_CYCLES + 3 * SETTLE_CYCLES):
+        fleet.cycle()
+    for shard_id, history in fleet.holders.items():
+        for (since, _), (until, _) in itertools.pairwise(history):
+            assert until - since > SETTLE_CYCLES * INTERVAL_S, (shard_id, history)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(request_only(), mixed()))
+def test_a_declined_asker_asks_the_decliner_again_only_once_its_bar_is_over(setup: Setup) -> None:
+    """An asker sees its request declined at its next cycle and remembers the decliner for
+    FAILOVER_S (``Memory.declined_by``): meanwhile it does not ask that worker again, and while any
+    such bar holds it asks only a worker above its share (what was shed is on its way)."""
+    fleet = setup.fleet()
+    for _ in range(setup.cycles_to_balance() + SETTLE_CYCLES):
+        fleet.cycle()
+    target(len(fleet.declines))  # towards fleets with many declines
+    for seen_at, asker, decliner in fleet.declines:
+        again = [ask.at for ask in fleet.asks if ask.asker == asker and ask.owner == decliner and ask.at > seen_at]
+        assert min(again, default=math.inf) >= seen_at + FAILOVER_S, (asker, decliner, seen_at, again)
+    assert all(ask.above_share for ask in fleet.asks if ask.barred), fleet.asks
