@@ -127,17 +127,23 @@ class LeaseCache:
         for partition, version in control.versions.items():  # an older answer never moves one back
             if partition not in behind:  # its move is still to be read
                 self._versions[partition] = max(self._versions.get(partition, 0), version)
+        parts = dict(self._leases)
+        if sum(map(len, parts.values())) != len(self._leases_by_shard):
+            # A shard in two partitions (its finished lease deleted and written again in a newer
+            # generation, an older answer of the first kept), or it was till now: every partition
+            # merged in order, the later one's copy kept; what changed is found lease by lease.
+            self._leases_by_shard, self._gaps, parts = {}, False, {}
+            for part in self._leases.values():
+                self._leases_by_shard.update(part)
         if self._gaps:  # a copy of a dict with deleted entries is made row by row; of one without, at once
             self._leases_by_shard, self._gaps = dict(self._leases_by_shard), False
         return TableState(
-            leases=dict(self._leases_by_shard),
-            versions=control.versions,
-            members=control.members,
-            parts=dict(self._leases),
+            leases=dict(self._leases_by_shard), versions=control.versions, members=control.members, parts=parts
         )
 
     def _keep(self, partition: int, part: Mapping[str, Lease]) -> None:
-        """``partition``'s rows as just read, in place of those read before."""
+        """``partition``'s rows as just read, in place of those read before (the merged map is right
+        while no shard is in two partitions: :meth:`read` checks that)."""
         before = self._leases.get(partition, {})
         self._leases[partition] = part
         for shard_id in before.keys() - part.keys():

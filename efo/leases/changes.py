@@ -30,9 +30,9 @@ class LeaseChanges:
         return self._last.get(shard_id)
 
     def update(self, leases: Mapping[str, Lease], parts: Mapping[int, Mapping[str, Lease]]) -> list[Change]:
-        """The leases of a new read (every lease there is; ``parts``: the same by partition, or
-        empty), and what changed since the last: the leases that are not the very objects it showed,
-        in the read's order, then those gone."""
+        """The leases of a new read (every lease there is; ``parts``: the same by partition, each
+        shard in one, or empty), and what changed since the last: the leases that are not the very
+        objects it showed, in the read's order, then those gone."""
         last = self._last
         if not (parts and self._parts):
             changes: list[Change] = [
@@ -45,7 +45,7 @@ class LeaseChanges:
             self._last = dict(leases)
         else:
             changes = []
-            gone: list[Change] = []
+            gone: dict[str, Change] = {}  # once each, should two partitions have held it
             for partition, part in parts.items():
                 before = self._parts.get(partition, {})
                 if before is part:
@@ -55,10 +55,13 @@ class LeaseChanges:
                     for shard_id, lease in part.items()
                     if last.get(shard_id) is not lease
                 ]
-                gone += [(shard_id, last[shard_id], None) for shard_id in before.keys() - part.keys()]
+                gone.update(
+                    (shard_id, (shard_id, last.get(shard_id), None)) for shard_id in before.keys() - part.keys()
+                )
             for partition in self._parts.keys() - parts.keys():
-                gone += [(shard_id, last[shard_id], None) for shard_id in self._parts[partition]]
-            changes += [change for change in gone if change[0] not in leases]  # not moved to another partition
+                gone.update((shard_id, (shard_id, last.get(shard_id), None)) for shard_id in self._parts[partition])
+            # Not moved to another partition, nor gone already (from parts that did not equal leases).
+            changes += [change for shard_id, change in gone.items() if shard_id not in leases and change[1] is not None]
             for shard_id, _, lease in changes:
                 if lease is None:
                     del last[shard_id]

@@ -24,6 +24,7 @@ reads nothing) counts as not alive either: its leases are taken now, not after `
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from efo.clock import SYSTEM_CLOCK, Clock
@@ -54,7 +55,7 @@ class TableView:
         self._moves_in_order = True  # False once a move was stamped before the newest (never, by the clock)
         self._asked_seen: dict[tuple[str, str], float] = {}  # (shard, asker) -> first seen at
         self._changes = LeaseChanges()  # the leases as the last read showed them
-        self.resets: set[str] = set()  # shards whose lease has an operator's reset, in the last read
+        self._resets: set[str] = set()  # shards whose lease has an operator's reset, in the last read
         self._wanted: dict[str, str] = {}  # shard -> who asked for it, in the last read
         self.live: set[str] = {me}
         self.dead: set[str] = set()  # with a row whose counter did not change for failover_s
@@ -159,7 +160,7 @@ class TableView:
         for shard_id, _, lease in self._changes.update(leases, parts or {}):
             if lease is None:  # gone: its request with it
                 self._wanted.pop(shard_id, None)
-                self.resets.discard(shard_id)
+                self._resets.discard(shard_id)
                 continue
             before = held.get(shard_id)
             if before is not None and (before.owner != lease.owner or before.counter != lease.counter):
@@ -170,9 +171,9 @@ class TableView:
             else:
                 self._wanted.pop(shard_id, None)
             if lease.reset is not None:
-                self.resets.add(shard_id)
+                self._resets.add(shard_id)
             else:
-                self.resets.discard(shard_id)
+                self._resets.discard(shard_id)
         asked = set(self._wanted.items())
         self._asked_seen = {key: self._asked_seen.get(key, answered_at) for key in asked}
 
@@ -196,6 +197,11 @@ class TableView:
                 break  # every move before it is older still
             recent.add(shard_id)
         return recent
+
+    @property
+    def resets(self) -> AbstractSet[str]:
+        """The shards whose lease the last read showed with an operator's reset. Read-only."""
+        return self._resets
 
     def reserved_for_others(self) -> set[str]:
         """Shards another live worker asked for, its request younger than ``failover_s``."""

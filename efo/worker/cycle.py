@@ -304,7 +304,9 @@ class LeaseCycle:
 
     async def _apply_resets(self, state: TableState) -> None:
         """Operators' resets, of finished leases first (their children may have to wait again)."""
-        leases = (state.leases.get(shard_id) for shard_id in sorted(self.view.resets))  # as read, or as written since
+        # Those the read showed with a reset (the view keeps them), and this worker's own leases: what a
+        # claim wrote since the read (TableState.put) may carry one the read did not show.
+        leases = (state.leases.get(shard_id) for shard_id in sorted(self.view.resets | set(self._owned)))
         pending = [lease for lease in leases if lease is not None and lease.reset is not None]
         for lease in sorted(pending, key=lambda lease: not lease.finished):
             assert lease.reset is not None
