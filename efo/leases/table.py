@@ -95,6 +95,7 @@ from efo.leases.model import (
     TableState,
     WorkerRow,
 )
+from efo.leases.rows import LeaseRows, PartitionRows
 from efo.pipeline.records import SHARD_END, Position
 
 log = structlog.get_logger("efo.leases.table")
@@ -114,10 +115,10 @@ class LeaseTable:
         worker_id: str,
         consumer_arn: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        parse_lease: Callable[[dict[str, Any]], Lease] = parse_lease,
+        rows: LeaseRows | None = None,
     ) -> None:
-        """``parse_lease``: how a lease row read from a lease partition and changed since this table's
-        last read of it is parsed (the simulation shares each parse among its workers)."""
+        """``rows``: how a lease partition's rows become leases (the simulation shares that work among
+        its workers: efo.leases.rows)."""
         self._ddb = dynamodb
         self._clock = clock
         self.table = table
@@ -144,9 +145,9 @@ class LeaseTable:
         self._bumps_failed: set[int] = set()  # versions whose move did not land: moved with the next
         self._bumps_waiting: set[int] = set()  # changed while a version write was under way: the next carries them
         self._bumping = asyncio.Lock()  # one version write under way at a time
-        #: Lease partition key -> its rows as the last Query of it found them, parsed (see _absorb).
-        self._parsed: dict[str, dict[str, tuple[dict[str, Any], Lease]]] = {}
-        self._parse_lease = parse_lease
+        #: Lease partition key -> its rows as the last Query of it found them, parsed.
+        self._parsed: dict[str, PartitionRows] = {}
+        self._rows = rows or LeaseRows()
 
     @property
     def dynamodb(self) -> Any:
@@ -447,28 +448,13 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         if partition == self.partition:
             for item in items:
-                self._absorb(state, item, self._parse_lease)
+                self._absorb(state, item, self._rows.parse)
             return state
-        # A lease partition's rows (and its mark): a row equal to the one read last is the same lease
-        # object, not parsed again (a partition is read again whole for one change in it, and the lease
-        # cycle looks only at leases that are not the objects it saw last). Every worker runs this loop
-        # for every row of every partition that changed: its lease rows are not handed to _absorb.
-        parsed = self._parsed.get(partition, {})
-        fresh: dict[str, tuple[dict[str, Any], Lease]] = {}  # sort key -> (row, lease), as read now
-        leases = state.leases
-        for item in items:
-            sort_key = item["sk"]["S"]
-            if not sort_key.startswith(SHARD_PREFIX):
-                self._absorb(state, item, self._parse_lease)  # the mark
-                continue
-            known = parsed.get(sort_key)
-            if known is not None and (known[0] is item or known[0] == item):  # is: efo.sim's answers share rows
-                lease = known[1]
-            else:
-                lease = self._parse_lease(item)
-            fresh[sort_key] = (item, lease)
-            leases[lease.shard_id] = lease
-        self._parsed[partition] = fresh  # what this read found: a deleted lease is forgotten
+        read = self._rows.read(items, self._parsed.get(partition))  # a lease partition's rows, and its mark
+        self._parsed[partition] = read  # what this read found: a deleted lease is forgotten
+        state.leases = read.leases  # read-only: readers may share it
+        if read.mark is not None:
+            state.versions = {-1: read.mark}
         return state
 
     async def read_meta(self) -> Meta | None:
@@ -500,7 +486,7 @@ class LeaseTable:
             worker_id=self.worker_id,
             consumer_arn=self.consumer_arn,
             clock=self._clock,
-            parse_lease=self._parse_lease,
+            rows=self._rows,
         )
         other.reads = self.reads
         return other
@@ -529,8 +515,8 @@ class LeaseTable:
     def _absorb(
         state: TableState, item: dict[str, Any], parse: Callable[[dict[str, Any]], Lease] = parse_lease
     ) -> None:
-        """``item`` into ``state`` (a lease row parsed by ``parse``; :meth:`_read_state` parses a lease
-        partition's rows itself, each only when it changed)."""
+        """``item`` into ``state`` (a lease row parsed by ``parse``; a lease partition's rows are made
+        leases by efo.leases.rows, each only when it changed)."""
         sort_key = item["sk"]["S"]
         if sort_key.startswith(SHARD_PREFIX):  # first: nearly every row read is a lease's
             lease = parse(item)
@@ -1062,7 +1048,9 @@ async def query_partition(
     items: list[dict[str, Any]] = []
     while True:
         page = await dynamodb.query(**args)
-        items.extend(page.get("Items", []))
         if "LastEvaluatedKey" not in page:
-            return items
+            # One page (a lease partition's rows always are): its list as answered, not a copy.
+            last: list[dict[str, Any]] = page.get("Items", [])
+            return last if not items else items + last
+        items.extend(page.get("Items", []))
         args["ExclusiveStartKey"] = page["LastEvaluatedKey"]

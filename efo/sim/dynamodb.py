@@ -441,7 +441,7 @@ class SimDynamoDB:
             answer = known
         elif partition is not None:
             answer = _items(partition, keys[start:stop], moment, sort, values, table.range_key, names, limit)
-        items, read_bytes, last = list(answer[0]), answer[1], answer[2]
+        items, read_bytes, last = answer  # one list for every reader of a version: read-only (efo.leases.rows)
         self._charge("Query", table, pk, now, read=read_units(read_bytes, consistent=consistent), size=read_bytes)
         response: dict[str, Any] = {"Items": items, "Count": len(items)}
         if last is not None:

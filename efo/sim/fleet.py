@@ -24,6 +24,7 @@ from efo.kinesis.graph import Shard
 from efo.kinesis.registration import StreamInfo
 from efo.leases.codec import parse_lease
 from efo.leases.lifecycle import Commit
+from efo.leases.rows import LeaseRows, PartitionRows
 from efo.leases.table import LeaseTable
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
@@ -66,6 +67,31 @@ class SharedParses(Generic[T]):
             del self._parsed[next(iter(self._parsed))]  # the oldest parse
         self._parsed[id(item)] = (item, value)
         return value
+
+
+class SharedLeaseRows(LeaseRows):
+    """Every worker's read of one state of a lease partition made into leases once for the fleet: the
+    simulated Query answers every reader of that state with the same list of the stored rows
+    (efo.sim.dynamodb), and after a change every worker reads the partition again. Each row is parsed
+    once (:class:`SharedParses`), so a row unchanged since an earlier state is the same lease in both;
+    the answer made from a list is read-only, as every reader of a :class:`PartitionRows` treats it."""
+
+    #: The answers kept: more than every partition's last few states at 16,384 shards.
+    KEEP = 1 << 12
+
+    def __init__(self) -> None:
+        super().__init__(SharedParses(parse_lease))
+        self._answers: dict[int, tuple[list[dict[str, Any]], PartitionRows]] = {}  # id of a list (held here)
+
+    def read(self, items: list[dict[str, Any]], last: PartitionRows | None) -> PartitionRows:
+        known = self._answers.get(id(items))
+        if known is not None and known[0] is items:
+            return known[1]
+        answer = super().read(items, None)
+        if len(self._answers) >= self.KEEP:
+            del self._answers[next(iter(self._answers))]  # the oldest
+        self._answers[id(items)] = (items, answer)
+        return answer
 
 
 @dataclass
@@ -117,7 +143,7 @@ class SimWorker:
             worker_id=name,
             consumer_arn=fleet.consumer_arn,
             clock=self.clock,
-            parse_lease=fleet.parses,
+            rows=fleet.shared_rows,
         )
         kinesis = SimKinesisClient(fleet.stream, self.clock, lambda: fleet.config.kinesis_latency_s, name)
         self.handoff = Handoff(clock=self.clock.now)
@@ -231,7 +257,7 @@ class Fleet:
         self.trace = trace
         self.clock = SimClock()  # the world's: never late nor paused
         self.db = SimDynamoDB(random.Random(self.rng.random()), config.dynamodb)
-        self.parses = SharedParses(parse_lease)
+        self.shared_rows = SharedLeaseRows()
         self.shard_parses = SharedParses(Shard.from_api)
         self.db.create_table(TABLE)
         self.stream = SimStream(STREAM, config.shards, clock=self.clock)

@@ -13,7 +13,7 @@ from efo.leases.table import LeaseTable
 from efo.pipeline.records import Position
 from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB
-from efo.sim.fleet import SharedParses
+from efo.sim.fleet import SharedLeaseRows, SharedParses
 from efo.sim.kinesis import SimKinesisClient, SimStream
 from efo.sim.loop import run
 
@@ -65,12 +65,14 @@ def test_a_lease_row_read_again_unchanged_is_the_same_object_and_a_changed_one_i
     run(scenario())
 
 
-def test_the_simulated_fleet_parses_each_stored_lease_row_once_for_every_worker() -> None:
-    """The simulated DynamoDB answers every reader with the item it stored: with the fleet's shared
-    parser, two workers' reads of a changed row give one Lease object."""
+def test_the_simulated_fleet_makes_each_state_of_a_lease_partition_into_leases_once_for_every_worker() -> None:
+    """The simulated DynamoDB answers every reader of one state of a partition with the same list of
+    the items it stored: with the fleet's shared rows, two workers' reads of it give one map of
+    leases, a row unchanged since an earlier state is the same Lease object in both, and what a read
+    gives equals parsing every row afresh."""
     db = SimDynamoDB(random.Random(1), Behaviour(stale_read_s=0.0))
     db.create_table("t")
-    parses = SharedParses(parse_lease)
+    shared = SharedLeaseRows()
 
     async def scenario() -> None:
         clock = SimClock()
@@ -82,19 +84,25 @@ def test_the_simulated_fleet_parses_each_stored_lease_row_once_for_every_worker(
                 stream_arn="s",
                 worker_id=name,
                 clock=clock,
-                parse_lease=parses,
+                rows=shared,
             )
             for name in ("w", "o")
         ]
         await tables[0].create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=1)
         await tables[0].complete_meta()
-        await tables[0].create_lease("s0", (), BEGUN)
-        for table in tables:
-            await table.read_leases()
-        claimed = await tables[1].claim((await tables[1].read_leases()).leases["s0"])
-        first, second = [(await table.read_leases()).leases["s0"] for table in tables]
-        assert first is second
-        assert (first.owner, first.counter) == ("o", claimed.counter)
+        for shard_id in ("s0", "s1"):
+            await tables[0].create_lease(shard_id, (), BEGUN)
+        before = [(await table.read_leases()).parts[0] for table in tables]
+        assert before[0] is before[1]
+        claimed = await tables[1].claim(before[1]["s0"])
+        first, second = [(await table.read_leases()).parts[0] for table in tables]
+        assert first is second and first is not before[0]
+        assert (first["s0"].owner, first["s0"].counter) == ("o", claimed.counter)
+        assert first["s1"] is before[0]["s1"], "unchanged: the same lease"
+        alone = LeaseTable(
+            db.client("x", clock, random.Random(3)), table="t", app="a", stream_arn="s", worker_id="x", clock=clock
+        )
+        assert (await alone.read_leases()).leases == first
 
     run(scenario())
 
