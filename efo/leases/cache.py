@@ -133,8 +133,8 @@ class LeaseCache:
             # generation, an older answer of the first kept), or it was till now: every partition
             # merged in order, the later one's copy kept; what changed is found lease by lease.
             self._leases_by_shard, self._gaps, parts = {}, False, {}
-            for part in self._leases.values():
-                self._leases_by_shard.update(part)
+            for partition in sorted(self._leases):  # not in the order first read: a newer generation's last
+                self._leases_by_shard.update(self._leases[partition])
         if self._gaps:  # a copy of a dict with deleted entries is made row by row; of one without, at once
             self._leases_by_shard, self._gaps = dict(self._leases_by_shard), False
         return TableState(

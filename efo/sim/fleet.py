@@ -45,11 +45,10 @@ T = TypeVar("T")
 
 class SharedParses(Generic[T]):
     """Each row the simulated DynamoDB stores (each shard its ListShards describes), parsed once for
-    the whole fleet: its Query answers every reader with the very item it stored, and after a change
-    every worker reads the partition again (each worker's table parses only what changed since its
-    own last read, but that is the same few rows at every worker); every listing describes a shard
-    with one object until the shard opens or closes, and at a mass start every worker lists every
-    shard. A lease and a shard are immutable: workers that share one share its value."""
+    the whole fleet: its Query answers every reader with the very item it stored (the lease rows:
+    :class:`SharedLeaseRows`); every listing describes a shard with one object until the shard opens
+    or closes, and at a mass start every worker lists every shard. A lease and a shard are
+    immutable: workers that share one share its value."""
 
     #: The items parsed last that are kept: more than a few seconds' changes of 16,384 leases.
     KEEP = 1 << 16
@@ -72,9 +71,10 @@ class SharedParses(Generic[T]):
 class SharedLeaseRows(LeaseRows):
     """Every worker's read of one state of a lease partition made into leases once for the fleet: the
     simulated Query answers every reader of that state with the same list of the stored rows
-    (efo.sim.dynamodb), and after a change every worker reads the partition again. Each row is parsed
-    once (:class:`SharedParses`), so a row unchanged since an earlier state is the same lease in both;
-    the answer made from a list is read-only, as every reader of a :class:`PartitionRows` treats it."""
+    (efo.sim.dynamodb), and after a change every worker reads the partition again. A row unchanged
+    since the first reader's last read is the lease it read then, and each row is parsed once
+    (:class:`SharedParses`); the answer made from a list is read-only, as every reader of a
+    :class:`PartitionRows` treats it."""
 
     #: The answers kept: more than every partition's last few states at 16,384 shards.
     KEEP = 1 << 12
@@ -87,7 +87,7 @@ class SharedLeaseRows(LeaseRows):
         known = self._answers.get(id(items))
         if known is not None and known[0] is items:
             return known[1]
-        answer = super().read(items, None)
+        answer = super().read(items, last)  # an unchanged row is the lease of this reader's last read
         if len(self._answers) >= self.KEEP:
             del self._answers[next(iter(self._answers))]  # the oldest
         self._answers[id(items)] = (items, answer)

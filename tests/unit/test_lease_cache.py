@@ -217,7 +217,9 @@ def test_a_read_is_a_copy_so_a_cycle_changing_it_leaves_the_cache_as_it_was() ->
 
 
 class RowsTable:
-    """Partitions of rows set by the test, every read of one strongly consistent and up to date; a
+    """Partitions of rows set by the test, changed by this worker (read again strongly) or by
+    another (its version moved: read eventually consistent), every answer up to date but the first
+    eventually consistent one of partition ``behind_once`` (read again strongly at once, last). A
     shard may sit in two partitions at once (its finished lease deleted, written again in a newer
     generation, while an older answer of the first is kept)."""
 
@@ -225,7 +227,9 @@ class RowsTable:
 
     def __init__(self, partitions: int) -> None:
         self.rows: dict[int, dict[str, Lease]] = {p: {} for p in range(partitions)}
+        self.versions = dict.fromkeys(self.rows, 1)
         self.changed: set[int] = set()
+        self.behind_once = 0
 
     async def layout(self) -> int:
         return len(self.rows)
@@ -238,10 +242,13 @@ class RowsTable:
         return changed
 
     async def read_version(self, *, consistent: bool = True) -> TableState:
-        return TableState(versions=dict.fromkeys(self.rows, 1))
+        return TableState(versions=dict(self.versions))
 
     async def read_leases(self, partitions: Collection[int], *, consistent: bool = True) -> TableState:
-        state = TableState(versions=dict.fromkeys(partitions, 1))
+        state = TableState(versions={p: self.versions[p] for p in partitions})
+        if not consistent and self.behind_once in partitions:
+            state.versions[self.behind_once] -= 1
+            self.behind_once = -1
         for partition in sorted(partitions):
             state.parts[partition] = dict(self.rows[partition])
             state.leases.update(state.parts[partition])
@@ -250,13 +257,14 @@ class RowsTable:
 
 def test_a_shard_in_two_partitions_reads_as_the_partitions_merged_in_order_and_fails_no_part() -> None:
     """Whatever the partitions hold, each read's leases are those of every partition as last read,
-    merged in order (the later partition's copy of a shard in two); the view and the readable index
-    fed each read never fail, and the index equals one built from that read's leases. (A shard that
-    left the partition its merged copy came from, while another still held it, once made each later
-    cycle fail with a KeyError.)"""
+    merged in partition order (the later partition's copy of a shard in two, whatever order they
+    were first read in); the view and the readable index fed each read never fail, and the index
+    equals one built from that read's leases. (A shard that left the partition its merged copy came
+    from, while another still held it, once made each later cycle fail with a KeyError.)"""
     for seed in range(300):
         rng = random.Random(seed)
         table, clock = RowsTable(3), ManualClock(100.0)
+        table.behind_once = rng.randrange(3)
         cache = LeaseCache(table, full_read_interval_s=3600.0, clock=clock, rng=lambda: 1.0)  # type: ignore[arg-type]
         view, index = TableView("me", 10.0, clock=clock), ReadableLeases()
         known: dict[int, dict[str, Lease]] = {}  # each partition's rows as the cache last read them
@@ -271,8 +279,11 @@ def test_a_shard_in_two_partitions_reads_as_the_partitions_merged_in_order_and_f
                 for _ in range(rng.randrange(3)):
                     shard_id = f"s{rng.randrange(6)}"
                     rows[shard_id] = Lease(shard_id, (), rng.choice([None, "me", "a"]), step, Position("LATEST"))
-                table.changed.add(partition)
-            known.update({p: dict(table.rows[p]) for p in table.changed or table.rows})
+                if step and rng.random() < 0.5:
+                    table.changed.add(partition)  # by this worker
+                else:
+                    table.versions[partition] += 1  # by another
+                known[partition] = dict(rows)
             state = asyncio.run(cache.read())
             expected: dict[str, Lease] = {}
             for partition in sorted(known):
