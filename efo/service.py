@@ -225,8 +225,6 @@ class Service:
                 shares=shares,
                 shared_backlog=backlog,
             )
-            if backlog is not None:
-                backlog.count(stream.name, coordinator.owned.backlog)
             if checking:
                 await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
             coordinators.append(coordinator)

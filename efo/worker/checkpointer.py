@@ -81,6 +81,8 @@ class Checkpointer:
         self._now = asyncio.Event()
         self.batch_started_at: float | None = None  # the driver's batch in the sink, for stall detection
         self._shared_backlog = shared_backlog
+        if shared_backlog is not None:
+            shared_backlog.count(owned.stream, owned.backlog)  # this stream's claims count from now on
         self._log = log.bind(worker_id=table.worker_id)
 
     # ---- the sink's side ----------------------------------------------------------------------

@@ -132,8 +132,6 @@ def test_the_backlog_bound_counts_every_stream_sharing_the_pool(coordinator: tup
         )
         for stream in ("", "payments")
     )
-    for each in (orders, payments):
-        backlog.count(each.owned.stream, each.owned.backlog)
     _shard(orders, "shard-a", 3)
     _shard(payments, "shard-a", 3)
     orders.on_committed([Commit("shard-a", 1, 1, 60)])

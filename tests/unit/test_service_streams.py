@@ -48,7 +48,6 @@ def _stream(service: Service, name: str, pool: PendingPool, backlog: SharedBackl
         trust=Trusted(),
         shared_backlog=backlog,
     )
-    backlog.count(name, owned.backlog)
     return SimpleNamespace(stream=SimpleNamespace(name=name, arn=f"arn:{name}"), checkpointer=checkpointer)
 
 
