@@ -8,7 +8,6 @@ import math
 import os
 import random
 from collections import Counter
-from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,24 +27,10 @@ from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB, client_error
 from efo.sim.loop import run
 from efo.worker.shardsync import ShardSync
+from tests.unit.lease_reads import Cycle
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 START = Position("TRIM_HORIZON")
-
-
-class Cycle:
-    """The lease cycle as shard sync reads it: the leases of its last read, and whether this worker lists."""
-
-    def __init__(self, leased: Collection[str] | None, *, first_live: bool = True) -> None:
-        self.leased_now = leased
-        self.first_live = first_live
-        self.runs = 0
-
-    def leased(self) -> Collection[str] | None:
-        return self.leased_now
-
-    def run_now(self) -> None:
-        self.runs += 1
 
 
 def _db() -> SimDynamoDB:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +18,7 @@ from efo.sim.clock import SimClock
 from efo.sim.dynamodb import Behaviour, SimDynamoDB
 from efo.sim.loop import run
 from efo.worker.shardsync import ShardSync
+from tests.unit.lease_reads import Cycle
 
 STREAM = StreamInfo("s", "arn:aws:kinesis:us-east-1:1:stream/s", datetime(2026, 1, 1, tzinfo=UTC), "ACTIVE", 2)
 
@@ -40,21 +40,6 @@ class Kinesis:
                 for shard_id, parents in self.shards.items()
             ]
         }
-
-
-class Cycle:
-    """The lease cycle as shard sync reads it: the leases of its last read, and whether this worker lists."""
-
-    def __init__(self, leased: Collection[str] | None, *, first_live: bool = True) -> None:
-        self.leased_now = leased
-        self.first_live = first_live
-        self.runs = 0
-
-    def leased(self) -> Collection[str] | None:
-        return self.leased_now
-
-    def run_now(self) -> None:
-        self.runs += 1
 
 
 class Table:
