@@ -17,7 +17,7 @@ from efo.concurrency import bounded
 from efo.errors import translate
 from efo.leases.codec import META_KEY, REGISTRY_PK, SHARD_PREFIX, WORKER_PREFIX, meta_of, number_of, worker_of
 from efo.leases.model import WorkerRow, lease_partition_of, lease_partitions_for
-from efo.leases.table import READ_CONCURRENCY, LeaseTable, query_partition
+from efo.leases.table import READ_CONCURRENCY, LeaseTable, query_partition, table_resource
 
 log = structlog.get_logger("efo.leases.admin")
 
@@ -37,7 +37,7 @@ async def delete_all(table: LeaseTable) -> int:
                 await dynamodb.delete_item(TableName=table.table, Key={"pk": item["pk"], "sk": item["sk"]})
                 deleted += 1
     except Exception as exc:
-        raise translate(exc, resource=_resource(table.table)) from None
+        raise translate(exc, resource=table_resource(table.table)) from None
     table.forget_layout()
     return deleted
 
@@ -69,7 +69,7 @@ async def migrate(table: LeaseTable) -> int:
         for item in old:  # the copies are the leases now
             await dynamodb.delete_item(TableName=table.table, Key={"pk": item["pk"], "sk": item["sk"]})
     except Exception as exc:
-        raise translate(exc, resource=_resource(table.table)) from None
+        raise translate(exc, resource=table_resource(table.table)) from None
     await table.migrated(partitions, moved=bool(old))
     log.info("table.migrated", table=table.table, app=table.app, leases=len(old), lease_partitions=partitions)
     return copied
@@ -123,10 +123,5 @@ async def table_workers(
                 rows[row.worker_id] = row
             found.extend(TableWorker(app, stream_arn, row) for row in rows.values())
     except Exception as exc:
-        raise translate(exc, resource=_resource(table), hint=hint) from None
+        raise translate(exc, resource=table_resource(table), hint=hint) from None
     return found
-
-
-def _resource(table: str) -> str:
-    """The table as errors name it (as :class:`~efo.leases.table.LeaseTable` does)."""
-    return f"DynamoDB table {table!r}"

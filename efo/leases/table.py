@@ -281,7 +281,7 @@ class LeaseTable:
         return home if found is None else found  # None: deleted meanwhile (the operator's reset)
 
     def _resource(self) -> str:
-        return f"DynamoDB table {self.table!r}"
+        return table_resource(self.table)
 
     async def ensure_table(self, *, create: bool = True, timeout_s: float = 60.0) -> None:
         """Create the table (PAY_PER_REQUEST) if missing and wait until it is ACTIVE."""
@@ -1017,6 +1017,11 @@ class LeaseTable:
             await self._ddb.delete_item(TableName=self.table, Key=self._key(WORKER_PREFIX + self.worker_id))
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
+
+
+def table_resource(table: str) -> str:
+    """A lease table as errors name it."""
+    return f"DynamoDB table {table!r}"
 
 
 async def query_partition(
