@@ -329,6 +329,15 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
             + f" | {cell('rolling', 'longest_unread_s')} | {cell('rolling', 'balanced_s')} | {doubts} | {lost} | "
             f"{times['takeover_2x']}, {times['join_2x']} | {times['takeover_3x']} | {speed} |"
         )
+    for case in cases:
+        named = case["phases"].get("rolling", {}).get("longest_unread")
+        if named:
+            until = f"{named['to_s']:g} s" if named.get("to_s") is not None else "the phase's end"
+            print(
+                f"\nThe rolling deploy's longest unread at {size_name(case['shards'], case['workers'])}: "
+                f"{named['shard']} from {named['from_s']:g} s to {until} (simulated), read by "
+                f"{named.get('before') or 'nobody'} before and {named.get('after') or 'nobody'} after."
+            )
     compared = compare(cases, against) if against is not None else None
     if against is not None:
         print_comparison(compared)

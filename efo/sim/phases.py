@@ -144,34 +144,60 @@ def balance(fleet: Fleet) -> tuple[bool, dict[str, Any]]:
 
 class Unread:
     """How long readable shards go unread, sampled: a shard read by any worker whose subscription
-    runs (one stopping gracefully included) is read."""
+    runs (one stopping gracefully included) is read. The longest stretch is named: its shard, when,
+    and the workers that read the shard last before it and first after it."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.since: dict[str, float] = {}
+        self.reader: dict[str, str] = {}  # shard -> the worker that read it at the last sample it was read
         self.longest_s = 0.0
+        self.longest: dict[str, Any] | None = None
 
     def sample(self) -> None:
         now = self.fleet.clock.now()
-        read: set[str] = set()
+        read: dict[str, str] = {}
         for worker in self.fleet.workers:
             if worker.task is not None and not worker.killed and not worker.stopped:
-                read |= reading(worker)
+                read.update(dict.fromkeys(reading(worker), worker.name))
         readable = self.fleet.readable()
-        for shard_id in readable - read:
+        for shard_id in readable.difference(read):
             self.since.setdefault(shard_id, now)
         for shard_id in [s for s in self.since if s in read or s not in readable]:
-            self.longest_s = max(self.longest_s, now - self.since.pop(shard_id))
+            self._ended(shard_id, now, read.get(shard_id))
+        self.reader.update(read)
+
+    def _ended(self, shard_id: str, now: float, after: str | None) -> None:
+        since = self.since.pop(shard_id)
+        if now - since > self.longest_s:
+            self.longest_s = now - since
+            self.longest = {
+                "shard": shard_id,
+                "from_s": round(since, 3),
+                "to_s": round(now, 3),
+                "before": self.reader.get(shard_id),
+                "after": after,
+            }
 
     def restart(self) -> None:
         """From now: stretches unread so far count from now."""
         now = self.fleet.clock.now()
         self.since = dict.fromkeys(self.since, now)
         self.longest_s = 0.0
+        self.longest = None
 
     def longest_until_now(self) -> float:
         now = self.fleet.clock.now()
         return max([self.longest_s, *(now - since for since in self.since.values())])
+
+    def named(self) -> dict[str, Any] | None:
+        """The longest stretch until now: a shard still unread counts as unread until now."""
+        now = self.fleet.clock.now()
+        open_ = max(self.since.items(), key=lambda item: now - item[1], default=None)
+        if open_ is not None and now - open_[1] > self.longest_s:
+            shard_id, since = open_
+            return {"shard": shard_id, "from_s": round(since, 3), "to_s": None, "before": self.reader.get(shard_id)}
+        return self.longest
 
 
 class _Scenario:
@@ -313,7 +339,7 @@ class _Scenario:
         self.unread.restart()
         await self.fleet.add(1)
         found = await self.until_balanced()
-        return {**found, "longest_unread_s": self.unread.longest_until_now()}
+        return {**found, "longest_unread_s": self.unread.longest_until_now(), "longest_unread": self.unread.named()}
 
     async def takeover(self) -> dict[str, Any]:
         fleet = self.fleet
@@ -355,6 +381,7 @@ class _Scenario:
             "ready_s_max": max(ready_s, default=None),
             "stop_s_max": max(stop_s, default=None),
             "longest_unread_s": self.unread.longest_until_now(),
+            "longest_unread": self.unread.named(),
         }
 
     async def run(self, report: PhasesReport, progress: Callable[[PhasesReport], None] | None) -> None:

@@ -114,7 +114,13 @@ class _World:
 
     def worker(self, *shards: str, first_event: bool = True, phase: ShardPhase = ShardPhase.READING) -> Any:
         owned = {s: SimpleNamespace(phase=phase, first_event=first_event) for s in shards}
-        worker = SimpleNamespace(task=object(), killed=False, stopped=False, coordinator=SimpleNamespace(owned=owned))
+        worker = SimpleNamespace(
+            name=f"w{len(self.workers) + 1}",
+            task=object(),
+            killed=False,
+            stopped=False,
+            coordinator=SimpleNamespace(owned=owned),
+        )
         self.workers.append(worker)
         return worker
 
@@ -151,3 +157,29 @@ def test_unread_counts_a_shard_from_when_no_worker_reads_it_until_one_does() -> 
     assert unread.longest_until_now() == 4.0
     unread.restart()
     assert unread.longest_until_now() == 0.0, "a phase counts from its start"
+
+
+def test_unread_names_its_longest_stretch_the_shard_and_the_workers_before_and_after() -> None:
+    world = _World()
+    first = world.worker("s1", "s2")
+    unread = Unread(world)  # type: ignore[arg-type]
+    unread.sample()
+    assert unread.named() is None
+    world.now_s = 1.0
+    first.coordinator.owned["s2"].phase = ShardPhase.RELEASING
+    unread.sample()
+    world.now_s = 2.0
+    assert unread.named() == {"shard": "s2", "from_s": 1.0, "to_s": None, "before": "w1"}, "still unread"
+    world.worker("s2")
+    unread.sample()
+    assert unread.named() == {"shard": "s2", "from_s": 1.0, "to_s": 2.0, "before": "w1", "after": "w2"}
+    world.now_s = 3.0
+    first.coordinator.owned["s1"].phase = ShardPhase.RELEASING
+    unread.sample()
+    world.now_s = 3.5
+    world.worker("s1")
+    unread.sample()
+    longest = unread.named()
+    assert longest is not None and longest["shard"] == "s2", "0.5 s is not the longest"
+    unread.restart()
+    assert unread.named() is None

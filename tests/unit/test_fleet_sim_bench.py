@@ -166,3 +166,33 @@ def test_the_simulation_against_dynamodb_local_is_judged_within_a_tenth() -> Non
     local["cases"][0]["kept_up"] = False
     verdicts = run_all._against_local(fleet_sim.compare([sim], local))
     assert not verdicts[0].met and "did not keep up" in verdicts[0].measured, verdicts
+
+
+def test_the_report_names_the_rolling_deploy_s_longest_unread_shard(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named, unnamed = measured_case(4096, 64), measured_case(1024, 16)
+    named["phases"]["rolling"]["longest_unread"] = {
+        "shard": "shardId-000000000010",
+        "from_s": 200.75,
+        "to_s": 205.5,
+        "before": "w060",
+        "after": "w076",
+    }
+    args = argparse.Namespace(
+        sizes="1024x16,4096x64",
+        seed=1,
+        window=60.0,
+        settle=10.0,
+        failover_s=10.0,
+        records_per_shard_s=1.0,
+        roll=None,
+        budget_min=None,
+    )
+    monkeypatch.setattr(sys, "argv", ["bench/fleet_sim.py", "--sizes", args.sizes])
+    fleet_sim.report(figures(unnamed, named)["cases"], args, None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "longest unread at" in line]
+    assert lines == [
+        "The rolling deploy's longest unread at 4,096 × 64: shardId-000000000010 from 200.75 s to 205.5 s "
+        "(simulated), read by w060 before and w076 after."
+    ]
