@@ -59,6 +59,11 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
+def _at(seconds: float) -> str:
+    """A moment of simulated time, to the millisecond, without trailing zeros."""
+    return f"{seconds:.3f}".rstrip("0").rstrip(".")
+
+
 def size_name(shards: int, workers: int) -> str:
     return f"{shards:,} × {workers}"
 
@@ -332,10 +337,10 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
     for case in cases:
         named = case["phases"].get("rolling", {}).get("longest_unread")
         if named:
-            until = f"{named['to_s']:g} s" if named.get("to_s") is not None else "the phase's end"
+            until = f"{_at(named['to_s'])} s" if named.get("to_s") is not None else "the phase's end"
             print(
                 f"\nThe rolling deploy's longest unread at {size_name(case['shards'], case['workers'])}: "
-                f"{named['shard']} from {named['from_s']:g} s to {until} (simulated), read by "
+                f"{named['shard']} from {_at(named['from_s'])} s to {until} (simulated), read by "
                 f"{named.get('before') or 'nobody'} before and {named.get('after') or 'nobody'} after."
             )
     compared = compare(cases, against) if against is not None else None

@@ -400,9 +400,9 @@ class Coordinator:
             async with self._clock.timeout(FINAL_WRITES_TIMEOUT_S):
                 if self._heartbeat is not None:  # a beat in flight would write the row again
                     await _cancelled(self._heartbeat)
+                await self.table.bump_again()  # releases whose version write the deadline cut short: first
                 await self.table.remove_worker()
                 await self.table.members_changed()  # the others read the rows again: this one has none
-                await self.table.bump_again()  # releases whose version write the deadline cut short
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
         if clean and not failed:

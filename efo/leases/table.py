@@ -869,7 +869,9 @@ class LeaseTable:
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:
         """Changes made inside move each partition's version once, at the end (a cycle's claims, a
-        bootstrap: one write, not one each)."""
+        bootstrap, a stop's releases: one write, not one each). Cancelled (a stop's deadline), it
+        writes nothing more: the versions wait for :meth:`bump_again`, and no write outlives the
+        deadline."""
         self._bumps_deferred += 1
         try:
             yield
@@ -877,7 +879,11 @@ class LeaseTable:
             self._bumps_deferred -= 1
             if not self._bumps_deferred and self._bumps_due:
                 due, self._bumps_due = self._bumps_due, set()
-                await self._bump(due)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    self._bumps_waiting.update(due)
+                else:
+                    await self._bump(due)
 
     async def _bump(self, partitions: Collection[int]) -> None:
         """The change itself has landed: the versions move, in one write, then each partition's mark

@@ -196,7 +196,13 @@ class Unread:
         open_ = max(self.since.items(), key=lambda item: now - item[1], default=None)
         if open_ is not None and now - open_[1] > self.longest_s:
             shard_id, since = open_
-            return {"shard": shard_id, "from_s": round(since, 3), "to_s": None, "before": self.reader.get(shard_id)}
+            return {
+                "shard": shard_id,
+                "from_s": round(since, 3),
+                "to_s": None,
+                "before": self.reader.get(shard_id),
+                "after": None,
+            }
         return self.longest
 
 

@@ -169,7 +169,7 @@ def test_unread_names_its_longest_stretch_the_shard_and_the_workers_before_and_a
     first.coordinator.owned["s2"].phase = ShardPhase.RELEASING
     unread.sample()
     world.now_s = 2.0
-    assert unread.named() == {"shard": "s2", "from_s": 1.0, "to_s": None, "before": "w1"}, "still unread"
+    assert unread.named() == {"shard": "s2", "from_s": 1.0, "to_s": None, "before": "w1", "after": None}, "unread"
     world.worker("s2")
     unread.sample()
     assert unread.named() == {"shard": "s2", "from_s": 1.0, "to_s": 2.0, "before": "w1", "after": "w2"}

@@ -8,6 +8,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.sim.dynamodb import Fault
 from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig
 from efo.sim.invariants import Trace
@@ -22,7 +23,9 @@ def _versions(fleet: Fleet) -> dict[str, int]:
     return {name: int(value["N"]) for name, value in row.item.items() if name.startswith("p") and "N" in value}
 
 
-async def _stop_with_its_version_write_held(trace: Trace, capture: Capture) -> tuple[bool, set[str], dict[str, int], dict[str, int]]:
+async def _stop_with_its_version_write_held(
+    trace: Trace, capture: Capture
+) -> tuple[bool, set[str], dict[str, int], dict[str, int]]:
     fleet = Fleet(FleetConfig(shards=8, workers=2, records_per_shard_s=0.5), 11, trace)
     capture.clock = fleet.clock
     try:
@@ -137,3 +140,45 @@ def test_a_worker_holding_two_thousand_leases_releases_every_one_within_the_stop
     assert read == 2048
     assert failed == []
     assert writes["version"] < 100, writes  # the versions and marks: a few writes, not one per lease
+
+
+async def _finish_with_slow_writes(trace: Trace, capture: Capture) -> float:
+    """One worker with 64 leases stops; from the start of its final writes, its lease writes take
+    3 s more and its version writes 6 s more: how long the final writes take (simulated s)."""
+    fleet = Fleet(FleetConfig(shards=64, workers=1, records_per_shard_s=0.2), 1, trace)
+    capture.clock = fleet.clock
+    took: list[float] = []
+    try:
+        (worker,) = await fleet.add(1)
+        await fleet.clock.sleep(20.0)
+        coordinator = worker.coordinator
+        finish = coordinator._finish
+        control = f"{APP}|{fleet.stream.arn}"
+
+        async def slow_finish() -> bool:
+            now = fleet.clock.now()
+            fleet.db.faults.add(
+                Fault("latency", now, now + 300, operation="UpdateItem", client=worker.name, extra_s=3.0)
+            )
+            fleet.db.faults.add(
+                Fault("latency", now, now + 300, operation="UpdateItem", key=control, client=worker.name, extra_s=6.0)
+            )
+            try:
+                return await finish()
+            finally:
+                took.append(fleet.clock.now() - now)
+
+        coordinator._finish = slow_finish  # type: ignore[method-assign]
+        await fleet.terminate(worker)
+        return took[0]
+    finally:
+        await fleet.close()
+
+
+def test_a_stop_s_final_writes_end_within_their_deadlines_when_the_table_is_slow() -> None:
+    """Found in review: the releases' version write, deferred to the end of table.changing(), was
+    awaited after the deadline had cancelled the releases, with no deadline of its own: 22 s of final
+    writes where two blocks of FINAL_WRITES_TIMEOUT_S allow 10. Cut short, the versions move with
+    the stop's bump_again, first in the second block (before the heartbeat row goes)."""
+    took_s = in_virtual_time(_finish_with_slow_writes)
+    assert took_s <= 2 * FINAL_WRITES_TIMEOUT_S + 0.5, took_s

@@ -174,8 +174,8 @@ def test_the_report_names_the_rolling_deploy_s_longest_unread_shard(
     named, unnamed = measured_case(4096, 64), measured_case(1024, 16)
     named["phases"]["rolling"]["longest_unread"] = {
         "shard": "shardId-000000000010",
-        "from_s": 200.75,
-        "to_s": 205.5,
+        "from_s": 12345.25,
+        "to_s": 12350.5,
         "before": "w060",
         "after": "w076",
     }
@@ -193,6 +193,6 @@ def test_the_report_names_the_rolling_deploy_s_longest_unread_shard(
     fleet_sim.report(figures(unnamed, named)["cases"], args, None)
     lines = [line for line in capsys.readouterr().out.splitlines() if "longest unread at" in line]
     assert lines == [
-        "The rolling deploy's longest unread at 4,096 × 64: shardId-000000000010 from 200.75 s to 205.5 s "
+        "The rolling deploy's longest unread at 4,096 × 64: shardId-000000000010 from 12345.25 s to 12350.5 s "
         "(simulated), read by w060 before and w076 after."
     ]
