@@ -384,8 +384,10 @@ class Coordinator:
         clean = True
         try:
             # Each partition's version moves once, as the last of them lands (table.changing): not
-            # once for each lease, a slot held while it moved, which let a stop release some 300 a second.
-            async with self._clock.timeout(FINAL_WRITES_TIMEOUT_S), self.table.changing():
+            # once for each lease, a slot held while it moved, which let a stop release some 300 a
+            # second. Cut short by the deadline, the versions move in the next block.
+            changing = self.table.changing(cut_short_to_bump_again=True)
+            async with self._clock.timeout(FINAL_WRITES_TIMEOUT_S), changing:
                 released = sum(await asyncio.gather(*(release(owned) for owned in claims)))
                 released += await self.cycle.release_untracked()
         except (TimeoutError, EfoError) as exc:
@@ -400,8 +402,8 @@ class Coordinator:
             async with self._clock.timeout(FINAL_WRITES_TIMEOUT_S):
                 if self._heartbeat is not None:  # a beat in flight would write the row again
                     await _cancelled(self._heartbeat)
-                await self.table.bump_again()  # releases whose version write the deadline cut short: first
-                await self.table.remove_worker()
+                await self.table.remove_worker()  # first: one write, another row
+                await self.table.bump_again()  # releases whose version write the deadline cut short
                 await self.table.members_changed()  # the others read the rows again: this one has none
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)

@@ -867,11 +867,12 @@ class LeaseTable:
             await self._bump({partition})
 
     @contextlib.asynccontextmanager
-    async def changing(self) -> AsyncIterator[None]:
+    async def changing(self, *, cut_short_to_bump_again: bool = False) -> AsyncIterator[None]:
         """Changes made inside move each partition's version once, at the end (a cycle's claims, a
-        bootstrap, a stop's releases: one write, not one each). Cancelled (a stop's deadline), it
-        writes nothing more: the versions wait for :meth:`bump_again`, and no write outlives the
-        deadline."""
+        bootstrap, a stop's releases: one write, not one each). ``cut_short_to_bump_again``: if the
+        task is cancelled (a stop's deadline), nothing more is written: the caller's
+        :meth:`bump_again` moves the versions, so that no write outlives its deadline. Otherwise
+        the versions move even as the task is cancelled (an operator's Ctrl-C: no one would)."""
         self._bumps_deferred += 1
         try:
             yield
@@ -880,7 +881,7 @@ class LeaseTable:
             if not self._bumps_deferred and self._bumps_due:
                 due, self._bumps_due = self._bumps_due, set()
                 task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if cut_short_to_bump_again and task is not None and task.cancelling():
                     self._bumps_waiting.update(due)
                 else:
                     await self._bump(due)

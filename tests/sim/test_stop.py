@@ -8,6 +8,8 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.sim.dynamodb import Fault
 from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig
@@ -142,9 +144,12 @@ def test_a_worker_holding_two_thousand_leases_releases_every_one_within_the_stop
     assert writes["version"] < 100, writes  # the versions and marks: a few writes, not one per lease
 
 
-async def _finish_with_slow_writes(trace: Trace, capture: Capture) -> float:
+async def _finish_with_slow_writes(
+    version_extra_s: float, trace: Trace, capture: Capture
+) -> tuple[float, bool, set[str]]:
     """One worker with 64 leases stops; from the start of its final writes, its lease writes take
-    3 s more and its version writes 6 s more: how long the final writes take (simulated s)."""
+    3 s more and its writes to the control rows ``version_extra_s`` more: how long the final writes
+    take (simulated s), whether its heartbeat row is gone, and the versions that did not move."""
     fleet = Fleet(FleetConfig(shards=64, workers=1, records_per_shard_s=0.2), 1, trace)
     capture.clock = fleet.clock
     took: list[float] = []
@@ -154,15 +159,22 @@ async def _finish_with_slow_writes(trace: Trace, capture: Capture) -> float:
         coordinator = worker.coordinator
         finish = coordinator._finish
         control = f"{APP}|{fleet.stream.arn}"
+        before = _versions(fleet)
 
         async def slow_finish() -> bool:
             now = fleet.clock.now()
-            fleet.db.faults.add(
-                Fault("latency", now, now + 300, operation="UpdateItem", client=worker.name, extra_s=3.0)
+            lease_writes = Fault("latency", now, now + 300, operation="UpdateItem", client=worker.name, extra_s=3.0)
+            control_writes = Fault(
+                "latency",
+                now,
+                now + 300,
+                operation="UpdateItem",
+                key=control,
+                client=worker.name,
+                extra_s=version_extra_s,
             )
-            fleet.db.faults.add(
-                Fault("latency", now, now + 300, operation="UpdateItem", key=control, client=worker.name, extra_s=6.0)
-            )
+            fleet.db.faults.add(lease_writes)
+            fleet.db.faults.add(control_writes)
             try:
                 return await finish()
             finally:
@@ -170,15 +182,24 @@ async def _finish_with_slow_writes(trace: Trace, capture: Capture) -> float:
 
         coordinator._finish = slow_finish  # type: ignore[method-assign]
         await fleet.terminate(worker)
-        return took[0]
+        row = fleet.db.tables[TABLE].partitions[control].rows.get(f"worker|{worker.name}")
+        gone = row is None or (latest := row.latest()) is None or latest.item is None
+        after = _versions(fleet)
+        return took[0], gone, {name for name in before if after[name] == before[name]}
     finally:
         await fleet.close()
 
 
-def test_a_stop_s_final_writes_end_within_their_deadlines_when_the_table_is_slow() -> None:
+@pytest.mark.parametrize("version_extra_s", [1.0, 6.0])
+def test_a_stop_s_final_writes_end_within_their_deadlines_when_the_table_is_slow(version_extra_s: float) -> None:
     """Found in review: the releases' version write, deferred to the end of table.changing(), was
     awaited after the deadline had cancelled the releases, with no deadline of its own: 22 s of final
     writes where two blocks of FINAL_WRITES_TIMEOUT_S allow 10. Cut short, the versions move with
-    the stop's bump_again, first in the second block (before the heartbeat row goes)."""
-    took_s = in_virtual_time(_finish_with_slow_writes)
+    the stop's bump_again in the second block, after its heartbeat row is removed (one write to
+    another row: with the version moves first, the row stayed when the control rows were slow)."""
+    took_s, row_gone, unmoved = in_virtual_time(
+        lambda trace, capture: _finish_with_slow_writes(version_extra_s, trace, capture)
+    )
     assert took_s <= 2 * FINAL_WRITES_TIMEOUT_S + 0.5, took_s
+    assert row_gone
+    assert not unmoved, unmoved
