@@ -171,13 +171,16 @@ class Unread:
         since = self.since.pop(shard_id)
         if now - since > self.longest_s:
             self.longest_s = now - since
-            self.longest = {
-                "shard": shard_id,
-                "from_s": round(since, 3),
-                "to_s": round(now, 3),
-                "before": self.reader.get(shard_id),
-                "after": after,
-            }
+            self.longest = self._stretch(shard_id, since, now, after)
+
+    def _stretch(self, shard_id: str, since: float, until: float | None, after: str | None) -> dict[str, Any]:
+        return {
+            "shard": shard_id,
+            "from_s": round(since, 3),
+            "to_s": None if until is None else round(until, 3),
+            "before": self.reader.get(shard_id),
+            "after": after,
+        }
 
     def restart(self) -> None:
         """From now: stretches unread so far count from now."""
@@ -195,14 +198,7 @@ class Unread:
         now = self.fleet.clock.now()
         open_ = max(self.since.items(), key=lambda item: now - item[1], default=None)
         if open_ is not None and now - open_[1] > self.longest_s:
-            shard_id, since = open_
-            return {
-                "shard": shard_id,
-                "from_s": round(since, 3),
-                "to_s": None,
-                "before": self.reader.get(shard_id),
-                "after": None,
-            }
+            return self._stretch(*open_, None, None)
         return self.longest
 
 
