@@ -217,6 +217,39 @@ def test_releases_under_way_together_move_the_version_once_together_not_once_eac
     run(scenario())
 
 
+def test_changes_cut_short_by_a_cancellation_still_move_their_versions_unless_left_to_bump_again() -> None:
+    """An operator's Ctrl-C cancels the CLI's task inside table.changing(): its resets and new leases
+    must still be announced (nothing calls bump_again after it). Only a stop's final releases leave
+    a cut-short move to bump_again, so that no write outlives their deadline."""
+
+    async def scenario(cut_short_to_bump_again: bool) -> tuple[bool, bool]:
+        db, clock = _db(), SimClock()
+        table = LeaseTable(
+            db.client("w", clock, random.Random(2)), table="t", app="a", stream_arn="s", worker_id="w", clock=clock
+        )
+        await table.create_meta(NOW, "TRIM_HORIZON", NOW, lease_partitions=8)
+        before = (await table.read_version()).versions
+        written = asyncio.Event()
+
+        async def change() -> None:
+            async with table.changing(cut_short_to_bump_again=cut_short_to_bump_again):
+                await table.create_lease("c0", (), Position("TRIM_HORIZON"))
+                written.set()
+                await asyncio.Event().wait()  # until cancelled
+
+        task = asyncio.create_task(change())
+        await written.wait()
+        home = table.partition_of("c0")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        moved = (await table.read_version()).versions.get(home, 0) > before.get(home, 0)
+        await table.bump_again()
+        return moved, (await table.read_version()).versions.get(home, 0) > before.get(home, 0)
+
+    assert run(scenario(False)) == (True, True)
+    assert run(scenario(True)) == (False, True)
+
+
 def test_a_release_tells_the_next_owner_when_its_shard_was_last_subscribed_to() -> None:
     """Kinesis takes the next owner's SubscribeToShard 5 s after the last one that succeeded: the
     released lease says when that was, so the next owner calls then, neither sooner nor later."""
