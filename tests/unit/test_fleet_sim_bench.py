@@ -75,6 +75,24 @@ def size_verdicts(verdicts: list[run_all.Verdict], size: str) -> list[run_all.Ve
     return [v for v in verdicts if v.goal.startswith(f"fleet {size} ")]
 
 
+def report(
+    cases: list[dict[str, Any]], sizes: str, monkeypatch: pytest.MonkeyPatch, *, budget_min: float | None = None
+) -> None:
+    """bench/fleet_sim.py's report of ``cases``, as a run of ``--sizes sizes`` with the defaults prints it."""
+    args = argparse.Namespace(
+        sizes=sizes,
+        seed=1,
+        window=60.0,
+        settle=10.0,
+        failover_s=10.0,
+        records_per_shard_s=1.0,
+        roll=None,
+        budget_min=budget_min,
+    )
+    monkeypatch.setattr(sys, "argv", ["bench/fleet_sim.py", "--sizes", sizes])
+    fleet_sim.report(cases, args, None)
+
+
 def test_a_size_that_met_every_goal_is_judged_met() -> None:
     verdicts = size_verdicts(run_all.fleet_simulation_goals(figures(measured_case(4096, 64))), "4,096 x 64")
     assert len(verdicts) == 8, verdicts
@@ -105,18 +123,7 @@ def test_a_size_that_never_started_is_not_measured_in_the_goals_and_the_tables(
     assert large and not any(v.met for v in large)
     assert all(v.measured.startswith("not measured") for v in large), large
 
-    args = argparse.Namespace(
-        sizes="4096x64,16384x256",
-        seed=1,
-        window=60.0,
-        settle=10.0,
-        failover_s=10.0,
-        records_per_shard_s=1.0,
-        roll=None,
-        budget_min=120.0,
-    )
-    monkeypatch.setattr(sys, "argv", ["bench/fleet_sim.py", "--sizes", args.sizes])
-    fleet_sim.report(data["cases"], args, None)
+    report(data["cases"], "4096x64,16384x256", monkeypatch, budget_min=120.0)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 16,384 × 256 |")]
     assert len(rows) == 5, out  # busy and idle in two tables, and the phases
@@ -179,18 +186,7 @@ def test_the_report_names_the_rolling_deploy_s_longest_unread_shard(
         "before": "w060",
         "after": "w076",
     }
-    args = argparse.Namespace(
-        sizes="1024x16,4096x64",
-        seed=1,
-        window=60.0,
-        settle=10.0,
-        failover_s=10.0,
-        records_per_shard_s=1.0,
-        roll=None,
-        budget_min=None,
-    )
-    monkeypatch.setattr(sys, "argv", ["bench/fleet_sim.py", "--sizes", args.sizes])
-    fleet_sim.report(figures(unnamed, named)["cases"], args, None)
+    report(figures(unnamed, named)["cases"], "1024x16,4096x64", monkeypatch)
     lines = [line for line in capsys.readouterr().out.splitlines() if "longest unread at" in line]
     assert lines == [
         "The rolling deploy's longest unread at 4,096 × 64: shardId-000000000010 from 12345.25 s to 12350.5 s "
