@@ -97,6 +97,8 @@ class Coordinator:
         self._log = log.bind(worker_id=table.worker_id)
         self._ready = False
         self.stopping = asyncio.Event()  # nothing new is claimed or started
+        #: No new SubscribeToShard: set with ``stopping``, but on a stop that reads on, once it has.
+        self.calls_end = asyncio.Event()
         #: No subscription reads any more (a stop's reading on is over, or the run ended): the driver
         #: commits what it has and ends.
         self.intake_stopped = asyncio.Event()
@@ -165,6 +167,7 @@ class Coordinator:
             checkpointer=self.checkpointer,
             stopping=self.stopping,
             trust=self.liveness,
+            calls_end=self.calls_end,
             on_ended=self._on_change,
             children=self.shards,
             bounds=self.bounds,
@@ -251,9 +254,10 @@ class Coordinator:
 
     async def _stop_intake(self, intake: list[asyncio.Task[None]], driver: asyncio.Event | None) -> None:
         """Nothing is claimed from here on, and every subscription stops reading: at once at a
-        bounded run's end (``driver`` None); on a stop after :meth:`_read_on`, except the claims
-        with a call under way that would start another 5 s for the next owner (a first call, a
-        retry, a renewal: no new one is made from here on, SubscriptionStopped), stopped now."""
+        bounded run's end (``driver`` None); on a stop after :meth:`_read_on`. A stop with no young
+        subscription (nothing to read on for) makes no new call and stops at once the claims with a
+        call under way, which would start another 5 s for the next owner (a first call, a retry, a
+        renewal). One that reads on goes on calling (renewing what Kinesis ends) until it has."""
         began = self._clock.now()
         self.stopping.set()
         for task in intake:  # a cycle under way may be writing claims: it ends here
@@ -261,7 +265,9 @@ class Coordinator:
         watching: asyncio.Task[None] | None = None
         if driver is not None:
             now = self._clock.wall()
-            await self._stop_reading(owned for owned in self.owned.values() if _calling_anew(owned, now))
+            if _read_on_s(self._ages_s(now)) <= 0:
+                self.calls_end.set()
+                await self._stop_reading(owned for owned in self.owned.values() if _calling_anew(owned, now))
             # While it reads on, its cycles only watch its part of the ring (the others count on it
             # to find a death) and drop what it lost: they claim nothing.
             assert self._spawn is not None
@@ -269,6 +275,7 @@ class Coordinator:
             budget_s = self.settings.shutdown_timeout_s / 2  # the rest is the sink's
             await self._leave(min(LEAVE_TIMEOUT_S, budget_s))
             await self._read_on(driver, budget_s - (self._clock.now() - began))
+        self.calls_end.set()
         if watching is not None:
             await _cancelled(watching)
         await self._stop_reading(owned for owned in self.owned.values() if owned.phase.reading)
@@ -298,25 +305,30 @@ class Coordinator:
     async def _read_on(self, driver: asyncio.Event, budget_s: float) -> None:
         """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this
         worker's last one: a shard released sooner goes unread until then. So the subscriptions read
-        on, and the driver commits what they read, until the youngest is that old: at most that long
-        and ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the rest is the sink's),
-        less if the driver ends first."""
-        now = self._clock.wall()
-        ages_s = [
+        on, and the driver commits what they read, until the youngest is that old, a renewal made
+        meanwhile included: within ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the
+        rest is the sink's), less if the driver ends first."""
+        deadline = self._clock.now() + budget_s
+        while not driver.is_set():
+            ages_s = self._ages_s(self._clock.wall())
+            wait_s = min(_read_on_s(ages_s), deadline - self._clock.now())
+            if wait_s <= 0:
+                return
+            young = sum(1 for age_s in ages_s if age_s < MIN_RENEW_INTERVAL_S)
+            self._log.info("service.reading_on", seconds=round(wait_s, 3), young_subscriptions=young)
+            try:
+                async with self._clock.timeout(wait_s):
+                    await driver.wait()
+            except TimeoutError:
+                pass
+
+    def _ages_s(self, now: datetime) -> list[float]:
+        """How long ago each subscription that reads was made."""
+        return [
             (now - owned.subscribed_at).total_seconds()
             for owned in self.owned.values()
             if owned.phase.reading and owned.subscribed_at is not None
         ]
-        young = sum(1 for age_s in ages_s if age_s < MIN_RENEW_INTERVAL_S)
-        wait_s = min(MIN_RENEW_INTERVAL_S - min(ages_s, default=MIN_RENEW_INTERVAL_S), MIN_RENEW_INTERVAL_S, budget_s)
-        if wait_s <= 0 or driver.is_set():
-            return
-        self._log.info("service.reading_on", seconds=round(wait_s, 3), young_subscriptions=young)
-        try:
-            async with self._clock.timeout(wait_s):
-                await driver.wait()
-        except TimeoutError:
-            pass
 
     async def _drain(self, stop: asyncio.Event) -> bool:
         """A bounded run at its end: the sink commits everything handed on (so the final
@@ -344,6 +356,7 @@ class Coordinator:
         ``shutdown_timeout_s``), and its checkpoint must be among the final ones, as after SIGTERM.
         Not when the error is the sink itself being stuck."""
         self.stopping.set()
+        self.calls_end.set()
         if isinstance(error, BaseExceptionGroup) and error.subgroup(SinkStalled) is not None:
             return
         deadline = self._clock.now() + self.settings.shutdown_timeout_s
@@ -365,6 +378,7 @@ class Coordinator:
         True if every claim was released with its final checkpoint, or ended (SHARD_END written):
         a bounded run is complete only then."""
         self.stopping.set()
+        self.calls_end.set()
         released = 0
         failed: list[str] = []  # claims left held, or released without their final checkpoint
         slots = asyncio.Semaphore(FINAL_WRITES_CONCURRENCY)
@@ -495,6 +509,11 @@ class Coordinator:
         if all(owned.first_event for owned in reading):
             self._ready = True
             self._log.info("service.ready", stream=self.stream.name, shards=len(reading))
+
+
+def _read_on_s(ages_s: list[float]) -> float:
+    """Until the youngest subscription is MIN_RENEW_INTERVAL_S old (0: none is younger)."""
+    return min(max(0.0, MIN_RENEW_INTERVAL_S - min(ages_s, default=MIN_RENEW_INTERVAL_S)), MIN_RENEW_INTERVAL_S)
 
 
 def _calling_anew(owned: OwnedShard, now: datetime) -> bool:

@@ -67,6 +67,7 @@ class ShardRunner:
         checkpointer: Checkpointer,
         stopping: asyncio.Event,
         trust: LeaseTrust,
+        calls_end: asyncio.Event | None = None,
         on_ended: Callable[[OwnedShard], None] = lambda owned: None,
         children: ChildLeases,
         bounds: RunEnd | None = None,
@@ -84,6 +85,7 @@ class ShardRunner:
         self._owned = owned
         self._checkpointer = checkpointer
         self._stopping = stopping
+        self._calls_end = stopping if calls_end is None else calls_end  # set: no new SubscribeToShard
         self._trust = trust
         self._on_ended = on_ended
         self._bounds = bounds  # a bounded run (run.until): each claim stops at the run's end
@@ -149,7 +151,7 @@ class ShardRunner:
             on_first_event=lambda first: self._checkpointer.pin(owned),
             on_subscribed=owned.subscribed,
             previous_call_at=owned.lease.subscribed_at,
-            stopping=self._stopping,
+            stopping=self._calls_end,
             series=owned.series,
             logger=owned.log,
             clock=self._clock,

@@ -5,15 +5,19 @@ rather than a cycle or two late, when a fenced claim of a lease they think still
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from efo.coordinator import FINAL_WRITES_TIMEOUT_S
+from efo.kinesis.subscription import MIN_RENEW_INTERVAL_S
 from efo.sim.dynamodb import Fault
 from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig
 from efo.sim.invariants import Trace
+from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S
 from efo.sim.phases import POLL_S, Unread
 from efo.sim.run import Capture, in_virtual_time
 
@@ -203,3 +207,60 @@ def test_a_stop_s_final_writes_end_within_their_deadlines_when_the_table_is_slow
     assert took_s <= 2 * FINAL_WRITES_TIMEOUT_S + 0.5, took_s
     assert row_gone
     assert not unmoved, unmoved
+
+
+async def _stop_as_its_subscriptions_renew(trace: Trace, capture: Capture) -> tuple[float, int, int]:
+    """Three workers start together; one is killed 9 s before the others' first renewals (Kinesis
+    ends a subscription after 5 minutes), and a survivor that took some of its shards is stopped 0.5 s
+    before its own renewals: its read-on for those young subscriptions spans them. The
+    longest any shard then goes unread, how many subscriptions Kinesis ended while it read on, and
+    how many it renewed."""
+    random.seed(3)  # the jitter production code draws itself, as efo.sim's runs seed it
+    fleet = Fleet(FleetConfig(shards=12, workers=3, records_per_shard_s=1.0), 3, trace)
+    capture.clock = fleet.clock
+    unread = Unread(fleet)
+
+    async def sample() -> None:
+        while True:
+            unread.sample()
+            await fleet.clock.sleep(POLL_S)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        victim, stopping, _ = await fleet.add(3)
+        await fleet.clock.sleep(SUBSCRIPTION_LIFETIME_S - 9.0)
+        held = stopping.reading()
+        owned = stopping.coordinator.owned
+        first_at = min(at for at in (owned[shard_id].subscribed_at for shard_id in held) if at is not None)
+        renewals = first_at + timedelta(seconds=SUBSCRIPTION_LIFETIME_S)
+        await fleet.kill(victim)
+        while not any(owned[shard_id].first_event for shard_id in stopping.reading() - held):
+            await fleet.clock.sleep(0.1)
+        await fleet.clock.sleep((renewals - fleet.clock.wall()).total_seconds() - 0.5)
+        young = max(at for at in (owned[shard_id].subscribed_at for shard_id in stopping.reading()) if at is not None)
+        read_on_until = young + timedelta(seconds=MIN_RENEW_INTERVAL_S)
+        assert read_on_until > renewals + timedelta(seconds=3.0), "no read-on spans its renewals"
+        unread.restart()
+        stopped = fleet.clock.now()
+        await fleet.terminate(stopping)
+        await fleet.clock.sleep(15.0)
+        during = [e for e in trace.events if f" {stopping.name} " in e and float(e.split()[0]) >= stopped]
+        ended = sum(1 for e in during if "subscription.renewing" in e)
+        renewed = sum(1 for e in during if "subscription.started" in e)
+        return unread.longest_until_now(), ended, renewed
+    finally:
+        sampler.cancel()
+        await fleet.close()
+
+
+def test_a_stop_renews_what_kinesis_ends_while_it_reads_on() -> None:
+    """Found in the rolling deploy at 16,384 x 256 (6.75 s unread): every worker of a mass start
+    renews its subscriptions together every 5 minutes, and a stop began in the middle of one
+    worker's renewals. The ones renewed just before made it read on for 5 s, and the ones Kinesis
+    ended meanwhile were not renewed (a stop made no new call): those shards went unread until
+    the stop's end and the next owner's call. A subscription that ends while the stop reads on is
+    renewed now, and the read-on lasts until that one is 5 s old too."""
+    longest_unread_s, ended, renewed = in_virtual_time(_stop_as_its_subscriptions_renew)
+    assert ended > 0, "Kinesis ended none of its subscriptions while it read on: the test no longer shows it"
+    assert renewed >= ended
+    assert longest_unread_s < 3.0, longest_unread_s  # 5.25 s before
