@@ -9,7 +9,8 @@ at once on an empty table) to balanced, as bench/fleet.py defines it; steady **b
 windows (requests a minute by operation, read and write units a second for the fleet and its
 busiest partition key, ListShards a minute, every write request by kind); **join** to balanced;
 **takeover** after a SIGKILL; a **rolling deploy** (every worker, or ``--roll`` of them, replaced one by
-one: a new one, ready, then an old one stopped gracefully) and the longest any shard went unread;
+one as Kubernetes rolls the chart's Deployment: a new one, ready for ``--min-ready`` s, then an old one
+stopped gracefully as the next new one starts) and the longest any shard went unread;
 leases in doubt and lost in each phase. The KCL models are bench/fleet.py's (its ``--help``).
 
 **Each size runs in a child process** (``--run``, with ``PYTHONHASHSEED=0``, so that the command
@@ -41,7 +42,7 @@ from common import command_line, write_json
 from fleet import READ_LIMIT, WRITE_LIMIT, kcl_model, kcl_times
 
 from efo.sim.fleet import FleetConfig
-from efo.sim.phases import PHASES, PhasesConfig, PhasesReport, run_phases
+from efo.sim.phases import MIN_READY_S, PHASES, PhasesConfig, PhasesReport, run_phases
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -88,6 +89,7 @@ def config(shards: int, workers: int, args: argparse.Namespace) -> PhasesConfig:
         window_s=args.window,
         timeout_s=args.phase_timeout,
         roll=args.roll,
+        min_ready_s=args.min_ready,
     )
 
 
@@ -117,6 +119,7 @@ def child_command(shards: int, workers: int, args: argparse.Namespace, out: Path
         *("--phase-timeout", f"{args.phase_timeout:g}", "--failover-s", f"{args.failover_s:g}"),
         *("--records-per-shard-s", f"{args.records_per_shard_s:g}"),
         *(("--roll", str(args.roll)) if args.roll is not None else ()),
+        *("--min-ready", f"{args.min_ready:g}"),
     ]
 
 
@@ -249,7 +252,8 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
         f"time, every invariant checked, no fault injected), seed {args.seed}, lease defaults"
         f"{'' if failover_s == 10 else f' but failover {failover_s:g} s, heartbeat {failover_s / 5:g} s'}; "
         f"busy: {args.records_per_shard_s:g} record a second per shard. Steady windows of {args.window:g} simulated "
-        f"s after {args.settle:g} s of settling; a rolling deploy of {roll}. A size that did not finish within "
+        f"s after {args.settle:g} s of settling; a rolling deploy of {roll} (minReadySeconds {args.min_ready:g}). "
+        "A size that did not finish within "
         f"the budget ({'none' if args.budget_min is None else f'{args.budget_min:g} min of wall time'}) shows "
         "what it finished; the rest is not measured. Replay one size: `PYTHONHASHSEED=0 python bench/fleet_sim.py "
         "--sizes SxW` with the same flags.\n"
@@ -351,6 +355,7 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
         "failover_s": failover_s,
         "window_s": args.window,
         "roll": args.roll,
+        "min_ready_s": args.min_ready,
         "budget_min": args.budget_min,
         "sizes": [[s, w] for s, w in parse_sizes(args.sizes)],
         "cases": cases,
@@ -413,6 +418,9 @@ def main() -> None:
     parser.add_argument("--failover-s", type=float, default=10.0, help="lease.failover_s (heartbeat: 1/5 of it)")
     parser.add_argument("--records-per-shard-s", type=float, default=1.0, help="busy: records a second per shard")
     parser.add_argument("--roll", type=int, default=None, help="workers replaced in the rolling deploy (all)")
+    parser.add_argument(
+        "--min-ready", type=float, default=MIN_READY_S, help="the rolling deploy's minReadySeconds (the chart's)"
+    )
     parser.add_argument("--budget-min", type=float, default=None, help="wall minutes for every size together")
     parser.add_argument("--against", default=None, help="bench/fleet.py's --json of the same run")
     parser.add_argument("--json", default=None, help="write the figures here (for bench/run_all.py)")

@@ -120,6 +120,28 @@ def values_schema() -> dict[str, Any]:
             "global": {"type": "object"},
             "enabled": {"type": "boolean"},
             "replicaCount": {"type": "integer", "minimum": 0},
+            "strategy": {
+                "type": "object",
+                "description": "The Deployment's strategy: one pod at a time by default.",
+                "additionalProperties": False,
+                "required": ["type"],
+                "properties": {
+                    "type": {"enum": ["RollingUpdate", "Recreate"]},
+                    "rollingUpdate": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "maxSurge": {"type": ["integer", "string"]},
+                            "maxUnavailable": {"type": ["integer", "string"]},
+                        },
+                    },
+                },
+            },
+            "minReadySeconds": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Seconds a new pod stays ready before the next old one is stopped.",
+            },
             "image": {
                 "type": "object",
                 "additionalProperties": False,

@@ -19,10 +19,13 @@ goes and no fault injected. A run is a function of its :class:`PhasesConfig` (it
    seconds until every shard it read is read again (the oracle's own count, from the kill to the
    last of them delivering a first event), then until balanced;
 5. **rolling** (busy): ``roll`` of the workers (all by default) replaced one by one as Kubernetes
-   does it: a new one starts, and once it is ready an old one is stopped gracefully (SIGTERM:
-   every lease handed over) before the next starts; the longest any shard went unread (sampled
-   every :data:`POLL_S`, a stopping worker's shards counted as read while its subscription runs),
-   then seconds until balanced.
+   replaces the chart's pods (a RollingUpdate with maxSurge 1 and maxUnavailable 0): a new one
+   starts; once it is ready and has stayed ready for ``min_ready_s`` (minReadySeconds), an old one
+   is stopped gracefully (SIGTERM: every lease handed over) and, as that stop begins, the next new
+   one starts (Kubernetes does not count a terminating pod). Readiness is seen as soon as it holds
+   (Kubernetes' probe sees it up to a period later): a roll here is no slower than the real one.
+   The longest any shard went unread (sampled every :data:`POLL_S`, a stopping worker's shards
+   counted as read while its subscription runs), then seconds until balanced.
 
 Each phase also counts its claims, handovers, leases in doubt and leases lost. A violated invariant
 ends the run: the phases before it are reported, the others are not measured.
@@ -46,6 +49,8 @@ from efo.sim.run import Capture, RunConfig, in_virtual_time, monitor, produce, u
 PHASES = ("start", "busy", "idle", "join", "takeover", "rolling")
 HOLD_CYCLES = 2  # balanced for this many lease cycles in a row (bench/fleet.py's HOLD_CYCLES)
 POLL_S = 0.25  # how often balance and unread shards are looked at
+#: helm/efo/values.yaml's minReadySeconds (tests/unit/test_chart.py holds them equal).
+MIN_READY_S = 10.0
 WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
 EVENTS = {
     "claims": "shard.started",
@@ -65,6 +70,8 @@ class PhasesConfig:
     timeout_s: float = 120.0
     #: Workers replaced one by one in the rolling deploy; None: every one.
     roll: int | None = None
+    #: The Deployment's minReadySeconds in the rolling deploy (the chart's, by default).
+    min_ready_s: float = MIN_READY_S
 
     def check(self) -> None:
         """A size or phase length the simulation cannot run is refused, naming what is allowed."""
@@ -73,6 +80,8 @@ class PhasesConfig:
             raise ValueError("window_s and timeout_s must be above 0, settle_s at least 0")
         if self.roll is not None and self.roll < 0:
             raise ValueError(f"roll = {self.roll}: at least 0 (None: every worker)")
+        if self.min_ready_s < 0:
+            raise ValueError(f"min_ready_s = {self.min_ready_s:g}: at least 0")
 
 
 @dataclass
@@ -363,14 +372,27 @@ class _Scenario:
         self.unread.restart()
         ready_s: list[float] = []
         stop_s: list[float] = []
-        for worker in old[:count]:
-            (new,) = await fleet.add(1)
-            ready = await self.until(lambda new=new: new.coordinator.ready, self.config.timeout_s)  # type: ignore[misc]
-            if ready is not None:
-                ready_s.append(ready)
+
+        async def stop(worker: SimWorker) -> None:
             stopping = self.now()
             await fleet.terminate(worker)
             stop_s.append(self.now() - stopping)
+
+        stops: list[asyncio.Task[None]] = []
+        if count:
+            (new,) = await fleet.add(1)
+        for replaced, worker in enumerate(old[:count], 1):
+            ready = await self.until(lambda new=new: new.coordinator.ready, self.config.timeout_s)  # type: ignore[misc]
+            if ready is not None:
+                ready_s.append(ready)
+            await self.wait(self.config.min_ready_s)
+            stops.append(asyncio.create_task(stop(worker), name=f"stop-{worker.name}"))
+            self.tasks.append(stops[-1])  # a failure surfaces in check(); cancelled if the run ends early
+            await asyncio.sleep(0)  # its stop has begun
+            if replaced < count:
+                (new,) = await fleet.add(1)
+        while not all(task.done() for task in stops):
+            await self.fleet.clock.sleep(POLL_S)
             self.check()
         rolled_s = self.now() - started
         found = await self.until_balanced()

@@ -92,6 +92,8 @@ def test_an_impossible_size_or_phase_is_refused() -> None:
         run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), window_s=0))
     with pytest.raises(ValueError, match="roll"):
         run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), roll=-1))
+    with pytest.raises(ValueError, match="min_ready_s = -1: at least 0"):
+        run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), min_ready_s=-1))
 
 
 def test_writes_are_told_apart_as_the_meter_tells_them() -> None:

@@ -20,6 +20,7 @@ import yaml
 from deploy.values_schema import SCHEMA_PATH
 from deploy.values_schema import render as render_schema
 from efo.config import Settings, load_settings
+from efo.sim.phases import MIN_READY_S
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "efo"
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
@@ -254,6 +255,26 @@ def test_monitoring_objects_select_this_release_and_embed_the_generated_dashboar
 )
 def test_render_refuses_what_the_schema_cannot_see(chart: helm.Chart, extra: str, expected: str) -> None:
     assert expected in render_error(chart, minimal_with(extra))
+
+
+def test_an_upgrade_replaces_one_pod_at_a_time_as_the_simulated_rolling_deploy_does(chart: helm.Chart) -> None:
+    """Kubernetes' own default (25 % surge, 25 % unavailable) stops a quarter of the pods at once;
+    efo.sim.phases' rolling deploy, which shows no shard unread longer than 5 s, is one at a time with
+    the chart's minReadySeconds between stops."""
+    spec = one(rendered(MINIMAL), "Deployment")["spec"]
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert spec["minReadySeconds"] == MIN_READY_S
+    faster = one(rendered(minimal_with("{strategy: {rollingUpdate: {maxSurge: 2}}, minReadySeconds: 0}")), "Deployment")
+    assert faster["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 0}
+    assert faster["spec"]["minReadySeconds"] == 0
+    # Recreate takes no rollingUpdate (Kubernetes refuses one); Helm merges the chart's in, the chart drops it.
+    recreate = one(rendered(minimal_with("{strategy: {type: Recreate}}")), "Deployment")
+    assert recreate["spec"]["strategy"] == {"type": "Recreate"}
+    kubernetes_validate.validate(recreate, KUBERNETES_VERSIONS[0], strict=True)
+    assert "minReadySeconds" in render_error(chart, minimal_with("{minReadySeconds: -1}"))
+    assert "'/strategy/type': value must be one of 'RollingUpdate', 'Recreate'" in render_error(
+        chart, minimal_with("{strategy: {type: Rolling}}")
+    )
 
 
 def test_a_long_enough_grace_period_for_a_longer_shutdown_renders() -> None:

@@ -87,6 +87,7 @@ def report(
         failover_s=10.0,
         records_per_shard_s=1.0,
         roll=None,
+        min_ready=10.0,
         budget_min=budget_min,
     )
     monkeypatch.setattr(sys, "argv", ["bench/fleet_sim.py", "--sizes", sizes])
