@@ -66,6 +66,9 @@ FINAL_WRITES_TIMEOUT_S = 5.0
 FINAL_WRITES_CONCURRENCY = 16
 #: A stop's first heartbeat, the one that says it leaves, is waited for at most this long.
 LEAVE_TIMEOUT_S = 2.0
+#: A stop reads on at most this long: its youngest subscription is under MIN_RENEW_INTERVAL_S old
+#: as it begins, and one renewed meanwhile is that old that much later.
+READ_ON_MAX_S = 2 * MIN_RENEW_INTERVAL_S
 #: /readyz fails while a shard has been trying to subscribe for longer than this.
 SUBSCRIBING_READY_S = 30.0
 
@@ -255,18 +258,21 @@ class Coordinator:
     async def _stop_intake(self, intake: list[asyncio.Task[None]], driver: asyncio.Event | None) -> None:
         """Nothing is claimed from here on, and every subscription stops reading: at once at a
         bounded run's end (``driver`` None); on a stop after :meth:`_read_on`. A stop with no young
-        subscription (nothing to read on for) makes no new call and stops at once the claims with a
-        call under way, which would start another 5 s for the next owner (a first call, a retry, a
-        renewal). One that reads on goes on calling (renewing what Kinesis ends) until it has."""
+        subscription (nothing to read on for) makes no new call from its first moment and stops at
+        once the claims with a call under way, which would start another 5 s for the next owner (a
+        first call, a retry, a renewal). One that reads on goes on calling (renewing what Kinesis
+        ends) until it has."""
         began = self._clock.now()
         self.stopping.set()
+        reads_on = driver is not None and _read_on_s(self._ages_s(self._clock.wall(), calling=False)) > 0
+        if not reads_on:
+            self.calls_end.set()
         for task in intake:  # a cycle under way may be writing claims: it ends here
             await _cancelled(task)
         watching: asyncio.Task[None] | None = None
         if driver is not None:
-            now = self._clock.wall()
-            if _read_on_s(self._ages_s(now)) <= 0:
-                self.calls_end.set()
+            if not reads_on:
+                now = self._clock.wall()
                 await self._stop_reading(owned for owned in self.owned.values() if _calling_anew(owned, now))
             # While it reads on, its cycles only watch its part of the ring (the others count on it
             # to find a death) and drop what it lost: they claim nothing.
@@ -305,12 +311,13 @@ class Coordinator:
     async def _read_on(self, driver: asyncio.Event, budget_s: float) -> None:
         """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this
         worker's last one: a shard released sooner goes unread until then. So the subscriptions read
-        on, and the driver commits what they read, until the youngest is that old, a renewal made
-        meanwhile included: within ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the
-        rest is the sink's), less if the driver ends first."""
-        deadline = self._clock.now() + budget_s
+        on, and the driver commits what they read, until the youngest is that old, a call made
+        meanwhile included (a renewal, while calls go on): at most READ_ON_MAX_S and ``budget_s``
+        (what is left of half of ``shutdown_timeout_s``: the rest is the sink's), less if the driver
+        ends first."""
+        deadline = self._clock.now() + min(budget_s, READ_ON_MAX_S)
         while not driver.is_set():
-            ages_s = self._ages_s(self._clock.wall())
+            ages_s = self._ages_s(self._clock.wall(), calling=not self.calls_end.is_set())
             wait_s = min(_read_on_s(ages_s), deadline - self._clock.now())
             if wait_s <= 0:
                 return
@@ -322,13 +329,16 @@ class Coordinator:
             except TimeoutError:
                 pass
 
-    def _ages_s(self, now: datetime) -> list[float]:
-        """How long ago each subscription that reads was made."""
-        return [
-            (now - owned.subscribed_at).total_seconds()
-            for owned in self.owned.values()
-            if owned.phase.reading and owned.subscribed_at is not None
-        ]
+    def _ages_s(self, now: datetime, *, calling: bool) -> list[float]:
+        """How long ago each subscription that reads was made; with ``calling``, a claim whose call is
+        under way (or about to be made) counts as made now: its success starts another 5 s."""
+        ages_s = []
+        for owned in self.owned.values():
+            if calling and owned.phase is ShardPhase.SUBSCRIBING:
+                ages_s.append(0.0)
+            elif owned.phase.reading and owned.subscribed_at is not None:
+                ages_s.append((now - owned.subscribed_at).total_seconds())
+        return ages_s
 
     async def _drain(self, stop: asyncio.Event) -> bool:
         """A bounded run at its end: the sink commits everything handed on (so the final

@@ -178,6 +178,13 @@ class SimStream:
         del self._open[index], self._open_starts[index]
         return shard
 
+    def expire_subscriptions(self, shard_id: str) -> int:
+        """Kinesis ends the shard's live subscriptions now, as at their 5 minutes: how many."""
+        live = [sub for (_, sid), sub in self._subscriptions.items() if sid == shard_id and not sub.ended]
+        for subscription in live:
+            subscription.expire()
+        return len(live)
+
     def open_shards(self) -> list[SimShard]:
         return list(self._open)
 
@@ -256,6 +263,7 @@ class SimSubscription:
         self.started_at = stream.clock.now()
         self.ended = False
         self._error: BaseException | None = None
+        self._expired = False
         self._next = self._index_of(start)
         self._last_event_at: float | None = None
 
@@ -283,6 +291,11 @@ class SimSubscription:
         )
         self._shard.wake()
 
+    def expire(self) -> None:
+        """Kinesis ends it now, as it does at SUBSCRIPTION_LIFETIME_S (for a test to pick the moment)."""
+        self._expired = True
+        self._shard.wake()
+
     def __aiter__(self) -> SimSubscription:
         return self
 
@@ -296,7 +309,7 @@ class SimSubscription:
                 self.ended = True
                 raise self._error
             now = stream.clock.now()
-            if now - self.started_at >= SUBSCRIPTION_LIFETIME_S:
+            if now - self.started_at >= SUBSCRIPTION_LIFETIME_S or self._expired:
                 self.ended = True
                 raise StopAsyncIteration
             pending = len(shard.sequences) - self._next

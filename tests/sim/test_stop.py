@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ import pytest
 from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.kinesis.subscription import MIN_RENEW_INTERVAL_S
 from efo.sim.dynamodb import Fault
-from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig
+from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig, SimWorker
 from efo.sim.invariants import Trace
 from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S
 from efo.sim.phases import POLL_S, Unread
@@ -209,12 +209,15 @@ def test_a_stop_s_final_writes_end_within_their_deadlines_when_the_table_is_slow
     assert not unmoved, unmoved
 
 
-async def _stop_as_its_subscriptions_renew(trace: Trace, capture: Capture) -> tuple[float, int, int]:
+async def _stop_as_its_subscriptions_renew(
+    trace: Trace, capture: Capture, end_one_before_the_read_on_ends_s: float | None = None
+) -> tuple[float, int, int]:
     """Three workers start together; one is killed 9 s before the others' first renewals (Kinesis
     ends a subscription after 5 minutes), and a survivor that took some of its shards is stopped 0.5 s
     before its own renewals: its read-on for those young subscriptions spans them. The
     longest any shard then goes unread, how many subscriptions Kinesis ended while it read on, and
-    how many it renewed."""
+    how many it renewed. With ``end_one_before_the_read_on_ends_s``, Kinesis also ends one more
+    subscription that long before the read-on would end after the renewals."""
     random.seed(3)  # the jitter production code draws itself, as efo.sim's runs seed it
     fleet = Fleet(FleetConfig(shards=12, workers=3, records_per_shard_s=1.0), 3, trace)
     capture.clock = fleet.clock
@@ -242,8 +245,14 @@ async def _stop_as_its_subscriptions_renew(trace: Trace, capture: Capture) -> tu
         assert read_on_until > renewals + timedelta(seconds=3.0), "no read-on spans its renewals"
         unread.restart()
         stopped = fleet.clock.now()
+        late = None
+        if end_one_before_the_read_on_ends_s is not None:
+            late = asyncio.create_task(
+                _end_one_late(fleet, stopping, held, renewals, end_one_before_the_read_on_ends_s)
+            )
         await fleet.terminate(stopping)
         await fleet.clock.sleep(15.0)
+        assert late is None or late.result() == 1, "no subscription was ended late"
         during = [e for e in trace.events if f" {stopping.name} " in e and float(e.split()[0]) >= stopped]
         ended = sum(1 for e in during if "subscription.renewing" in e)
         renewed = sum(1 for e in during if "subscription.started" in e)
@@ -251,6 +260,18 @@ async def _stop_as_its_subscriptions_renew(trace: Trace, capture: Capture) -> tu
     finally:
         sampler.cancel()
         await fleet.close()
+
+
+async def _end_one_late(fleet: Fleet, worker: SimWorker, held: set[str], renewals: datetime, lead_s: float) -> int:
+    """Once ``worker`` renewed the subscriptions of ``held`` (after ``renewals``), Kinesis ends the
+    first of them again ``lead_s`` before the youngest is 5 s old."""
+    owned = worker.coordinator.owned
+    while any((at := owned[shard_id].subscribed_at) is None or at <= renewals for shard_id in held):
+        await fleet.clock.sleep(0.01)
+    youngest = max(owned[shard_id].subscribed_at or renewals for shard_id in held)
+    ends = youngest + timedelta(seconds=MIN_RENEW_INTERVAL_S - lead_s)
+    await fleet.clock.sleep((ends - fleet.clock.wall()).total_seconds())
+    return fleet.stream.expire_subscriptions(min(held))
 
 
 def test_a_stop_renews_what_kinesis_ends_while_it_reads_on() -> None:
@@ -263,4 +284,16 @@ def test_a_stop_renews_what_kinesis_ends_while_it_reads_on() -> None:
     longest_unread_s, ended, renewed = in_virtual_time(_stop_as_its_subscriptions_renew)
     assert ended > 0, "Kinesis ended none of its subscriptions while it read on: the test no longer shows it"
     assert renewed >= ended
+    assert longest_unread_s < 3.0, longest_unread_s  # 5.25 s before
+
+
+def test_a_renewal_under_way_as_the_read_on_would_end_is_read_on_for() -> None:
+    """Found in review: a renewal whose call was under way when the read-on ended was cancelled,
+    though Kinesis may have taken it, and the release told the next owner of the call before it:
+    Kinesis refused the next owner for 3 s (5.25 s unread). A call under way counts as a
+    subscription made now: the read-on waits for it and then until it is 5 s old."""
+    longest_unread_s, ended, renewed = in_virtual_time(
+        lambda trace, capture: _stop_as_its_subscriptions_renew(trace, capture, 0.016)
+    )
+    assert ended == 5 and renewed == 5, (ended, renewed)
     assert longest_unread_s < 3.0, longest_unread_s  # 5.25 s before
