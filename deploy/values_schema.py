@@ -100,6 +100,12 @@ def _config_schema(settings: dict[str, Any], defs: dict[str, Any]) -> dict[str, 
     }
 
 
+#: A number of pods, or a percentage of them ("25%"), as a Deployment's rollingUpdate takes them.
+_COUNT_OR_PERCENT: dict[str, Any] = {
+    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+%$"}]
+}
+
+
 def _kubernetes_object(description: str) -> dict[str, Any]:
     return {"type": "object", "description": description}
 
@@ -130,10 +136,7 @@ def values_schema() -> dict[str, Any]:
                     "rollingUpdate": {
                         "type": "object",
                         "additionalProperties": False,
-                        "properties": {
-                            "maxSurge": {"type": ["integer", "string"]},
-                            "maxUnavailable": {"type": ["integer", "string"]},
-                        },
+                        "properties": {"maxSurge": _COUNT_OR_PERCENT, "maxUnavailable": _COUNT_OR_PERCENT},
                     },
                 },
             },

@@ -272,6 +272,13 @@ def test_an_upgrade_replaces_one_pod_at_a_time_as_the_simulated_rolling_deploy_d
     assert recreate["spec"]["strategy"] == {"type": "Recreate"}
     kubernetes_validate.validate(recreate, KUBERNETES_VERSIONS[0], strict=True)
     assert "minReadySeconds" in render_error(chart, minimal_with("{minReadySeconds: -1}"))
+    for wrong in ("abc", -3, "25"):
+        message = render_error(chart, minimal_with(f"{{strategy: {{rollingUpdate: {{maxSurge: {wrong!r}}}}}}}"))
+        assert "/strategy/rollingUpdate/maxSurge" in message, message
+    percent = one(rendered(minimal_with("{strategy: {rollingUpdate: {maxSurge: '25%'}}}")), "Deployment")
+    assert percent["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == "25%"
+    # null: Helm drops the key, and Kubernetes' own default applies.
+    assert "strategy" not in one(rendered(minimal_with("{strategy: null}")), "Deployment")["spec"]
     assert "'/strategy/type': value must be one of 'RollingUpdate', 'Recreate'" in render_error(
         chart, minimal_with("{strategy: {type: Rolling}}")
     )
