@@ -22,8 +22,9 @@ goes and no fault injected. A run is a function of its :class:`PhasesConfig` (it
    replaces the chart's pods (a RollingUpdate with maxSurge 1 and maxUnavailable 0): a new one
    starts; once it is ready and has stayed ready for ``min_ready_s`` (minReadySeconds), an old one
    is stopped gracefully (SIGTERM: every lease handed over) and, as that stop begins, the next new
-   one starts (Kubernetes does not count a terminating pod). Readiness is seen as soon as it holds
-   (Kubernetes' probe sees it up to a period later): a roll here is no slower than the real one.
+   one starts (Kubernetes does not count a terminating pod). A worker starts at once (a pod starts
+   Spark first, 10-20 s) and its readiness is seen as soon as it holds (Kubernetes' probe sees it
+   up to a period later): a roll here is no slower than the real one.
    The longest any shard went unread (sampled every :data:`POLL_S`, a stopping worker's shards
    counted as read while its subscription runs), then seconds until balanced.
 
