@@ -43,8 +43,7 @@ from efo.clock import SYSTEM_CLOCK, Clock
 from efo.config import Settings
 from efo.errors import EfoError, SinkStalled
 from efo.kinesis.registration import StreamInfo
-from efo.kinesis.subscription import MIN_RENEW_INTERVAL_S
-from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
+from efo.leases.lifecycle import MIN_RENEW_INTERVAL_S, Commit, OwnedShard, ShardPhase
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
@@ -257,23 +256,23 @@ class Coordinator:
 
     async def _stop_intake(self, intake: list[asyncio.Task[None]], driver: asyncio.Event | None) -> None:
         """Nothing is claimed from here on, and every subscription stops reading: at once at a
-        bounded run's end (``driver`` None); on a stop after :meth:`_read_on`. A stop with no young
-        subscription (nothing to read on for) makes no new call from its first moment and stops at
-        once the claims with a call under way, which would start another 5 s for the next owner (a
-        first call, a retry, a renewal). One that reads on goes on calling (renewing what Kinesis
-        ends) until it has."""
+        bounded run's end (``driver`` None); on a stop after :meth:`_read_on`, except the claims only
+        waiting to call (a first call paced, a retry after a backoff: not read, and a call of theirs
+        would start another 5 s for the next owner), stopped now. A stop with no young subscription
+        and no call under way (nothing to read on for) makes no new call from its first moment; one
+        that reads on goes on renewing what Kinesis ends until it has."""
         began = self._clock.now()
         self.stopping.set()
-        reads_on = driver is not None and _read_on_s(self._ages_s(self._clock.wall(), calling=False)) > 0
+        reads_on = driver is not None and _read_on_s(self._ages_s(self._clock.wall())) > 0
         if not reads_on:
             self.calls_end.set()
         for task in intake:  # a cycle under way may be writing claims: it ends here
             await _cancelled(task)
         watching: asyncio.Task[None] | None = None
         if driver is not None:
-            if not reads_on:
-                now = self._clock.wall()
-                await self._stop_reading(owned for owned in self.owned.values() if _calling_anew(owned, now))
+            await self._stop_reading(
+                owned for owned in self.owned.values() if owned.phase is ShardPhase.SUBSCRIBING and not owned.calling
+            )
             # While it reads on, its cycles only watch its part of the ring (the others count on it
             # to find a death) and drop what it lost: they claim nothing.
             assert self._spawn is not None
@@ -311,13 +310,13 @@ class Coordinator:
     async def _read_on(self, driver: asyncio.Event, budget_s: float) -> None:
         """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this
         worker's last one: a shard released sooner goes unread until then. So the subscriptions read
-        on, and the driver commits what they read, until the youngest is that old, a call made
-        meanwhile included (a renewal, while calls go on): at most READ_ON_MAX_S and ``budget_s``
-        (what is left of half of ``shutdown_timeout_s``: the rest is the sink's), less if the driver
-        ends first."""
+        on, and the driver commits what they read, until the youngest is that old, a call under way
+        counted as made now (a renewal of one that Kinesis ended meanwhile): at most READ_ON_MAX_S
+        and ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the rest is the sink's),
+        less if the driver ends first."""
         deadline = self._clock.now() + min(budget_s, READ_ON_MAX_S)
         while not driver.is_set():
-            ages_s = self._ages_s(self._clock.wall(), calling=not self.calls_end.is_set())
+            ages_s = self._ages_s(self._clock.wall())
             wait_s = min(_read_on_s(ages_s), deadline - self._clock.now())
             if wait_s <= 0:
                 return
@@ -329,12 +328,12 @@ class Coordinator:
             except TimeoutError:
                 pass
 
-    def _ages_s(self, now: datetime, *, calling: bool) -> list[float]:
-        """How long ago each subscription that reads was made; with ``calling``, a claim whose call is
-        under way (or about to be made) counts as made now: its success starts another 5 s."""
+    def _ages_s(self, now: datetime) -> list[float]:
+        """How long ago each claim that reads subscribed; one whose call is under way counts as
+        subscribing now (Kinesis may take it, and count 5 s from it)."""
         ages_s = []
         for owned in self.owned.values():
-            if calling and owned.phase is ShardPhase.SUBSCRIBING:
+            if owned.calling:
                 ages_s.append(0.0)
             elif owned.phase.reading and owned.subscribed_at is not None:
                 ages_s.append((now - owned.subscribed_at).total_seconds())
@@ -524,15 +523,6 @@ class Coordinator:
 def _read_on_s(ages_s: list[float]) -> float:
     """Until the youngest subscription is MIN_RENEW_INTERVAL_S old (0: none is younger)."""
     return min(max(0.0, MIN_RENEW_INTERVAL_S - min(ages_s, default=MIN_RENEW_INTERVAL_S)), MIN_RENEW_INTERVAL_S)
-
-
-def _calling_anew(owned: OwnedShard, now: datetime) -> bool:
-    """A claim making (or about to make) a SubscribeToShard whose success would start another 5 s
-    before the next owner's call is taken: a first call, a retry, a renewal (one that succeeded
-    under 5 s ago is reading, or about to: it reads on)."""
-    if owned.phase is not ShardPhase.SUBSCRIBING:
-        return False
-    return owned.subscribed_at is None or (now - owned.subscribed_at).total_seconds() >= MIN_RENEW_INTERVAL_S
 
 
 async def _first_of(*events: asyncio.Event) -> None:

@@ -29,7 +29,7 @@ from efo.config import SubscriptionSettings
 from efo.errors import EfoError, LeaseLost, Retriable, translate
 from efo.kinesis.decoder import ShardEvent, iter_events
 from efo.kinesis.kpl import CorruptAggregate, CorruptPolicy, Expanded, expand
-from efo.leases.lifecycle import ShardPhase
+from efo.leases.lifecycle import MIN_RENEW_INTERVAL_S, ShardPhase
 from efo.observability import METRICS, ShardSeries
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import Grant, PendingPool
@@ -38,7 +38,6 @@ from efo.pipeline.records import MAX_SUB_SEQUENCE, Position, RecordChunk, after,
 log = structlog.get_logger("efo.kinesis.subscription")
 
 MIN_CALL_INTERVAL_S = 1.0  # SubscribeToShard: at most 1 call per second per consumer and shard
-MIN_RENEW_INTERVAL_S = 5.0  # a call within 5 s of the last successful one fails with ResourceInUse
 START_TIMEOUT_CODE = "StartTimeout"  # the error code of a call that did not answer in time
 
 
@@ -109,6 +108,7 @@ class ShardSubscription:
         on_phase: Callable[[ShardPhase], None] = lambda phase: None,
         on_first_event: Callable[[Position], Awaitable[None]] | None = None,
         on_subscribed: Callable[[datetime], None] = lambda at: None,
+        on_call: Callable[[bool], None] = lambda under_way: None,
         previous_call_at: datetime | None = None,
         stopping: asyncio.Event | None = None,
         series: ShardSeries | None = None,
@@ -141,6 +141,7 @@ class ShardSubscription:
         self._clock = clock
         self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng)
         self._on_subscribed = on_subscribed
+        self._on_call = on_call  # True as a SubscribeToShard is sent, False once it is answered or given up
         self._last_call_at = -1e9
         self._last_success_at = -1e9
         self._previous_call_at = previous_call_at  # the previous owner's: Kinesis counts its 5 s from it
@@ -292,6 +293,7 @@ class ShardSubscription:
     async def _call(self) -> Any:
         """SubscribeToShard, answered within ``read_timeout_s`` or retried: a call that waits for a
         connection from a full pool, or on a stalled endpoint, is an error, never a silent stall."""
+        self._on_call(True)
         try:
             async with self._clock.timeout(self._settings.read_timeout_s):
                 return await self._client.subscribe_to_shard(
@@ -305,6 +307,8 @@ class ShardSubscription:
                 f"{self._settings.read_timeout_s:g} s (no free connection, or the endpoint stalled)",
                 code=START_TIMEOUT_CODE,
             ) from None
+        finally:
+            self._on_call(False)
 
     async def _subscribe_once(self) -> ShardEnded | None:
         response = await self._call()

@@ -42,6 +42,10 @@ from efo.observability import METRICS, ShardSeries
 from efo.pipeline.pool import Grant
 from efo.pipeline.records import Position, RecordChunk
 
+#: Kinesis: a SubscribeToShard within 5 s of the last successful one (of the consumer and shard)
+#: fails with ResourceInUse.
+MIN_RENEW_INTERVAL_S = 5.0
+
 
 class ShardPhase(enum.Enum):
     SUBSCRIBING = "subscribing"  # a SubscribeToShard call is being made, or retried after a backoff
@@ -120,6 +124,9 @@ class OwnedShard:
     #: When this claim last subscribed to its shard (a SubscribeToShard that succeeded), by the
     #: wall clock: written with its release, for the next owner (Lease.subscribed_at).
     subscribed_at: datetime | None = None
+    #: A SubscribeToShard of this claim is under way: Kinesis may take it any moment (and count 5 s
+    #: from it before the next owner's); not so for a claim only waiting to call again.
+    calling: bool = False
     children: tuple[str, ...] = ()
     clock: Clock = SYSTEM_CLOCK
     claimed_at: float = field(init=False)
@@ -140,6 +147,17 @@ class OwnedShard:
     def subscribed(self, at: datetime) -> None:
         """A SubscribeToShard of this claim succeeded, at ``at`` (the wall clock)."""
         self.subscribed_at = at
+
+    def call_under_way(self, under_way: bool) -> None:
+        """A SubscribeToShard of this claim was sent (True), or answered, failed or given up (False)."""
+        self.calling = under_way
+
+    def young(self, now: datetime) -> bool:
+        """Its SubscribeToShard is under way or succeeded under MIN_RENEW_INTERVAL_S ago: given up
+        now, the next owner's call would be refused until that long after it."""
+        if self.calling:
+            return True
+        return self.subscribed_at is not None and (now - self.subscribed_at).total_seconds() < MIN_RENEW_INTERVAL_S
 
     @classmethod
     def claim(

@@ -17,7 +17,6 @@ import asyncio
 from collections.abc import Callable, Collection, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from datetime import datetime
 
 import structlog
 
@@ -26,7 +25,6 @@ from efo.concurrency import bounded, periodically
 from efo.config import Settings
 from efo.errors import LeaseLost
 from efo.kinesis.graph import ShardGraph
-from efo.kinesis.subscription import MIN_RENEW_INTERVAL_S
 from efo.leases import balance
 from efo.leases.cache import LeaseCache
 from efo.leases.cleanup import deletable
@@ -176,7 +174,7 @@ class LeaseCycle:
         held = len(readable.get(self._me, {}))
         self._shares.publish(arn, readable=count, held=held)
         interval_s = self._settings.lease.sync_interval_s
-        now = self._clock.now()
+        now, wall = self._clock.now(), self._clock.wall()
         seen = Seen(
             me=self._me,
             readable=readable,
@@ -185,7 +183,7 @@ class LeaseCycle:
             stranded=stranded,
             moved_recently=self.view.moved_within(SETTLE_CYCLES * interval_s)
             | {sid for sid, owned in self._owned.items() if not owned.phase.reading}  # draining: leave it be
-            | _subscribing_or_young(self._owned.values(), self._clock.wall()),
+            | {sid for sid, owned in self._owned.items() if owned.young(wall)},  # see OwnedShard.young
             reserved_for_others=self.view.reserved_for_others() | handing_over,
             asked=len(self.asked),
             max_leases=limit or None,
@@ -556,15 +554,3 @@ def parents_finished(lease: Lease, state: TableState, graph: ShardGraph) -> bool
         if parent_lease is not None and not parent_lease.finished and parent in graph.shards:
             return False
     return True
-
-
-def _subscribing_or_young(claims: Iterable[OwnedShard], now: datetime) -> set[str]:
-    """The claims not to shed yet: Kinesis refuses the next owner's SubscribeToShard until
-    MIN_RENEW_INTERVAL_S after this worker's last one, so one shed while its call is under way, or
-    under that long after it (a renewal every 5 minutes), would go unread until then."""
-    return {
-        owned.shard_id
-        for owned in claims
-        if owned.phase is ShardPhase.SUBSCRIBING
-        or (owned.subscribed_at is not None and (now - owned.subscribed_at).total_seconds() < MIN_RENEW_INTERVAL_S)
-    }

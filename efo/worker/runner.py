@@ -150,6 +150,7 @@ class ShardRunner:
             on_phase=owned.enter,
             on_first_event=lambda first: self._checkpointer.pin(owned),
             on_subscribed=owned.subscribed,
+            on_call=owned.call_under_way,
             previous_call_at=owned.lease.subscribed_at,
             stopping=self._calls_end,
             series=owned.series,

@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
+from efo.sim.dynamodb import client_error
 from efo.sim.fleet import Fleet, FleetConfig
 from efo.sim.invariants import Trace
-from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S
+from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S, SimKinesisClient
 from efo.sim.phases import POLL_S, PhasesConfig, Unread, run_phases
 from efo.sim.run import Capture, in_virtual_time
 
@@ -110,3 +112,47 @@ def test_a_worker_sheds_no_subscription_younger_than_five_seconds() -> None:
     after the last one: the shard went unread for those 5 s. A worker now sheds older ones first,
     and a young one only once it is 5 s old."""
     assert in_virtual_time(_join_as_subscriptions_renew) < 3.0
+
+
+async def _join_while_every_call_fails(trace: Trace, capture: Capture) -> tuple[int, int]:
+    """One worker reads 16 shards; then every SubscribeToShard of its is throttled and Kinesis
+    ends its subscriptions (its claims back off and call again), and a second worker joins that
+    never asks (``max_steals_per_cycle`` 0): what each holds 20 s later."""
+    random.seed(2)  # the jitter production code draws itself, as efo.sim's runs seed it
+    settings = {"lease": {"max_steals_per_cycle": 0}}
+    fleet = Fleet(FleetConfig(shards=16, workers=2, records_per_shard_s=1.0, settings=settings), 2, trace)
+    capture.clock = fleet.clock
+    try:
+        (first,) = await fleet.add(1)
+        await fleet.clock.sleep(60.0)
+        THROTTLED.add(first.name)
+        for shard_id in list(first.coordinator.owned):
+            fleet.stream.expire_subscriptions(shard_id)
+        await fleet.clock.sleep(1.0)
+        (second,) = await fleet.add(1)
+        await fleet.clock.sleep(20.0)
+        return len(first.coordinator.owned), len(second.reading())
+    finally:
+        THROTTLED.clear()
+        await fleet.close()
+
+
+THROTTLED: set[str] = set()
+
+
+def test_a_worker_whose_calls_fail_still_sheds_to_a_newcomer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review of the previous test's fix: claims that only wait to call again (backing
+    off after an error, whose failed calls start no 5 s at Kinesis) were kept from shedding as if
+    young, so a worker whose calls all failed never shed, and a newcomer that does not ask got
+    nothing. Only a call under way, or a subscription under 5 s old, is kept."""
+    subscribe = SimKinesisClient.subscribe_to_shard
+
+    async def throttled(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
+        if self.name in THROTTLED:
+            await self._clock.sleep(0.02)
+            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
+        return await subscribe(self, **request)
+
+    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", throttled)
+    held, read = in_virtual_time(_join_while_every_call_fails)
+    assert (held, read) == (8, 8)

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from efo.coordinator import FINAL_WRITES_TIMEOUT_S
-from efo.kinesis.subscription import MIN_RENEW_INTERVAL_S
-from efo.sim.dynamodb import Fault
+from efo.leases.lifecycle import MIN_RENEW_INTERVAL_S
+from efo.sim.dynamodb import Fault, client_error
 from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig, SimWorker
 from efo.sim.invariants import Trace
-from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S
+from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S, SimKinesisClient
 from efo.sim.phases import POLL_S, Unread
 from efo.sim.run import Capture, in_virtual_time
 
@@ -297,3 +297,49 @@ def test_a_renewal_under_way_as_the_read_on_would_end_is_read_on_for() -> None:
     )
     assert ended == 5 and renewed == 5, (ended, renewed)
     assert longest_unread_s < 3.0, longest_unread_s  # 5.25 s before
+
+
+async def _stop_with_one_claim_failing_to_call(trace: Trace, capture: Capture) -> float:
+    """One worker on 16 shards: Kinesis ends two of its subscriptions, renews one (young) and keeps
+    refusing the other's calls (throttled: it backs off and calls again); it is stopped 1 s later:
+    how long it read on."""
+    random.seed(2)  # the jitter production code draws itself, as efo.sim's runs seed it
+    fleet = Fleet(FleetConfig(shards=16, workers=1, records_per_shard_s=1.0), 2, trace)
+    capture.clock = fleet.clock
+    try:
+        (worker,) = await fleet.add(1)
+        await fleet.clock.sleep(60.0)
+        failing, renewed = sorted(worker.coordinator.owned)[:2]
+        THROTTLED.add(failing)
+        fleet.stream.expire_subscriptions(failing)
+        fleet.stream.expire_subscriptions(renewed)
+        await fleet.clock.sleep(1.0)
+        started = fleet.clock.now()
+        stop = asyncio.create_task(fleet.terminate(worker))
+        while not worker.coordinator.intake_stopped.is_set():
+            await fleet.clock.sleep(0.01)
+        read_on_s = fleet.clock.now() - started
+        await stop
+        return read_on_s
+    finally:
+        THROTTLED.clear()
+        await fleet.close()
+
+
+THROTTLED: set[str] = set()
+
+
+def test_a_claim_that_keeps_failing_to_call_does_not_hold_the_read_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: a claim backing off after failed calls counted as a call under way, so it
+    held every read-on to READ_ON_MAX_S (10 s, against 4 s for the young subscription) while it
+    kept calling. Only a call actually under way counts now."""
+    subscribe = SimKinesisClient.subscribe_to_shard
+
+    async def throttled(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
+        if request["ShardId"] in THROTTLED:
+            await self._clock.sleep(0.02)
+            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
+        return await subscribe(self, **request)
+
+    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", throttled)
+    assert in_virtual_time(_stop_with_one_claim_failing_to_call) < 6.0

@@ -26,11 +26,11 @@ from efo.errors import (
 )
 from efo.kinesis.subscription import (
     MIN_CALL_INTERVAL_S,
-    MIN_RENEW_INTERVAL_S,
     Backoff,
     ShardSubscription,
     SubscriptionStopped,
 )
+from efo.leases.lifecycle import MIN_RENEW_INTERVAL_S
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position, RecordChunk, after, shard_key
