@@ -258,7 +258,8 @@ class Coordinator:
         """Nothing is claimed from here on, and every subscription stops reading: at once at a
         bounded run's end (``driver`` None); on a stop after :meth:`_read_on`, except the claims only
         waiting to call (a first call paced, a retry after a backoff: not read, and a call of theirs
-        would start another 5 s for the next owner), stopped now. A stop with no young subscription
+        would start another 5 s for the next owner; not one subscribed under 5 s ago, whose first
+        event may be on its way), stopped now. A stop with no young subscription
         and no call under way (nothing to read on for) makes no new call from its first moment; one
         that reads on goes on renewing what Kinesis ends until it has."""
         began = self._clock.now()
@@ -270,8 +271,9 @@ class Coordinator:
             await _cancelled(task)
         watching: asyncio.Task[None] | None = None
         if driver is not None:
+            now = self._clock.wall()
             await self._stop_reading(
-                owned for owned in self.owned.values() if owned.phase is ShardPhase.SUBSCRIBING and not owned.calling
+                owned for owned in self.owned.values() if owned.phase is ShardPhase.SUBSCRIBING and not owned.young(now)
             )
             # While it reads on, its cycles only watch its part of the ring (the others count on it
             # to find a death) and drop what it lost: they claim nothing.
