@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from efo.leases import balance
+from efo.leases.lifecycle import MIN_RENEW_INTERVAL_S
 from efo.leases.model import TableState
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
@@ -96,6 +97,12 @@ async def shed_one_to(a: World, other: LeaseTable) -> str:
     return kept
 
 
+def free_to_shed_s(worker: Any) -> float:
+    """From its claims, until a worker may shed them: they changed hands SETTLE_CYCLES cycles ago,
+    and their subscriptions are MIN_RENEW_INTERVAL_S old (a younger one is not shed)."""
+    return max((SETTLE_CYCLES + 2) * worker.settings.lease.sync_interval_s, MIN_RENEW_INTERVAL_S + 0.5)
+
+
 def test_a_second_worker_gets_half_the_shards_within_a_few_cycles_and_then_nothing_moves(local_stack: Any) -> None:
     async def scenario() -> None:
         kinesis = MemoryKinesis(8)
@@ -142,7 +149,7 @@ def test_a_worker_asked_for_a_lease_in_the_cycle_it_sheds_gives_away_only_its_su
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
                 alone = await lease_counters(a)
-                await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
+                await asyncio.sleep(free_to_shed_s(a))
                 asked = asyncio.Event()
                 cycle = a.coordinator.cycle.cycle
 
@@ -177,7 +184,7 @@ def test_a_worker_that_shed_down_to_its_share_declines_a_request_it_had_not_seen
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
                 alone = await lease_counters(a)
-                await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
+                await asyncio.sleep(free_to_shed_s(a))
                 asked = asyncio.Event()
                 cycle = a.coordinator.cycle.cycle
                 held_back = True
@@ -222,7 +229,7 @@ def test_a_worker_whose_request_was_declined_asks_nothing_more_for_failover_s(lo
             b = await a.worker("w2")
             async with running(a) as stop_a:
                 await until(lambda: holdings(a) == {"w1": 8}, what="w1 alone holds everything")
-                await asyncio.sleep((SETTLE_CYCLES + 2) * a.settings.lease.sync_interval_s)  # free to shed
+                await asyncio.sleep(free_to_shed_s(a))
                 a.driver.hold = True
                 puts = [seq for i in range(8) for seq in kinesis.put(f"shard-{i:03d}", 5)]
                 await until(lambda: sum(len(c) for c in a.driver.held) == 40, what="40 records in the sink")
