@@ -68,6 +68,8 @@ LEAVE_TIMEOUT_S = 2.0
 #: A stop reads on at most this long: its youngest subscription is under MIN_RENEW_INTERVAL_S old
 #: as it begins, and one renewed meanwhile is that old that much later.
 READ_ON_MAX_S = 2 * MIN_RENEW_INTERVAL_S
+#: While a stop reads on for a call under way, it looks again this often (the call may fail).
+CALL_RECHECK_S = 0.25
 #: /readyz fails while a shard has been trying to subscribe for longer than this.
 SUBSCRIBING_READY_S = 30.0
 
@@ -271,10 +273,7 @@ class Coordinator:
             await _cancelled(task)
         watching: asyncio.Task[None] | None = None
         if driver is not None:
-            now = self._clock.wall()
-            await self._stop_reading(
-                owned for owned in self.owned.values() if owned.phase is ShardPhase.SUBSCRIBING and not owned.young(now)
-            )
+            await self._stop_waiting()
             # While it reads on, its cycles only watch its part of the ring (the others count on it
             # to find a death) and drop what it lost: they claim nothing.
             assert self._spawn is not None
@@ -313,22 +312,40 @@ class Coordinator:
         """Kinesis takes the next owner's SubscribeToShard only ``MIN_RENEW_INTERVAL_S`` after this
         worker's last one: a shard released sooner goes unread until then. So the subscriptions read
         on, and the driver commits what they read, until the youngest is that old, a call under way
-        counted as made now (a renewal of one that Kinesis ended meanwhile): at most READ_ON_MAX_S
-        and ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the rest is the sink's),
-        less if the driver ends first."""
+        counted as made now (a renewal of one that Kinesis ended meanwhile; looked at again every
+        CALL_RECHECK_S, and a claim whose call failed is stopped): at most READ_ON_MAX_S and
+        ``budget_s`` (what is left of half of ``shutdown_timeout_s``: the rest is the sink's), less
+        if the driver ends first."""
         deadline = self._clock.now() + min(budget_s, READ_ON_MAX_S)
+        logged_until = 0.0
         while not driver.is_set():
+            await self._stop_waiting()
             ages_s = self._ages_s(self._clock.wall())
-            wait_s = min(_read_on_s(ages_s), deadline - self._clock.now())
-            if wait_s <= 0:
+            now = self._clock.now()
+            until = min(now + _read_on_s(ages_s), deadline)
+            if until <= now:
                 return
-            young = sum(1 for age_s in ages_s if age_s < MIN_RENEW_INTERVAL_S)
-            self._log.info("service.reading_on", seconds=round(wait_s, 3), young_subscriptions=young)
+            if until > logged_until:
+                young = sum(1 for age_s in ages_s if age_s < MIN_RENEW_INTERVAL_S)
+                self._log.info("service.reading_on", seconds=round(until - now, 3), young_subscriptions=young)
+                logged_until = until
+            wait_s = until - now
+            if any(owned.calling for owned in self.owned.values()):
+                wait_s = min(wait_s, CALL_RECHECK_S)
             try:
                 async with self._clock.timeout(wait_s):
                     await driver.wait()
             except TimeoutError:
                 pass
+
+    async def _stop_waiting(self) -> None:
+        """Stop the claims only waiting to call (a first call paced, a retry after a failed call):
+        not read, and a call of theirs would start another 5 s for the next owner. Not one subscribed
+        under 5 s ago whose first event may be on its way (OwnedShard.young)."""
+        now = self._clock.wall()
+        await self._stop_reading(
+            owned for owned in self.owned.values() if owned.phase is ShardPhase.SUBSCRIBING and not owned.young(now)
+        )
 
     def _ages_s(self, now: datetime) -> list[float]:
         """How long ago each claim that reads subscribed; one whose call is under way counts as

@@ -343,3 +343,51 @@ def test_a_claim_that_keeps_failing_to_call_does_not_hold_the_read_on(monkeypatc
 
     monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", throttled)
     assert in_virtual_time(_stop_with_one_claim_failing_to_call) < 6.0
+
+
+async def _stop_during_a_call_that_fails(trace: Trace, capture: Capture) -> tuple[float, int]:
+    """One worker on 16 shards; Kinesis ends one subscription, and its renewal's calls take 0.3 s
+    to be refused (throttled); the worker is stopped while the first is under way, nothing else
+    young: how long it read on, and how many calls it made for that shard meanwhile."""
+    random.seed(2)  # the jitter production code draws itself, as efo.sim's runs seed it
+    fleet = Fleet(FleetConfig(shards=16, workers=1, records_per_shard_s=1.0), 2, trace)
+    capture.clock = fleet.clock
+    try:
+        (worker,) = await fleet.add(1)
+        await fleet.clock.sleep(60.0)
+        failing = min(worker.coordinator.owned)
+        claim = worker.coordinator.owned[failing]
+        THROTTLED.add(failing)
+        fleet.stream.expire_subscriptions(failing)
+        while not claim.calling:
+            await fleet.clock.sleep(0.01)
+        calls = fleet.stream.subscribe_calls
+        started = fleet.clock.now()
+        stop = asyncio.create_task(fleet.terminate(worker))
+        while not worker.coordinator.intake_stopped.is_set():
+            await fleet.clock.sleep(0.01)
+        read_on_s = fleet.clock.now() - started
+        await stop
+        return read_on_s, fleet.stream.subscribe_calls - calls
+    finally:
+        THROTTLED.clear()
+        await fleet.close()
+
+
+def test_a_call_that_fails_during_the_read_on_holds_it_no_longer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review of 056d9ed: a call under way counted as a subscription made now, and the
+    read-on did not look again when that call failed: it waited 5 s for it, while the claim backed
+    off and called again. The read-on looks again while a call is under way, and a claim that is
+    only waiting to call again is stopped there."""
+    subscribe = SimKinesisClient.subscribe_to_shard
+
+    async def slow_refusal(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
+        if request["ShardId"] in THROTTLED:
+            await self._clock.sleep(0.3)
+            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
+        return await subscribe(self, **request)
+
+    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", slow_refusal)
+    read_on_s, calls = in_virtual_time(_stop_during_a_call_that_fails)
+    assert read_on_s < 1.5, read_on_s  # 5.0 s before
+    assert calls == 0, calls  # no call of the stopped claim after the stop began (3 before)
