@@ -164,6 +164,12 @@ class Unread:
         self.longest_s = 0.0
         self.longest: dict[str, Any] | None = None
 
+    async def sample_every(self, seconds: float = POLL_S) -> None:
+        """:meth:`sample` every ``seconds`` of the fleet's clock, until cancelled."""
+        while True:
+            await self.fleet.clock.sleep(seconds)
+            self.sample()
+
     def sample(self) -> None:
         now = self.fleet.clock.now()
         read: dict[str, str] = {}
@@ -252,11 +258,6 @@ class _Scenario:
             await self.fleet.clock.sleep(POLL_S)
             self.check()
         return self.now() - started
-
-    async def _sample(self) -> None:
-        while True:
-            await self.fleet.clock.sleep(POLL_S)
-            self.unread.sample()
 
     def busy(self, on: bool) -> None:
         if on and self.producer is None:
@@ -412,7 +413,7 @@ class _Scenario:
     async def run(self, report: PhasesReport, progress: Callable[[PhasesReport], None] | None) -> None:
         wall_started = time.perf_counter()
         self.tasks.append(asyncio.create_task(monitor(self.fleet, self.oracle), name="monitor"))
-        self.tasks.append(asyncio.create_task(self._sample(), name="unread"))
+        self.tasks.append(asyncio.create_task(self.unread.sample_every(), name="unread"))
         steps: dict[str, Callable[[], Any]] = {
             "start": self.start,
             "busy": lambda: self.steady(True),

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
+from efo.sim.dynamodb import client_error
+from efo.sim.fleet import Fleet
+from efo.sim.kinesis import SimKinesisClient
+from efo.sim.phases import Unread
 from efo.sim.run import Report, RunConfig, simulate
 
 
@@ -28,3 +36,26 @@ def run(config: RunConfig, record_property: pytest.RecordProperty | None = None)
     assert report.violation is None, f"{report.violation}\nreplay: {replay(config)}"
     assert report.records_committed == report.records_put > 0
     return report
+
+
+def sample_unread(fleet: Fleet) -> tuple[Unread, asyncio.Task[None]]:
+    """How long the fleet's readable shards go unread, sampled as efo.sim.phases samples it, and
+    the task that samples it (the caller cancels it)."""
+    unread = Unread(fleet)
+    return unread, asyncio.create_task(unread.sample_every())
+
+
+def refuse_subscriptions(
+    monkeypatch: pytest.MonkeyPatch, refused: Callable[[str, str], bool], after_s: float = 0.02
+) -> None:
+    """The simulated Kinesis refuses (throttled) every SubscribeToShard for which ``refused(worker,
+    shard_id)`` holds, ``after_s`` after the call."""
+    subscribe = SimKinesisClient.subscribe_to_shard
+
+    async def refusing(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
+        if refused(self.name, request["ShardId"]):
+            await self._clock.sleep(after_s)
+            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
+        return await subscribe(self, **request)
+
+    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", refusing)

@@ -18,19 +18,18 @@ begins once that new one has been ready for 10 s."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
-from efo.sim.dynamodb import client_error
 from efo.sim.fleet import Fleet, FleetConfig
 from efo.sim.invariants import Trace
-from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S, SimKinesisClient
-from efo.sim.phases import POLL_S, PhasesConfig, Unread, run_phases
+from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S
+from efo.sim.phases import PhasesConfig, run_phases
 from efo.sim.run import Capture, in_virtual_time
+
+from .running import refuse_subscriptions, sample_unread
 
 GOAL_S = 5.0
 
@@ -77,14 +76,7 @@ async def _join_as_subscriptions_renew(trace: Trace, capture: Capture) -> float:
     random.seed(2)  # the jitter production code draws itself, as efo.sim's runs seed it
     fleet = Fleet(FleetConfig(shards=16, workers=3, records_per_shard_s=1.0), 2, trace)
     capture.clock = fleet.clock
-    unread = Unread(fleet)
-
-    async def sample() -> None:
-        while True:
-            unread.sample()
-            await fleet.clock.sleep(POLL_S)
-
-    sampler = asyncio.create_task(sample())
+    unread, sampler = sample_unread(fleet)
     try:
         workers = await fleet.add(2)
         await fleet.clock.sleep(60.0)
@@ -145,14 +137,6 @@ def test_a_worker_whose_calls_fail_still_sheds_to_a_newcomer(monkeypatch: pytest
     off after an error, whose failed calls start no 5 s at Kinesis) were kept from shedding as if
     young, so a worker whose calls all failed never shed, and a newcomer that does not ask got
     nothing. Only a call under way, or a subscription under 5 s old, is kept."""
-    subscribe = SimKinesisClient.subscribe_to_shard
-
-    async def throttled(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
-        if self.name in THROTTLED:
-            await self._clock.sleep(0.02)
-            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
-        return await subscribe(self, **request)
-
-    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", throttled)
+    refuse_subscriptions(monkeypatch, lambda worker, shard_id: worker in THROTTLED)
     held, read = in_virtual_time(_join_while_every_call_fails)
     assert (held, read) == (8, 8)

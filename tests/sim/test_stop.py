@@ -14,12 +14,13 @@ import pytest
 
 from efo.coordinator import FINAL_WRITES_TIMEOUT_S
 from efo.leases.lifecycle import MIN_RENEW_INTERVAL_S
-from efo.sim.dynamodb import Fault, client_error
+from efo.sim.dynamodb import Fault
 from efo.sim.fleet import APP, TABLE, Fleet, FleetConfig, SimWorker
 from efo.sim.invariants import Trace
-from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S, SimKinesisClient
-from efo.sim.phases import POLL_S, Unread
+from efo.sim.kinesis import SUBSCRIPTION_LIFETIME_S
 from efo.sim.run import Capture, in_virtual_time
+
+from .running import refuse_subscriptions, sample_unread
 
 
 def _versions(fleet: Fleet) -> dict[str, int]:
@@ -67,14 +68,7 @@ async def _stop_just_after_a_takeover(trace: Trace, capture: Capture) -> tuple[f
     read on for its young subscriptions."""
     fleet = Fleet(FleetConfig(shards=6, workers=3, records_per_shard_s=1.0), 3, trace)
     capture.clock = fleet.clock
-    unread = Unread(fleet)
-
-    async def sample() -> None:
-        while True:
-            unread.sample()
-            await fleet.clock.sleep(POLL_S)
-
-    sampler = asyncio.create_task(sample())
+    unread, sampler = sample_unread(fleet)
     try:
         victim, stopping, _ = await fleet.add(3)
         await fleet.clock.sleep(40.0)  # each reads its share
@@ -221,14 +215,7 @@ async def _stop_as_its_subscriptions_renew(
     random.seed(3)  # the jitter production code draws itself, as efo.sim's runs seed it
     fleet = Fleet(FleetConfig(shards=12, workers=3, records_per_shard_s=1.0), 3, trace)
     capture.clock = fleet.clock
-    unread = Unread(fleet)
-
-    async def sample() -> None:
-        while True:
-            unread.sample()
-            await fleet.clock.sleep(POLL_S)
-
-    sampler = asyncio.create_task(sample())
+    unread, sampler = sample_unread(fleet)
     try:
         victim, stopping, _ = await fleet.add(3)
         await fleet.clock.sleep(SUBSCRIPTION_LIFETIME_S - 9.0)
@@ -333,15 +320,7 @@ def test_a_claim_that_keeps_failing_to_call_does_not_hold_the_read_on(monkeypatc
     """Found in review: a claim backing off after failed calls counted as a call under way, so it
     held every read-on to READ_ON_MAX_S (10 s, against 4 s for the young subscription) while it
     kept calling. Only a call actually under way counts now."""
-    subscribe = SimKinesisClient.subscribe_to_shard
-
-    async def throttled(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
-        if request["ShardId"] in THROTTLED:
-            await self._clock.sleep(0.02)
-            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
-        return await subscribe(self, **request)
-
-    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", throttled)
+    refuse_subscriptions(monkeypatch, lambda worker, shard_id: shard_id in THROTTLED)
     assert in_virtual_time(_stop_with_one_claim_failing_to_call) < 6.0
 
 
@@ -379,15 +358,7 @@ def test_a_call_that_fails_during_the_read_on_holds_it_no_longer(monkeypatch: py
     read-on did not look again when that call failed: it waited 5 s for it, while the claim backed
     off and called again. The read-on looks again while a call is under way, and a claim that is
     only waiting to call again is stopped there."""
-    subscribe = SimKinesisClient.subscribe_to_shard
-
-    async def slow_refusal(self: SimKinesisClient, **request: Any) -> dict[str, Any]:
-        if request["ShardId"] in THROTTLED:
-            await self._clock.sleep(0.3)
-            raise client_error("SubscribeToShard", "LimitExceededException", "Rate exceeded")
-        return await subscribe(self, **request)
-
-    monkeypatch.setattr(SimKinesisClient, "subscribe_to_shard", slow_refusal)
+    refuse_subscriptions(monkeypatch, lambda worker, shard_id: shard_id in THROTTLED, after_s=0.3)
     read_on_s, calls = in_virtual_time(_stop_during_a_call_that_fails)
     assert read_on_s < 1.5, read_on_s  # 5.0 s before
     assert calls == 0, calls  # no call of the stopped claim after the stop began (3 before)
