@@ -393,9 +393,7 @@ class _Scenario:
             await asyncio.sleep(0)  # its stop has begun
             if replaced < count:
                 (new,) = await fleet.add(1)
-        while not all(task.done() for task in stops):
-            await self.fleet.clock.sleep(POLL_S)
-            self.check()
+        await self.until(lambda: all(task.done() for task in stops), self.config.timeout_s)
         rolled_s = self.now() - started
         found = await self.until_balanced()
         return {
