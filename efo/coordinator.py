@@ -289,12 +289,16 @@ class Coordinator:
         self.intake_stopped.set()
 
     async def _leave(self, timeout_s: float) -> None:
-        """Its heartbeat says it is leaving: the workers watching it (they read its row every cycle)
-        watch on past it from their next cycle, not from when its row is gone (it watches on while it
-        reads on, not while it waits for the driver). Bounded; a failure only delays that."""
+        """It says it is leaving, twice: on the version row, so that every worker's next cycle counts
+        no share for it (each claims what it releases as soon as it does, rather than once its row
+        is gone); and in its heartbeat, so that the workers watching it (they read its row every
+        cycle) watch on past it from their next cycle, not from when its row is gone (it watches on
+        while it reads on, not while it waits for the driver). Bounded; a failure only delays that."""
         try:
             async with self._clock.timeout(timeout_s):
-                await self.liveness.leave()
+                for said in await asyncio.gather(self.table.leaving(), self.liveness.leave(), return_exceptions=True):
+                    if isinstance(said, BaseException):
+                        raise said
         except (TimeoutError, EfoError) as exc:
             self._log.warning("worker.leave_failed", error=str(exc) or type(exc).__name__)
 
@@ -446,7 +450,8 @@ class Coordinator:
                     await _cancelled(self._heartbeat)
                 await self.table.remove_worker()  # first: one write, another row
                 await self.table.bump_again()  # releases whose version write the deadline cut short
-                await self.table.members_changed()  # the others read the rows again: this one has none
+                # The others read the rows again (this one has none), and no longer count it as stopping.
+                await self.table.members_changed(not_leaving=[self.table.worker_id])
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
         if clean and not failed:

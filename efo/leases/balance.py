@@ -25,6 +25,11 @@ In one cycle a worker:
    lease over shortly before declines a request instead (:func:`answer_requests`): written from
    a read older than that handover, it would move one lease too many.
 
+A worker that is stopping (``leaving``: its heartbeat or the version row says so) counts no share:
+the others' shares are those of the fleet without it, so what it releases goes to the workers
+short of theirs (in a rolling deploy, the new worker that started as its stop began) and nothing
+else moves; its leases stay its own until it releases them, and nobody asks while it holds any.
+
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
 """
@@ -74,6 +79,7 @@ def plan(
     stale_free: AbstractSet[str] = frozenset(),
     shed_for_short: bool = True,
     barred: AbstractSet[str] = frozenset(),
+    leaving: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """This worker's moves for one cycle. ``readable``: the leases that can be read now; ``live``:
     the workers whose heartbeat is alive (this one included or not); ``reserved_for_others``: free
@@ -90,7 +96,12 @@ def plan(
     ceiling, so no shard stays unread, and never paid for by shedding another in the same cycle;
     ``shed_for_short``: hand over what is above the share to a worker short of its own (False for a
     while after this worker took stale leases: the short worker did not claim what was free);
-    ``barred``: workers that declined a request of this one lately, not asked again for now."""
+    ``barred``: workers that declined a request of this one lately, not asked again for now;
+    ``leaving``: live workers that are stopping: no share is theirs (the others count theirs without
+    them, so that what they release is claimed at once), their leases are not free until released,
+    nothing is asked of them and nothing kept for what they asked; and while they hold leases
+    nobody asks at all (what a short worker misses is on its way: a request would move a lease
+    twice, from its owner to the asker, and one of the released ones back to that owner)."""
     return plan_by_owner(
         me,
         by_owner(readable),
@@ -108,6 +119,7 @@ def plan(
         stale_free=stale_free,
         shed_for_short=shed_for_short,
         barred=barred,
+        leaving=leaving,
     )
 
 
@@ -129,11 +141,13 @@ def plan_by_owner(
     stale_free: AbstractSet[str] = frozenset(),
     shed_for_short: bool = True,
     barred: AbstractSet[str] = frozenset(),
+    leaving: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """:func:`plan` of the readable leases grouped by owner (owner, None for nobody -> shard -> lease,
     as :func:`by_owner` groups them or :class:`efo.leases.readable.ReadableLeases` keeps them): what it
     costs grows with the free leases and this worker's, not with every lease."""
-    workers = sorted(set(live) | {me})
+    alive = set(live) | {me}
+    workers = sorted((alive - set(leaving)) | {me})
     count, width = sum(len(leases) for leases in readable.values()), len(workers)
     floor, extra = divmod(count, width)
     ceiling = floor + (1 if extra else 0)
@@ -149,13 +163,15 @@ def plan_by_owner(
 
     def _asked_at_share(asker: str | None) -> bool:
         """A live asker already at its share may not claim what it asked for (its ceiling, its
-        limit): the lease is not kept for it."""
+        limit), nor one that is stopping: the lease is not kept for it."""
+        if asker in alive and asker not in members:
+            return True
         return asker in members and load[asker] >= share(asker)
 
     free = [
         lease
         for owner, leases in readable.items()
-        if owner not in members
+        if owner not in alive
         for lease in leases.values()
         if lease.wanted_by == me or lease.shard_id not in reserved_for_others or _asked_at_share(lease.wanted_by)
     ]
@@ -210,7 +226,8 @@ def plan_by_owner(
     ask: list[Lease] = []
     room = target - held
     short = not claim and not shed and room > 0
-    if short and may_ask and asked < max_steals:
+    releasing = any(readable.get(worker) for worker in alive - members)
+    if short and may_ask and asked < max_steals and not releasing:
         others = [worker for worker in workers if worker != me and worker not in barred]
         if barred:  # a decline: what was shed is on its way here, so only a worker above its share is asked
             others = [worker for worker in others if load[worker] > share(worker)]
@@ -249,10 +266,11 @@ def target(
     max_leases: int | None = None,
     rank_offset: int = 0,
     room: int | None = None,
+    leaving: AbstractSet[str] = frozenset(),
 ) -> int:
     """How many of the ``readable`` shards this worker should hold: :func:`plan`'s ``target`` for
     the same arguments, worked out before the cycle's moves (whether to honour a handover request)."""
-    workers = sorted(set(live) | {me})
+    workers = sorted((set(live) - set(leaving)) | {me})
     share = _share(me, workers, readable, rank_offset, max_leases)
     return share if room is None else min(share, room)
 

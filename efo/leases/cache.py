@@ -138,7 +138,11 @@ class LeaseCache:
         if self._gaps:  # a copy of a dict with deleted entries is made row by row; of one without, at once
             self._leases_by_shard, self._gaps = dict(self._leases_by_shard), False
         return TableState(
-            leases=dict(self._leases_by_shard), versions=control.versions, members=control.members, parts=parts
+            leases=dict(self._leases_by_shard),
+            versions=control.versions,
+            members=control.members,
+            leaving=control.leaving,
+            parts=parts,
         )
 
     def _keep(self, partition: int, part: Mapping[str, Lease]) -> None:

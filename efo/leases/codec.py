@@ -23,6 +23,9 @@ GROWN = "grown: see lease_generations; efo of this table's layout_format or late
 VERSION_KEY = "version"
 #: On the version row: moved by every change of who is alive (efo.leases.membership).
 MEMBERS_ATTRIBUTE = "members"
+#: On the version row: the workers stopping now (a string set), so that every worker's next cycle
+#: counts no share for them (efo.leases.balance) while they read on and release.
+LEAVING_ATTRIBUTE = "leaving"
 #: Sorts after ``meta`` and every ``shard|`` key, before ``version`` and ``worker|``: the control rows follow it.
 AFTER_SHARDS = "shard}"
 #: In a lease partition: the mark, a copy of its version (read with its leases, in the same Query).

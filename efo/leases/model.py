@@ -171,6 +171,7 @@ class TableState:
     leases: dict[str, Lease] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # lease partition -> its version (none yet: 0)
     members: int = 0  # moved by every change of who is alive: a start, a stop, a death, doubt
+    leaving: frozenset[str] = frozenset()  # the workers the version row names as stopping
     #: The same leases by lease partition, each partition's the very mapping of the read before while
     #: that partition was not read again (efo.leases.changes); empty: not known. Read-only.
     parts: dict[int, Mapping[str, Lease]] = field(default_factory=dict)

@@ -65,6 +65,7 @@ from efo.leases.codec import (
     AFTER_SHARDS,
     GROWN,
     LEASE_ROWS_AFTER,
+    LEAVING_ATTRIBUTE,
     MARK_ATTRIBUTE,
     MARK_KEY,
     MEMBERS_ATTRIBUTE,
@@ -425,15 +426,32 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         return rows
 
-    async def members_changed(self) -> None:
+    async def members_changed(self, *, not_leaving: Iterable[str] = ()) -> None:
         """Who is alive changed (this worker started, stopped or recovered, or it found another dead
-        or in doubt): every worker reads the heartbeat rows again at its next cycle."""
+        or in doubt): every worker reads the heartbeat rows again at its next cycle. ``not_leaving``:
+        workers struck off the version row's stopping ones (stopped, reaped, or starting again)."""
+        struck = sorted(set(not_leaving))
         try:
             await self._ddb.update_item(
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
-                UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one",
-                ExpressionAttributeValues={":one": {"N": "1"}},
+                UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one"
+                + (f" DELETE {LEAVING_ATTRIBUTE} :struck" if struck else ""),
+                ExpressionAttributeValues={":one": {"N": "1"}, **({":struck": {"SS": struck}} if struck else {})},
+            )
+        except Exception as exc:
+            raise translate(exc, resource=self._resource()) from None
+
+    async def leaving(self) -> None:
+        """This worker is stopping: the version row names it, so that every worker's next cycle counts
+        no share for it (its leases stay its own until it releases them), with no read more than a
+        cycle makes. :meth:`members_changed` strikes the name off once its row is removed."""
+        try:
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key=self._key(VERSION_KEY),
+                UpdateExpression=f"ADD {LEAVING_ATTRIBUTE} :me",
+                ExpressionAttributeValues={":me": {"SS": [self.worker_id]}},
             )
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
@@ -532,6 +550,7 @@ class LeaseTable:
                 if name.startswith("p") and name[1:].isdigit() and "N" in value
             }
             state.members = int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
+            state.leaving = frozenset(item.get(LEAVING_ATTRIBUTE, {}).get("SS", ()))
         elif sort_key.startswith(WORKER_PREFIX):
             row = worker_of(item)
             state.workers[row.worker_id] = row

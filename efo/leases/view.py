@@ -60,6 +60,10 @@ class TableView:
         self.live: set[str] = {me}
         self.dead: set[str] = set()  # with a row whose counter did not change for failover_s
         self.doubting: set[str] = set()  # with a row that says it is in doubt
+        #: Alive and stopping (the version row names it, or its row says so): no share is counted for
+        #: it, and its leases stay its own until it releases them.
+        self.leaving: set[str] = set()
+        self._named_leaving: AbstractSet[str] = frozenset()  # by the version row, as last read
 
     # ---- the workers --------------------------------------------------------------------------
 
@@ -90,6 +94,15 @@ class TableView:
         self.dead = {worker for worker, seen in others.items() if seen.read_at - seen.since >= self.failover_s}
         self.doubting = {worker for worker, seen in others.items() if seen.in_doubt}
         self.live = (set(others) - self.dead - self.doubting) | {self.me}
+        self.leaving = {
+            worker for worker in self.live - {self.me} if worker in self._named_leaving or others[worker].leaving
+        }
+
+    def saw_leaving(self, workers: AbstractSet[str]) -> None:
+        """The workers the version row names as stopping, as this cycle read it."""
+        if workers != self._named_leaving:
+            self._named_leaving = workers
+            self._derive()
 
     def beat(self, worker: str) -> int | None:
         """The counter of ``worker``'s heartbeat as last read (None: no row)."""

@@ -3,7 +3,8 @@
 - conditions: comparisons (``=``, ``<>``, ``<``, ``<=``, ``>``, ``>=``) of an attribute with a value,
   ``attribute_exists(a)``, ``attribute_not_exists(a)``, ``begins_with(a, :v)``, joined by ``AND``,
   and such conjunctions joined by ``OR`` (no parentheses: ``AND`` binds first, as in DynamoDB);
-- updates: ``SET a = :v``, ``SET a = a + :v`` (or ``-``), ``REMOVE a, b``, ``ADD a :v``;
+- updates: ``SET a = :v``, ``SET a = a + :v`` (or ``-``), ``REMOVE a, b``, ``ADD a :v`` (a number,
+  or a string set), ``DELETE a :v`` (a string set);
 - key conditions: ``pk = :v`` and optionally ``AND`` one condition on the sort key
   (a comparison, ``begins_with`` or ``BETWEEN``);
 - projections: attribute names, comma-separated.
@@ -212,10 +213,33 @@ def _add(part: str) -> Update:
     name, placeholder = match.groups()
 
     def add(item: dict[str, Any], values: Values) -> None:
+        value = values[placeholder]
+        if "SS" in value:  # a string set: the union
+            item[name] = {"SS": sorted(set(item.get(name, {}).get("SS", ())) | set(value["SS"]))}
+            return
         current = _number(item[name]) if name in item else Decimal(0)
-        item[name] = {"N": _render(current + _number(values[placeholder]))}
+        item[name] = {"N": _render(current + _number(value))}
 
     return add
+
+
+def _delete(part: str) -> Update:
+    match = _ADD.match(part)
+    if match is None:
+        raise UnsupportedExpression(f"DELETE {part!r}")
+    name, placeholder = match.groups()
+
+    def delete(item: dict[str, Any], values: Values) -> None:
+        value = values[placeholder]
+        if "SS" not in value:
+            raise UnsupportedExpression(f"DELETE of {value!r}: a string set only")
+        kept = sorted(set(item.get(name, {}).get("SS", ())) - set(value["SS"]))
+        if kept:
+            item[name] = {"SS": kept}
+        else:  # DynamoDB keeps no empty set
+            item.pop(name, None)
+
+    return delete
 
 
 def _remove(part: str) -> Update:
@@ -241,7 +265,7 @@ def update(text: str) -> Update:
         elif keyword == "ADD":
             steps += [_add(p) for p in parts]
         else:
-            raise UnsupportedExpression(f"{keyword} in {text!r}")
+            steps += [_delete(p) for p in parts]
 
     def apply(item: dict[str, Any], values: Values) -> None:
         for step in steps:

@@ -135,6 +135,7 @@ class LeaseCycle:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
         state = await self._cache.read()
         await self.membership.read(state.members)
+        self.view.saw_leaving(state.leaving)
         state.workers = dict(self.membership.rows)
         self.view.saw_leases(state.leases, answered_at=self._cache.answered_at, parts=state.parts)
         self.state = state
@@ -158,7 +159,13 @@ class LeaseCycle:
         self._readable.update(state.leases, state.parts)  # what changed since the last cycle, and the children of that
         count = self._readable.count
         target = balance.target(
-            self._me, count, self.view.live, max_leases=limit or None, rank_offset=rank_offset, room=room
+            self._me,
+            count,
+            self.view.live,
+            max_leases=limit or None,
+            rank_offset=rank_offset,
+            room=room,
+            leaving=self.view.leaving,
         )
         index = self._readable  # what _apply_requests looks at: this worker's leases in the table or here
         mine = {**index.owned_by(self._me), **{sid: lease for sid in self._owned if (lease := index.get(sid))}}
@@ -191,6 +198,7 @@ class LeaseCycle:
             rank_offset=rank_offset,
             exact=self._shares.several and self._same_streams(state),
             room=room,
+            leaving=self.view.leaving,
         )
         moves, self._memory = decide(seen, self._memory, now)
         # What it will hold once these land, before any await: the next stream's room counts it (a

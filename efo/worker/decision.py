@@ -58,6 +58,7 @@ class Seen:
     rank_offset: int = 0
     exact: bool = False
     room: int | None = None
+    leaving: AbstractSet[str] = frozenset()  # live, stopping: no share of theirs (efo.leases.balance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
         stale_free=stale,
         shed_for_short=now >= memory.quiet_until,
         barred=declined_by.keys(),
+        leaving=seen.leaving,
     )
     quiet_until = memory.quiet_until
     if any(lease.shard_id in stale for lease in plan.claim):

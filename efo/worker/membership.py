@@ -62,7 +62,7 @@ class HeartbeatRows(Protocol):
     async def read_some_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRow | None]: ...
     async def read_worker(self, worker_id: str) -> WorkerRow | None: ...
     async def reap_worker(self, worker_id: str, heartbeat: int) -> bool: ...
-    async def members_changed(self) -> None: ...
+    async def members_changed(self, *, not_leaving: Iterable[str] = ()) -> None: ...
 
 
 class Membership:
@@ -152,6 +152,9 @@ class Membership:
         """Announce this worker's own change; reap the watched workers found dead; tell of those found
         in doubt, or no longer. Each moves the membership counter."""
         moved = False
+        struck: set[str] = set()  # no longer stopping (the version row may name them: a stop cut short)
+        if self.announce:
+            struck.add(self._table.worker_id)  # starting: a stop of its own before may have left its name
         if self.announce or self._gone:
             moved = True
             self.announce = self._gone = False
@@ -161,13 +164,14 @@ class Membership:
             if beat is not None and await self._table.reap_worker(worker, beat):
                 self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
                 moved = True
+                struck.add(worker)
         doubting = self._view.doubting & watched
         if doubting != self._doubting & watched:
             moved = True
         self._doubting = doubting
         if moved:
             try:
-                await self._table.members_changed()
+                await self._table.members_changed(not_leaving=struck)
             except BaseException:
                 self.announce = True  # tried again at the next cycle
                 raise

@@ -56,6 +56,33 @@ def test_every_change_of_a_lease_but_its_checkpoint_moves_the_version(local_stac
     run(scenario())
 
 
+def test_the_version_row_names_the_stopping_workers_until_their_stop_or_a_reap_strikes_them_off(
+    local_stack: Any,
+) -> None:
+    """A stopping worker is named on the version row, which every cycle reads, so that the others
+    count no share for it at once; the move of the membership counter that ends its stop (or a
+    reap of it, or its own start again) strikes it off. DynamoDB keeps no empty string set."""
+
+    async def scenario() -> None:
+        async with world(local_stack, MemoryKinesis(2)) as w:
+            table, other = w.table, await w.other_worker("w2")
+            members = (await table.read_control()).members
+            await table.leaving()
+            await other.leaving()
+            await other.leaving()  # a set: named once
+            control = await table.read_control()
+            assert control.leaving == {table.worker_id, "w2"} and control.members == members
+            await table.members_changed(not_leaving=["w2", "never-named"])
+            control = await table.read_control()
+            assert control.leaving == {table.worker_id} and control.members == members + 1
+            await other.members_changed(not_leaving=[table.worker_id])
+            control = await table.read_control()
+            assert control.leaving == frozenset() and control.members == members + 2
+            assert (await table.read()).leaving == frozenset()
+
+    run(scenario())
+
+
 def test_a_declined_request_is_cleared_and_the_owner_keeps_the_lease_fenced_as_read(local_stack: Any) -> None:
     async def scenario() -> None:
         async with world(local_stack, MemoryKinesis(2)) as w:

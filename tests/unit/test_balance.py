@@ -351,3 +351,29 @@ def test_a_free_lease_asked_for_by_a_worker_at_its_share_is_not_kept_for_it() ->
     owners["s18"] = None  # c below its share now: the lease stays its own to claim
     moves = plan("a", leases(owners, {"s19": "c"}), ["a", "c"], reserved_for_others={"s19"})
     assert "s19" not in [lease.shard_id for lease in moves.claim], moves
+
+
+def test_a_stopping_worker_counts_no_share_and_its_leases_stay_its_own_until_released() -> None:
+    """A rolling deploy's step: ``c`` stops as ``d`` starts. Counted among the shares, ``c`` made
+    every share too small and the others shed to ``d`` what they would claim back once ``c``
+    was gone. Leaving, it counts none: nobody sheds, nobody asks it, its leases are not free."""
+    owners = {**shards(4, "a"), **{f"s{i:02d}": "b" for i in range(4, 8)}, **{f"s{i:02d}": "c" for i in range(8, 12)}}
+    live = ["a", "b", "c", "d"]
+    before = [plan(w, leases(owners), live) for w in "abd"]
+    assert before[0].shed and before[1].shed, "counted, c makes a and b shed to d"
+    for worker in "abd":
+        moves = plan(worker, leases(owners), live, leaving={"c"})
+        assert not moves.claim and not moves.shed and not moves.ask, (worker, moves)
+        assert moves.target == 4 == target(worker, 12, live, leaving={"c"})
+    released = {**owners, **{f"s{i:02d}": None for i in range(8, 12)}}
+    claimed = plan("d", leases(released), live, leaving={"c"}).claim
+    assert sorted(lease.shard_id for lease in claimed) == ["s08", "s09", "s10", "s11"]
+    assert not plan("a", leases(released), live, leaving={"c"}).claim
+
+
+def test_a_free_lease_a_stopping_worker_asked_for_is_not_kept_for_it() -> None:
+    owners = {"s00": None, "s01": "a", "s02": "a", "s03": "b", "s04": "b", "s05": "c"}
+    moves = plan("a", leases(owners, wanted={"s00": "c"}), ["a", "b", "c"], reserved_for_others={"s00"})
+    assert not moves.claim, "kept for c while c is not leaving"
+    moves = plan("a", leases(owners, wanted={"s00": "c"}), ["a", "b", "c"], reserved_for_others={"s00"}, leaving={"c"})
+    assert [lease.shard_id for lease in moves.claim] == ["s00"]

@@ -23,6 +23,7 @@ class Rows:
         self.beats: dict[str, int] = {}
         self.members = 0
         self.reaped: list[tuple[str, float]] = []  # (who, when)
+        self.struck: list[set[str]] = []  # each move's names struck off the version row's stopping ones
 
     def beat(self, worker: str) -> None:
         if worker not in self.beats:
@@ -49,8 +50,9 @@ class Rows:
         self.reaped.append((worker_id, self.clock.now()))
         return True
 
-    async def members_changed(self) -> None:
+    async def members_changed(self, *, not_leaving: Iterable[str] = ()) -> None:
         self.members += 1
+        self.struck.append(set(not_leaving))
 
 
 def _worker(me: str, others: tuple[str, ...]) -> tuple[ManualClock, Rows, Membership]:
@@ -192,3 +194,14 @@ def test_a_row_found_gone_after_a_clean_stop_moved_the_counter_is_not_announced_
         assert rows.members == members
 
     asyncio.run(main())
+
+
+def test_a_start_and_a_reap_strike_the_names_off_the_version_row_s_stopping_ones() -> None:
+    """The version row names the workers that are stopping (they count no share while they read on).
+    A worker that died in its stop, reaped, and one that starts again under the name of a stop of its
+    own that was cut short, are struck off by the move of the counter that announces them."""
+    clock, rows, membership = _worker("w04", ("w05", "w06"))
+    _cycles(rows, membership, clock, until_s=16.0, joins={})
+    assert rows.reaped and rows.reaped[0][0] == "w05"
+    assert rows.struck[0] == {"w04"}, "its own start"
+    assert {"w05"} in rows.struck[1:], rows.struck

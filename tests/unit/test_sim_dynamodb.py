@@ -59,6 +59,42 @@ def test_a_conditional_update_lands_only_while_its_condition_holds() -> None:
     run(scenario())
 
 
+def test_add_and_delete_of_a_string_set_are_a_union_and_a_difference_and_no_set_is_left_empty() -> None:
+    async def scenario() -> None:
+        db, client = _db()
+
+        async def update(expression: str, names: list[str]) -> None:
+            await client.update_item(
+                TableName=TABLE,
+                Key=_key("p", "v"),
+                UpdateExpression=expression,
+                ExpressionAttributeValues={":one": {"N": "1"}, ":names": {"SS": names}},
+            )
+
+        async def names() -> Any:
+            item = (await client.get_item(TableName=TABLE, Key=_key("p", "v"), ConsistentRead=True))["Item"]
+            return item.get("s", {}).get("SS"), item["n"]
+
+        await update("ADD n :one, s :names", ["b", "a"])
+        await update("ADD n :one, s :names", ["a", "c"])
+        assert await names() == (["a", "b", "c"], {"N": "2"})
+        await update("ADD n :one DELETE s :names", ["a", "x"])
+        assert await names() == (["b", "c"], {"N": "3"})
+        await update("ADD n :one DELETE s :names", ["b", "c"])
+        assert await names() == (None, {"N": "4"})
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            await client.update_item(
+                TableName=TABLE,
+                Key=_key("p", "v"),
+                UpdateExpression="DELETE n :one",
+                ExpressionAttributeValues={":one": {"N": "1"}},
+            )
+        assert _code(refused.value) == "ValidationException"
+        assert db is not None
+
+    run(scenario())
+
+
 def test_an_expression_it_does_not_know_is_a_validation_error() -> None:
     async def scenario() -> None:
         _, client = _db()

@@ -231,3 +231,18 @@ def test_moves_within_a_window_look_at_the_recent_moves_and_equal_every_move_loo
             for window in (0.5, 1.0, 3.0, 10.0, 1000.0):
                 expected = {shard_id for shard_id, at in full.moved_at.items() if clock.t - at < window}
                 assert view.moved_within(window) == expected, (seed, step, window)
+
+
+def test_a_worker_is_leaving_when_its_heartbeat_or_the_version_row_says_so_and_while_it_lives() -> None:
+    view = _view()
+    view.saw_workers(
+        {"a": WorkerRow("a", 1, None, leaving=True), "b": WorkerRow("b", 1, None), "me": WorkerRow("me", 1, None)},
+        issued_at=0.0,
+        answered_at=0.0,
+        complete=True,
+    )
+    assert view.leaving == {"a"}
+    view.saw_leaving(frozenset({"b", "gone", "me"}))  # a name without a row, and its own, count for nothing
+    assert view.leaving == {"a", "b"}
+    view.saw_workers({"b": None}, issued_at=1.0, answered_at=1.0, complete=False)  # b stopped: its row is gone
+    assert view.leaving == {"a"} and "b" not in view.live
