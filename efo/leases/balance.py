@@ -28,7 +28,8 @@ In one cycle a worker:
 A worker that is stopping (``leaving``: its heartbeat or the version row says so) counts no share:
 the others' shares are those of the fleet without it, so what it releases goes to the workers
 short of theirs (in a rolling deploy, the new worker that started as its stop began) and nothing
-else moves; its leases stay its own until it releases them, and nobody asks while it holds any.
+else moves; its leases stay its own until it releases them, and nobody asks while they cover
+what the others miss, nor is a request of its honoured.
 
 Hysteresis: nothing moves while the spread is at most one; a lease that changed owner in the
 last few cycles is neither shed nor asked for again (no ping-pong); a worker never asks itself.
@@ -99,9 +100,9 @@ def plan(
     ``barred``: workers that declined a request of this one lately, not asked again for now;
     ``leaving``: live workers that are stopping: no share is theirs (the others count theirs without
     them, so that what they release is claimed at once), their leases are not free until released,
-    nothing is asked of them and nothing kept for what they asked; and while they hold leases
-    nobody asks at all (what a short worker misses is on its way: a request would move a lease
-    twice, from its owner to the asker, and one of the released ones back to that owner)."""
+    nothing is asked of them and nothing kept for what they asked; and while what they hold covers
+    what the others miss, nobody asks (it is on its way: a request would move a lease twice, from
+    its owner to the asker, and one of the released ones back to that owner)."""
     return plan_by_owner(
         me,
         by_owner(readable),
@@ -226,8 +227,10 @@ def plan_by_owner(
     ask: list[Lease] = []
     room = target - held
     short = not claim and not shed and room > 0
-    releasing = any(readable.get(worker) for worker in alive - members)
-    if short and may_ask and asked < max_steals and not releasing:
+    # What stopping workers still hold comes free as they stop: while it covers what the others
+    # miss, nobody asks (a request would move a lease twice: to the asker, and a released one back).
+    releasing = sum(len(readable.get(worker, {})) for worker in alive - members)
+    if short and may_ask and asked < max_steals and releasing < missing:
         others = [worker for worker in workers if worker != me and worker not in barred]
         if barred:  # a decline: what was shed is on its way here, so only a worker above its share is asked
             others = [worker for worker in others if load[worker] > share(worker)]
@@ -276,7 +279,12 @@ def target(
 
 
 def answer_requests(
-    requested: Sequence[str], *, held: int, target: int, gave_lately: bool
+    requested: Sequence[str],
+    *,
+    held: int,
+    target: int,
+    gave_lately: bool,
+    from_leaving: AbstractSet[str] = frozenset(),
 ) -> tuple[list[str], list[str]]:
     """Other workers' handover requests for leases held here (``held`` of them, ``target`` its
     share): which to honour and which to decline, in order. Honoured while this worker holds more
@@ -285,11 +293,15 @@ def answer_requests(
     handed leases over was written from an older read of the table (its asker will claim what was
     shed); any other is honoured even at the share, since workers that disagree on the shares
     (their lists of streams differ for a while) have no other way to move a lease. Each one
-    honoured counts as giving: two at once do not take this worker below its share."""
+    honoured counts as giving: two at once do not take this worker below its share. A request whose
+    asker is stopping (``from_leaving``) is declined: it would claim nothing, and the lease would
+    move twice."""
     honour: list[str] = []
     decline: list[str] = []
     for shard_id in requested:
-        if held > target or not gave_lately:
+        if shard_id in from_leaving:
+            decline.append(shard_id)
+        elif held > target or not gave_lately:
             honour.append(shard_id)
             held -= 1
             gave_lately = True

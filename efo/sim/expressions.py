@@ -215,8 +215,10 @@ def _add(part: str) -> Update:
     def add(item: dict[str, Any], values: Values) -> None:
         value = values[placeholder]
         if "SS" in value:  # a string set: the union
-            item[name] = {"SS": sorted(set(item.get(name, {}).get("SS", ())) | set(value["SS"]))}
+            item[name] = {"SS": sorted(_string_set(item, name) | _strings(value))}
             return
+        if name in item and "N" not in item[name]:
+            raise UnsupportedExpression(f"ADD of a number to {name!r}, which is not one")
         current = _number(item[name]) if name in item else Decimal(0)
         item[name] = {"N": _render(current + _number(value))}
 
@@ -233,13 +235,30 @@ def _delete(part: str) -> Update:
         value = values[placeholder]
         if "SS" not in value:
             raise UnsupportedExpression(f"DELETE of {value!r}: a string set only")
-        kept = sorted(set(item.get(name, {}).get("SS", ())) - set(value["SS"]))
+        kept = sorted(_string_set(item, name) - _strings(value))
         if kept:
             item[name] = {"SS": kept}
         else:  # DynamoDB keeps no empty set
             item.pop(name, None)
 
     return delete
+
+
+def _strings(value: dict[str, Any]) -> set[str]:
+    """A string set value, as DynamoDB takes one: not empty, no duplicates."""
+    strings = value["SS"]
+    if not strings or len(set(strings)) != len(strings):
+        raise UnsupportedExpression(f"a string set must hold distinct strings, at least one: {strings!r}")
+    return set(strings)
+
+
+def _string_set(item: dict[str, Any], name: str) -> set[str]:
+    """The item's string set ``name`` (none: empty); an attribute of another type is refused."""
+    if name not in item:
+        return set()
+    if "SS" not in item[name]:
+        raise UnsupportedExpression(f"{name!r} is not a string set")
+    return set(item[name]["SS"])
 
 
 def _remove(part: str) -> Update:
@@ -264,8 +283,10 @@ def update(text: str) -> Update:
             steps += [_remove(p) for p in parts]
         elif keyword == "ADD":
             steps += [_add(p) for p in parts]
-        else:
+        elif keyword == "DELETE":
             steps += [_delete(p) for p in parts]
+        else:
+            raise UnsupportedExpression(f"{keyword} in {text!r}")
 
     def apply(item: dict[str, Any], values: Values) -> None:
         for step in steps:

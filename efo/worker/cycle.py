@@ -136,6 +136,8 @@ class LeaseCycle:
         state = await self._cache.read()
         await self.membership.read(state.members)
         self.view.saw_leaving(state.leaving)
+        if self._me in state.leaving and not self._stopping.is_set():
+            self.membership.strike(self._me)  # a stop's write that landed late, or an old one under its name
         state.workers = dict(self.membership.rows)
         self.view.saw_leases(state.leases, answered_at=self._cache.answered_at, parts=state.parts)
         self.state = state
@@ -351,7 +353,11 @@ class LeaseCycle:
             and lease.counter == owned.epoch
         }
         honour, decline = balance.answer_requests(
-            list(requested), held=held, target=target, gave_lately=self._gave_lately()
+            list(requested),
+            held=held,
+            target=target,
+            gave_lately=self._gave_lately(),
+            from_leaving={sid for sid, lease in requested.items() if lease.wanted_by in self.view.leaving},
         )
         for shard_id in honour:
             self._runner.hand_over(self._owned[shard_id], f"asked for by {requested[shard_id].wanted_by}")

@@ -93,6 +93,12 @@ class Membership:
         #: the counter has still not moved by the next cycle (it usually follows the delete at once).
         self._gone_seen = False
         self._gone = False
+        self._gone_workers: set[str] = set()  # whose rows those were
+        #: Names to strike off the version row's stopping ones at the next move of the counter, kept
+        #: until one lands: its own at its start (a stop of its own before may have left its name),
+        #: the workers it reaped or found gone, and its own again if it finds itself named while not
+        #: stopping (a stop's write that landed late; see :meth:`strike`).
+        self._struck: set[str] = {table.worker_id}
         self._log = log.bind(worker_id=table.worker_id)
 
     async def read(self, members: int) -> None:
@@ -107,6 +113,7 @@ class Membership:
             self._view.saw_workers(rows, issued_at=issued_at, answered_at=answered_at, complete=True)
             self._members = members
             self._gone = self._gone_seen = False  # the counter moved: every worker reads every row
+            self._gone_workers.clear()
             self._full_due = issued_at + ALL_ROWS_EVERY_S * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
             self._rewatch()
             return
@@ -117,7 +124,9 @@ class Membership:
         self._gone, self._gone_seen = self._gone_seen, False
         for worker, row in watched.items():
             if row is None:
-                self._gone_seen |= self.rows.pop(worker, None) is not None
+                if self.rows.pop(worker, None) is not None:
+                    self._gone_seen = True
+                    self._gone_workers.add(worker)
             else:
                 self.rows[worker] = row
         self._view.saw_workers(watched, issued_at=issued_at, answered_at=answered_at, complete=False)
@@ -148,33 +157,40 @@ class Membership:
         self._reads.inc()
         return await self._table.read_worker(worker)
 
+    def strike(self, worker: str) -> None:
+        """``worker`` is not stopping though the version row names it: struck off at the next move of
+        the counter (this cycle's :meth:`act`)."""
+        self._struck.add(worker)
+
     async def act(self) -> None:
         """Announce this worker's own change; reap the watched workers found dead; tell of those found
-        in doubt, or no longer. Each moves the membership counter."""
-        moved = False
-        struck: set[str] = set()  # no longer stopping (the version row may name them: a stop cut short)
-        if self.announce:
-            struck.add(self._table.worker_id)  # starting: a stop of its own before may have left its name
+        in doubt, or no longer. Each moves the membership counter, and strikes the names due off the
+        version row's stopping ones."""
+        moved = bool(self._struck)
         if self.announce or self._gone:
             moved = True
             self.announce = self._gone = False
+            self._struck |= self._gone_workers
+            self._gone_workers.clear()
         watched = self.watching
         for worker in sorted(self._view.dead & watched):
             beat = self._view.beat(worker)
             if beat is not None and await self._table.reap_worker(worker, beat):
                 self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
                 moved = True
-                struck.add(worker)
+                self._struck.add(worker)
         doubting = self._view.doubting & watched
         if doubting != self._doubting & watched:
             moved = True
         self._doubting = doubting
         if moved:
+            struck = set(self._struck)
             try:
                 await self._table.members_changed(not_leaving=struck)
             except BaseException:
                 self.announce = True  # tried again at the next cycle
                 raise
+            self._struck -= struck
 
     def next_death_at(self) -> float | None:
         """When the first watched worker would turn dead if it does not beat before."""

@@ -66,7 +66,9 @@ def test_the_version_row_names_the_stopping_workers_until_their_stop_or_a_reap_s
     async def scenario() -> None:
         async with world(local_stack, MemoryKinesis(2)) as w:
             table, other = w.table, await w.other_worker("w2")
+            await table.members_changed(not_leaving=["nobody"])  # every start strikes its name: no set yet
             members = (await table.read_control()).members
+            assert (await table.read_control()).leaving == frozenset()
             await table.leaving()
             await other.leaving()
             await other.leaving()  # a set: named once

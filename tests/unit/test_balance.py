@@ -365,6 +365,10 @@ def test_a_stopping_worker_counts_no_share_and_its_leases_stay_its_own_until_rel
         moves = plan(worker, leases(owners), live, leaving={"c"})
         assert not moves.claim and not moves.shed and not moves.ask, (worker, moves)
         assert moves.target == 4 == target(worker, 12, live, leaving={"c"})
+    # a and b hold 5 each, c 2: what c will release no longer covers what d misses (4).
+    uncovered = {**owners, "s08": "a", "s09": "b"}
+    assert plan("d", leases(uncovered), live, leaving={"c"}).ask, "asks once what c releases does not cover it"
+    assert not plan("d", leases(owners), live, leaving={"c"}).ask
     released = {**owners, **{f"s{i:02d}": None for i in range(8, 12)}}
     claimed = plan("d", leases(released), live, leaving={"c"}).claim
     assert sorted(lease.shard_id for lease in claimed) == ["s08", "s09", "s10", "s11"]
@@ -377,3 +381,8 @@ def test_a_free_lease_a_stopping_worker_asked_for_is_not_kept_for_it() -> None:
     assert not moves.claim, "kept for c while c is not leaving"
     moves = plan("a", leases(owners, wanted={"s00": "c"}), ["a", "b", "c"], reserved_for_others={"s00"}, leaving={"c"})
     assert [lease.shard_id for lease in moves.claim] == ["s00"]
+
+
+def test_a_request_of_a_stopping_worker_is_declined_whatever_the_share() -> None:
+    honour, decline = answer_requests(["s1", "s2", "s3"], held=10, target=4, gave_lately=False, from_leaving={"s2"})
+    assert honour == ["s1", "s3"] and decline == ["s2"]

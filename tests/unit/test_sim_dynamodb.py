@@ -82,14 +82,20 @@ def test_add_and_delete_of_a_string_set_are_a_union_and_a_difference_and_no_set_
         assert await names() == (["b", "c"], {"N": "3"})
         await update("ADD n :one DELETE s :names", ["b", "c"])
         assert await names() == (None, {"N": "4"})
-        with pytest.raises(botocore.exceptions.ClientError) as refused:
-            await client.update_item(
-                TableName=TABLE,
-                Key=_key("p", "v"),
-                UpdateExpression="DELETE n :one",
-                ExpressionAttributeValues={":one": {"N": "1"}},
-            )
-        assert _code(refused.value) == "ValidationException"
+        refused_updates = [
+            ("DELETE n :one", {":one": {"N": "1"}}),  # DELETE takes a set
+            ("DELETE n :names", {":names": {"SS": ["a"]}}),  # from a number
+            ("ADD n :names", {":names": {"SS": ["a"]}}),  # a set to a number
+            ("ADD s :names", {":names": {"SS": []}}),  # no empty set
+            ("ADD s :names", {":names": {"SS": ["a", "a"]}}),  # nor duplicates
+        ]
+        for expression, values in refused_updates:
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                await client.update_item(
+                    TableName=TABLE, Key=_key("p", "v"), UpdateExpression=expression, ExpressionAttributeValues=values
+                )
+            assert _code(refused.value) == "ValidationException", expression
+        assert await names() == (None, {"N": "4"}), "a refused update changes nothing"
         assert db is not None
 
     run(scenario())
