@@ -227,10 +227,12 @@ def plan_by_owner(
     ask: list[Lease] = []
     room = target - held
     short = not claim and not shed and room > 0
-    # What stopping workers still hold comes free as they stop: while it covers what the others
-    # miss, nobody asks (a request would move a lease twice: to the asker, and a released one back).
-    releasing = sum(len(readable.get(worker, {})) for worker in alive - members)
-    if short and may_ask and asked < max_steals and releasing < missing:
+    # What stopping workers still hold comes free as they stop: while it and what is free (kept for
+    # another's request, say) cover what the workers miss, nobody asks (a request would move a lease
+    # twice: to the asker, and a released one back to the worker it was taken from).
+    releasing = any(readable.get(worker) for worker in alive - members)
+    on_its_way = releasing and count - sum(load.values()) >= missing
+    if short and may_ask and asked < max_steals and not on_its_way:
         others = [worker for worker in workers if worker != me and worker not in barred]
         if barred:  # a decline: what was shed is on its way here, so only a worker above its share is asked
             others = [worker for worker in others if load[worker] > share(worker)]
@@ -294,8 +296,8 @@ def answer_requests(
     shed); any other is honoured even at the share, since workers that disagree on the shares
     (their lists of streams differ for a while) have no other way to move a lease. Each one
     honoured counts as giving: two at once do not take this worker below its share. A request whose
-    asker is stopping (``from_leaving``) is declined: it would claim nothing, and the lease would
-    move twice."""
+    asker is stopping or stopped (``from_leaving``) is declined: it would claim nothing, and the
+    lease would move twice."""
     honour: list[str] = []
     decline: list[str] = []
     for shard_id in requested:

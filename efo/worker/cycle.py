@@ -136,8 +136,7 @@ class LeaseCycle:
         state = await self._cache.read()
         await self.membership.read(state.members)
         self.view.saw_leaving(state.leaving)
-        if self._me in state.leaving and not self._stopping.is_set():
-            self.membership.strike(self._me)  # a stop's write that landed late, or an old one under its name
+        self.membership.saw_named(state.leaving, stopping=self._stopping.is_set())
         state.workers = dict(self.membership.rows)
         self.view.saw_leases(state.leases, answered_at=self._cache.answered_at, parts=state.parts)
         self.state = state
@@ -357,7 +356,7 @@ class LeaseCycle:
             held=held,
             target=target,
             gave_lately=self._gave_lately(),
-            from_leaving={sid for sid, lease in requested.items() if lease.wanted_by in self.view.leaving},
+            from_leaving={sid for sid, lease in requested.items() if self._leaving_or_gone(lease.wanted_by)},
         )
         for shard_id in honour:
             self._runner.hand_over(self._owned[shard_id], f"asked for by {requested[shard_id].wanted_by}")
@@ -371,6 +370,10 @@ class LeaseCycle:
             except LeaseLost:
                 continue
             self._log.info("lease.request_declined", shard_id=shard_id, asker=lease.wanted_by, target=target)
+
+    def _leaving_or_gone(self, asker: str | None) -> bool:
+        """The worker that wrote a request is stopping, or stopped (no row): it will claim nothing."""
+        return asker in self.view.leaving or asker not in self.view.known()
 
     def _gave_lately(self) -> bool:
         """This worker handed a lease over for balance (shed, asked, stranded) within ``failover_s``."""

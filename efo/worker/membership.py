@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 import structlog
 
 from efo.clock import Clock
+from efo.errors import EfoError
 from efo.leases.model import WorkerRow
 from efo.leases.view import TableView
 from efo.observability import METRICS
@@ -93,12 +95,14 @@ class Membership:
         #: the counter has still not moved by the next cycle (it usually follows the delete at once).
         self._gone_seen = False
         self._gone = False
-        self._gone_workers: set[str] = set()  # whose rows those were
-        #: Names to strike off the version row's stopping ones at the next move of the counter, kept
-        #: until one lands: its own at its start (a stop of its own before may have left its name),
-        #: the workers it reaped or found gone, and its own again if it finds itself named while not
-        #: stopping (a stop's write that landed late; see :meth:`strike`).
+        #: Names to strike off the version row's stopping ones, each a reason to move the counter,
+        #: kept until a move lands: its own at its start (a stop of its own before may have left its
+        #: name) and whenever it finds itself named while not stopping (:meth:`saw_named`), and the
+        #: workers it reaped.
         self._struck: set[str] = {table.worker_id}
+        #: Names the version row gives as stopping whose workers have no row (a stop whose own move
+        #: was lost, a worker that died in its stop): struck by the next move, not a reason for one.
+        self._riders: set[str] = set()
         self._log = log.bind(worker_id=table.worker_id)
 
     async def read(self, members: int) -> None:
@@ -113,7 +117,6 @@ class Membership:
             self._view.saw_workers(rows, issued_at=issued_at, answered_at=answered_at, complete=True)
             self._members = members
             self._gone = self._gone_seen = False  # the counter moved: every worker reads every row
-            self._gone_workers.clear()
             self._full_due = issued_at + ALL_ROWS_EVERY_S * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
             self._rewatch()
             return
@@ -124,9 +127,7 @@ class Membership:
         self._gone, self._gone_seen = self._gone_seen, False
         for worker, row in watched.items():
             if row is None:
-                if self.rows.pop(worker, None) is not None:
-                    self._gone_seen = True
-                    self._gone_workers.add(worker)
+                self._gone_seen |= self.rows.pop(worker, None) is not None
             else:
                 self.rows[worker] = row
         self._view.saw_workers(watched, issued_at=issued_at, answered_at=answered_at, complete=False)
@@ -157,40 +158,49 @@ class Membership:
         self._reads.inc()
         return await self._table.read_worker(worker)
 
-    def strike(self, worker: str) -> None:
-        """``worker`` is not stopping though the version row names it: struck off at the next move of
-        the counter (this cycle's :meth:`act`)."""
-        self._struck.add(worker)
+    def saw_named(self, named: AbstractSet[str], *, stopping: bool) -> None:
+        """The workers the version row names as stopping, as this cycle read it (after :meth:`read`).
+        Its own name is struck if this worker is not stopping (a stop's write that landed late, under
+        the name of a worker that started again: counting no share for it, the others would never
+        ask), and never while it is; names without a row ride along the next move."""
+        me = self._table.worker_id
+        if stopping:
+            self._struck.discard(me)
+        elif me in named:
+            self._struck.add(me)
+        self._riders = set(named) - self.rows.keys() - {me}
 
     async def act(self) -> None:
         """Announce this worker's own change; reap the watched workers found dead; tell of those found
         in doubt, or no longer. Each moves the membership counter, and strikes the names due off the
-        version row's stopping ones."""
-        moved = bool(self._struck)
-        if self.announce or self._gone:
-            moved = True
-            self.announce = self._gone = False
-            self._struck |= self._gone_workers
-            self._gone_workers.clear()
+        version row's stopping ones. What is to announce stays so until a move lands; a reap that
+        fails (throttled) is tried again at the next cycle and holds up no other."""
+        moved = self.announce or self._gone or bool(self._struck)
         watched = self.watching
         for worker in sorted(self._view.dead & watched):
             beat = self._view.beat(worker)
-            if beat is not None and await self._table.reap_worker(worker, beat):
-                self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
-                moved = True
-                self._struck.add(worker)
-        doubting = self._view.doubting & watched
-        if doubting != self._doubting & watched:
-            moved = True
-        self._doubting = doubting
-        if moved:
-            struck = set(self._struck)
+            if beat is None:
+                continue
             try:
-                await self._table.members_changed(not_leaving=struck)
-            except BaseException:
-                self.announce = True  # tried again at the next cycle
-                raise
+                reaped = await self._table.reap_worker(worker, beat)
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("worker.reap_failed", dead_worker=worker, error=str(exc), code=exc.code)
+                continue
+            if reaped:
+                self._log.info("worker.reaped", dead_worker=worker, heartbeat=beat)
+                self._struck.add(worker)
+                moved = True
+        doubting = self._view.doubting & watched
+        moved = moved or doubting != self._doubting & watched
+        if moved:
+            struck = self._struck | self._riders
+            await self._table.members_changed(not_leaving=struck)
+            self.announce = self._gone = False
             self._struck -= struck
+            self._riders -= struck
+        self._doubting = doubting
 
     def next_death_at(self) -> float | None:
         """When the first watched worker would turn dead if it does not beat before."""

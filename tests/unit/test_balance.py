@@ -383,6 +383,16 @@ def test_a_free_lease_a_stopping_worker_asked_for_is_not_kept_for_it() -> None:
     assert [lease.shard_id for lease in moves.claim] == ["s00"]
 
 
+def test_nobody_asks_while_what_stopping_workers_hold_and_what_is_free_cover_what_is_missing() -> None:
+    """Found in review: c stops with 4, d starts with none, and s07 is free, kept for b's request.
+    What c holds alone (4) is less than d and b miss (5), so d asked a, at its share, for a lease:
+    a would then claim one of c's back. s07 goes to b: nothing needs asking."""
+    owners = {**shards(4, "a"), "s04": "b", "s05": "b", "s06": "b", "s07": None}
+    owners.update({f"s{i:02d}": "c" for i in range(8, 12)})
+    moves = plan("d", leases(owners, {"s07": "b"}), ["a", "b", "c", "d"], reserved_for_others={"s07"}, leaving={"c"})
+    assert not moves.ask and not moves.claim and moves.short
+
+
 def test_a_request_of_a_stopping_worker_is_declined_whatever_the_share() -> None:
     honour, decline = answer_requests(["s1", "s2", "s3"], held=10, target=4, gave_lately=False, from_leaving={"s2"})
     assert honour == ["s1", "s3"] and decline == ["s2"]

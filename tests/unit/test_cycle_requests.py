@@ -8,7 +8,7 @@ from typing import Any
 from efo.config import load_settings
 from efo.leases.ledger import CheckpointLedger
 from efo.leases.lifecycle import OwnedShard
-from efo.leases.model import Lease, TableState
+from efo.leases.model import Lease, TableState, WorkerRow
 from efo.pipeline.records import Position
 from efo.sim.clock import ManualClock
 from efo.worker.cycle import LeaseCycle
@@ -82,3 +82,44 @@ def test_a_read_older_than_this_worker_s_claim_does_not_make_the_claim_lost() ->
     assert claims.lost == []
     cycle._check_owned(TableState(leases={"s1": Lease("s1", (), "w2", 4, Position("TRIM_HORIZON"))}))
     assert claims.lost == ["s1"]
+
+
+class Requests:
+    """What the cycle does with the requests it answers: handed over, or declined in the table."""
+
+    worker_id = "me"
+
+    def __init__(self) -> None:
+        self.handed: list[str] = []
+        self.declined: list[tuple[str, str | None]] = []
+
+    def hand_over(self, owned: OwnedShard, reason: str) -> None:
+        self.handed.append(owned.shard_id)
+
+    async def decline(self, lease: Lease) -> None:
+        self.declined.append((lease.shard_id, lease.wanted_by))
+
+
+def test_a_request_of_a_worker_that_is_stopping_or_stopped_is_declined_and_any_other_honoured() -> None:
+    """Found in review: a request written by a worker before its stop began was honoured (the lease
+    moved towards a worker that claims nothing, then on to another: twice), and so was one of a
+    worker whose row was gone."""
+    cycle = _cycle(ManualClock(t=5.0))
+    requests = Requests()
+    claims = Claims()
+    cycle._owned, cycle._runner, cycle._table = claims, requests, requests  # type: ignore[assignment]
+    cycle.view.saw_workers(
+        {name: WorkerRow(name, 1, None, leaving=name == "stopping") for name in ("me", "asker", "stopping")},
+        issued_at=5.0,
+        answered_at=5.0,
+        complete=True,
+    )
+    asked = {"s1": "asker", "s2": "stopping", "s3": "stopped"}
+    readable = []
+    for shard_id, asker in asked.items():
+        lease = Lease(shard_id, (), "me", 2, Position("TRIM_HORIZON"), wanted_by=asker)
+        claims[shard_id] = OwnedShard(lease, CheckpointLedger(lease.checkpoint), "me")
+        readable.append(lease)
+    asyncio.run(cycle._apply_requests(readable, target=0))
+    assert requests.handed == ["s1"]
+    assert requests.declined == [("s2", "stopping"), ("s3", "stopped")]

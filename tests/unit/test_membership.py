@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from efo.errors import Retriable
 from efo.leases.model import WorkerRow
 from efo.leases.view import TableView
 from efo.sim.clock import ManualClock
@@ -214,7 +215,7 @@ def test_a_start_and_a_reap_strike_the_names_off_the_version_row_s_stopping_ones
 def test_names_to_strike_are_kept_until_a_move_of_the_counter_lands() -> None:
     """Found in review: a move that failed was tried again as an announcement of this worker
     alone, and the reaped worker's name stayed on the version row. Every name due is kept until a
-    move lands; a watched row found gone (a stop whose own move was lost) is struck too."""
+    move lands."""
     clock, rows, membership = _worker("w04", ("w05", "w06"))
 
     async def main() -> None:
@@ -233,11 +234,87 @@ def test_names_to_strike_are_kept_until_a_move_of_the_counter_lands() -> None:
             except TimeoutError:
                 assert len(rows.reaped) == reaped + 1, "the reap landed, its move did not"
         assert rows.reaped and rows.struck[1:] == [{"w05"}], rows.struck
-        del rows.beats["w06"]  # w06 stopped: its row deleted, its own move lost
-        for second in range(20, 23):
-            clock.t = float(second)
-            await membership.read(rows.members)
+
+    asyncio.run(main())
+
+
+def test_a_name_without_a_row_rides_the_next_move_even_one_another_worker_made_first() -> None:
+    """Found in review: w06 stopped, its row deleted and its own move (with its strike) lost; the
+    name found gone was kept only until the next read of every row, which a newcomer's start caused
+    at once, and so never struck. A name the version row gives whose worker has no row is struck
+    by this worker's next move, whoever moved the counter before; it causes no move of its own."""
+    clock, rows, membership = _worker("w04", ("w05", "w06"))
+
+    async def cycle(named: set[str]) -> None:
+        for worker in list(rows.beats):
+            rows.beat(worker)
+        await membership.read(rows.members)
+        membership.saw_named(frozenset(named), stopping=False)
+        await membership.act()
+        clock.t += 1.0
+
+    async def main() -> None:
+        await cycle(set())
+        del rows.beats["w06"]  # stopped: its row deleted, its own move lost
+        await cycle({"w06"})
+        rows.beat("w07")  # a newcomer starts: the counter moves, every row is read again
+        members = rows.members
+        await cycle({"w06"})
+        assert rows.members == members, "a name without a row is no reason to move"
+        rows.members += 1  # someone else's move (w06 still named: it carried no strike)
+        await cycle({"w06"})
+        members = rows.members
+        membership.announce = True  # this worker's own next move (a recovery, say)
+        await cycle({"w06"})
+        assert rows.struck[-1] == {"w06"} and rows.members == members + 1, rows.struck
+
+    asyncio.run(main())
+
+
+def test_a_stopping_worker_never_strikes_its_own_name_and_one_running_does() -> None:
+    """Found in review: its start's move failed (throttled) and kept its own name to strike; the stop
+    named it on the version row, and the stop's cycle struck it again: the others counted it a share
+    while it still held its leases. A stopping worker strikes its own name never; one that runs and
+    finds itself named (a stop's write that landed late) strikes it."""
+    _, rows, membership = _worker("w04", ("w05", "w06"))
+
+    async def main() -> None:
+        await membership.read(rows.members)
+        rows.failing = 1
+        try:
             await membership.act()
-        assert rows.struck[2:] == [{"w06"}], rows.struck
+        except TimeoutError:
+            pass
+        await membership.read(rows.members)
+        membership.saw_named(frozenset({"w04"}), stopping=True)
+        await membership.act()
+        assert rows.struck == [set()], "the start announced, its own name not struck"
+        membership.saw_named(frozenset({"w04"}), stopping=False)
+        await membership.act()
+        assert rows.struck[-1] == {"w04"}
+
+    asyncio.run(main())
+
+
+def test_a_reap_that_fails_holds_up_no_announcement() -> None:
+    """Found in review: the announcement was cleared before the reaps, and a reap that raised
+    (throttled) lost it and every move after it, cycle after cycle."""
+    clock, rows, membership = _worker("w04", ("w05", "w06"))
+
+    async def refused(worker_id: str, heartbeat: int) -> bool:
+        raise Retriable("throttled", code="ProvisionedThroughputExceededException")
+
+    async def main() -> None:
+        rows.reap_worker = refused  # type: ignore[method-assign]
+        for second in range(0, 14):
+            clock.t = float(second)
+            rows.beat("w04")
+            rows.beat("w06")  # w05 dead from 10 s
+            await membership.read(rows.members)
+            if second == 12:
+                membership.announce = True  # a recovery to announce
+                members = rows.members
+            await membership.act()
+        assert rows.members == members + 1
 
     asyncio.run(main())
