@@ -124,7 +124,7 @@ class Membership:
         self._reads.inc(len(asked))
         watched = await self._table.read_some_workers(asked)
         answered_at = self._clock.now()
-        self._gone, self._gone_seen = self._gone_seen, False
+        self._gone, self._gone_seen = self._gone or self._gone_seen, False  # kept until a move lands
         for worker, row in watched.items():
             if row is None:
                 self._gone_seen |= self.rows.pop(worker, None) is not None
@@ -196,8 +196,16 @@ class Membership:
         moved = moved or doubting != self._doubting & watched
         if moved:
             struck = self._struck | self._riders
-            await self._table.members_changed(not_leaving=struck)
+            # Cleared before the move, not after: a recovery announced while it is under way (by
+            # another task) may not be in it, and is kept for the next one.
+            announced = self.announce, self._gone
             self.announce = self._gone = False
+            try:
+                await self._table.members_changed(not_leaving=struck)
+            except BaseException:
+                self.announce |= announced[0]
+                self._gone |= announced[1]
+                raise
             self._struck -= struck
             self._riders -= struck
         self._doubting = doubting

@@ -318,3 +318,58 @@ def test_a_reap_that_fails_holds_up_no_announcement() -> None:
         assert rows.members == members + 1
 
     asyncio.run(main())
+
+
+def test_a_row_found_gone_is_announced_after_a_move_that_failed() -> None:
+    """Found in review: the row found gone stayed to announce only until the next read of the
+    watched rows, so a move that failed (throttled) was never tried again, and the workers that
+    did not watch the stopped one counted it alive until their next read of every row."""
+    clock, rows, membership = _worker("w01", ("w02", "w03"))
+
+    async def main() -> None:
+        for _ in range(2):
+            await membership.read(rows.members)
+            await membership.act()
+            clock.t += 1.0
+        members = rows.members
+        del rows.beats["w02"]  # deleted, the counter not moved
+        await membership.read(rows.members)
+        await membership.act()
+        await membership.read(rows.members)
+        rows.failing = 1
+        try:
+            await membership.act()  # its move throttled
+        except TimeoutError:
+            pass
+        for _ in range(3):
+            await membership.read(rows.members)
+            await membership.act()
+            clock.t += 1.0
+        assert rows.members == members + 1
+
+    asyncio.run(main())
+
+
+def test_a_recovery_announced_while_a_move_is_under_way_is_announced_by_the_next() -> None:
+    """Found in review: the announcement was cleared once a move landed, so one made while the move
+    was under way (a recovery, from the heartbeat's task) was cleared with it, though that move may
+    have been sent before the recovery's heartbeat landed."""
+    _, rows, membership = _worker("w01", ("w02", "w03"))
+    move = rows.members_changed
+
+    async def slow_move(*, not_leaving: Iterable[str] = ()) -> None:
+        await asyncio.sleep(0)
+        membership.announce = True  # Coordinator._recovered, meanwhile
+        await move(not_leaving=not_leaving)
+
+    async def main() -> None:
+        await membership.read(rows.members)
+        rows.members_changed = slow_move  # type: ignore[method-assign]
+        await membership.act()
+        rows.members_changed = move  # type: ignore[method-assign]
+        members = rows.members
+        await membership.read(rows.members)
+        await membership.act()
+        assert rows.members == members + 1, "the recovery was never announced"
+
+    asyncio.run(main())
