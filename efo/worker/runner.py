@@ -181,13 +181,21 @@ class ShardRunner:
     async def _children_born(self, ended: ShardEnded) -> None:
         """The children's leases, from the shard's last event, before its SHARD_END: they can be read
         as soon as it is written, without a listing of the stream. A write that fails for a reason that
-        passes is left to the worker that lists the stream (efo.worker.shardsync)."""
-        try:
-            await self._children.born(dict(ended.child_parents))
-        except EfoError as exc:
-            if not exc.retriable:
-                raise
-            self._log.warning("shard.children_not_created", error=str(exc), code=exc.code)
+        passes is tried again (with backoff) until it lands: the children cannot be read before the
+        parent's SHARD_END anyway, and the listing that would write them otherwise may be far off (the
+        first live worker in name order lists, and that may be one that stopped and whose row stays
+        until its watchers reap it). A stop or a lost lease cancels the wait; the next owner reads the
+        last event again."""
+        backoff = self._backoff()
+        while True:
+            try:
+                await self._children.born(dict(ended.child_parents))
+                return
+            except EfoError as exc:
+                if not exc.retriable:
+                    raise
+                self._log.warning("shard.children_not_created", error=str(exc), code=exc.code)
+            await self._clock.sleep(backoff.next_delay_s())
 
     def end(self, owned: OwnedShard, children: tuple[str, ...]) -> None:
         """The shard's last event was handed on: SHARD_END once the sink committed it."""

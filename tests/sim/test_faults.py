@@ -31,6 +31,7 @@ FOUND = {
     398: "a dead worker's lease unread 12.8 s: its asker had reached its share and left it free",
     873: "a finished shard's lease written again: the lister's read missed its children's partition",
     260: "read again 12.6 s after a death: a stop gave up at once a claim subscribed 0.02 s before",
+    365: "a split's children unread 30.6 s: their leases throttled at its end, the lister a stopped worker",
 }
 
 
