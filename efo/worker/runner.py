@@ -29,7 +29,7 @@ from efo.observability import METRICS
 from efo.pipeline.handoff import Handoff
 from efo.pipeline.pool import PendingPool
 from efo.pipeline.records import Position
-from efo.worker.bound import BoundState
+from efo.worker.bound import BoundState, ShardBound
 from efo.worker.checkpointer import Checkpointer
 from efo.worker.liveness import LeaseTrust
 from efo.worker.owned import OwnedLeases
@@ -175,17 +175,18 @@ class ShardRunner:
             if owned.phase.reading:
                 owned.enter(ShardPhase.AT_BOUND)
             return
-        await self._children_born(ended)
+        await self._children_born(ended, bound)
         self.end(owned, ended.child_shard_ids)
 
-    async def _children_born(self, ended: ShardEnded) -> None:
+    async def _children_born(self, ended: ShardEnded, bound: ShardBound | None = None) -> None:
         """The children's leases, from the shard's last event, before its SHARD_END: they can be read
         as soon as it is written, without a listing of the stream. A write that fails for a reason that
         passes is tried again (with backoff) until it lands: the children cannot be read before the
         parent's SHARD_END anyway, and the listing that would write them otherwise may be far off (the
         first live worker in name order lists, and that may be one that stopped and whose row stays
         until its watchers reap it). A stop or a lost lease cancels the wait; the next owner reads the
-        last event again."""
+        last event again. In a bounded run the wait is the shard's activity (``bound``): not silence,
+        which run.shard_timeout_s would blame on Kinesis; run.max_duration_s bounds it."""
         backoff = self._backoff()
         while True:
             try:
@@ -195,6 +196,8 @@ class ShardRunner:
                 if not exc.retriable:
                     raise
                 self._log.warning("shard.children_not_created", error=str(exc), code=exc.code)
+            if bound is not None:
+                bound.activity_at = self._clock.now()
             await self._clock.sleep(backoff.next_delay_s())
 
     def end(self, owned: OwnedShard, children: tuple[str, ...]) -> None:

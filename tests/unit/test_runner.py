@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from efo.config import RunSettings, Settings, Until, load_settings
-from efo.errors import Retriable
+from efo.errors import Retriable, ShardTimeout
 from efo.kinesis.subscription import ShardEnded
 from efo.leases.lifecycle import Commit, OwnedShard, ShardPhase
 from efo.leases.model import Lease
@@ -91,6 +91,7 @@ class Parts:
                 owned=self.owned,
                 listing=self,
                 parents_finished=lambda lease, state, graph: True,
+                clock=self.clock,
             )
             self.bounds.connect(self)
         self.checkpointer = Checkpointer(
@@ -324,5 +325,31 @@ def test_a_shard_s_end_writes_its_children_s_leases_before_its_shard_end_throttl
         await parts.runner._children_born(ended)
         assert parts.children_born == [{"shard-b": ("shard-a",), "shard-c": ("shard-a",)}]
         assert owned.phase is ShardPhase.READING
+
+    run_virtual(scenario())
+
+
+def test_a_bounded_run_waiting_to_write_a_shard_s_children_is_not_silent(settings: Settings) -> None:
+    """Found in review of the test above's fix: in a bounded run, a shard whose end waits for its
+    children's leases (DynamoDB throttled for longer than run.shard_timeout_s) looked silent, and the
+    run failed with "received no event" (exit 1), blaming Kinesis for DynamoDB. The wait counts as
+    activity, as a wait for the pool's budget does; max_duration_s still bounds the run."""
+
+    async def scenario() -> None:
+        parts = Parts(settings, until=Until(None))
+        bounds = parts.bounds
+        assert bounds is not None
+        parts.born_throttled = 1_000_000
+        owned = parts.reading(chunks=0)
+        bound = bounds.track(owned)
+        ended = ShardEnded(("shard-b",), (("shard-b", ("shard-a",)),))
+        waiting = asyncio.ensure_future(parts.runner._children_born(ended, bound))
+        await asyncio.sleep(RunSettings().shard_timeout_s + 1)
+        assert parts.clock.now() - bound.activity_at < RunSettings().shard_timeout_s
+        with pytest.raises(ShardTimeout) as timeout:  # this harness lists nothing and reads no table
+            bounds._check_timeouts()
+        assert "no shard listing" in str(timeout.value), "the shard counted as silent"
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
 
     run_virtual(scenario())
