@@ -296,8 +296,9 @@ def answer_requests(
     shed); any other is honoured even at the share, since workers that disagree on the shares
     (their lists of streams differ for a while) have no other way to move a lease. Each one
     honoured counts as giving: two at once do not take this worker below its share. A request whose
-    asker is stopping or stopped (``from_leaving``) is declined: it would claim nothing, and the
-    lease would move twice."""
+    asker is stopping (``from_leaving``) is declined: it would claim nothing, and the lease would
+    move twice. (One whose asker is not live at all is answered as any other: a worker that does
+    not see the asker's row yet must not turn it away.)"""
     honour: list[str] = []
     decline: list[str] = []
     for shard_id in requested:

@@ -356,7 +356,7 @@ class LeaseCycle:
             held=held,
             target=target,
             gave_lately=self._gave_lately(),
-            from_leaving={sid for sid, lease in requested.items() if self._leaving_or_gone(lease.wanted_by)},
+            from_leaving={sid for sid, lease in requested.items() if lease.wanted_by in self.view.leaving},
         )
         for shard_id in honour:
             self._runner.hand_over(self._owned[shard_id], f"asked for by {requested[shard_id].wanted_by}")
@@ -370,10 +370,6 @@ class LeaseCycle:
             except LeaseLost:
                 continue
             self._log.info("lease.request_declined", shard_id=shard_id, asker=lease.wanted_by, target=target)
-
-    def _leaving_or_gone(self, asker: str | None) -> bool:
-        """The worker that wrote a request is stopping, or stopped (no row): it will claim nothing."""
-        return asker in self.view.leaving or asker not in self.view.known()
 
     def _gave_lately(self) -> bool:
         """This worker handed a lease over for balance (shed, asked, stranded) within ``failover_s``."""
