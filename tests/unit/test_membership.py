@@ -71,6 +71,14 @@ def _worker(me: str, others: tuple[str, ...]) -> tuple[ManualClock, Rows, Member
     return clock, rows, Membership(rows, view, clock, rng=lambda: 1.0)
 
 
+async def _read_and_act(rows: Rows, membership: Membership, clock: ManualClock, *, cycles: int) -> None:
+    """``cycles`` cycles of this worker alone, a second apart: read, act."""
+    for _ in range(cycles):
+        await membership.read(rows.members)
+        await membership.act()
+        clock.t += 1.0
+
+
 def _cycles(
     rows: Rows,
     membership: Membership,
@@ -161,10 +169,9 @@ def test_a_watched_row_found_gone_is_announced_to_the_others() -> None:
     clock, rows, membership = _worker("w01", ("w02", "w03"))
 
     async def main() -> None:
-        for _ in range(2):  # the second reads the watched rows only (its start moved the counter)
-            await membership.read(rows.members)
-            await membership.act()
-            clock.t += 1.0
+        await _read_and_act(
+            rows, membership, clock, cycles=2
+        )  # the second reads the watched rows only (its start moved the counter)
         members = rows.members
         del rows.beats["w02"]  # deleted, the counter not moved
         for _ in range(2):
@@ -183,19 +190,13 @@ def test_a_row_found_gone_after_a_clean_stop_moved_the_counter_is_not_announced_
     clock, rows, membership = _worker("w01", ("w02", "w03"))
 
     async def main() -> None:
-        for _ in range(2):
-            await membership.read(rows.members)
-            await membership.act()
-            clock.t += 1.0
+        await _read_and_act(rows, membership, clock, cycles=2)
         del rows.beats["w02"]
         await membership.read(rows.members)  # the row gone, the counter not moved yet
         await membership.act()
         await rows.members_changed(not_leaving=["w02"])  # the stop's move
         members = rows.members
-        for _ in range(2):
-            await membership.read(rows.members)
-            await membership.act()
-            clock.t += 1.0
+        await _read_and_act(rows, membership, clock, cycles=2)
         assert rows.members == members
 
     asyncio.run(main())
@@ -327,10 +328,7 @@ def test_a_row_found_gone_is_announced_after_a_move_that_failed() -> None:
     clock, rows, membership = _worker("w01", ("w02", "w03"))
 
     async def main() -> None:
-        for _ in range(2):
-            await membership.read(rows.members)
-            await membership.act()
-            clock.t += 1.0
+        await _read_and_act(rows, membership, clock, cycles=2)
         members = rows.members
         del rows.beats["w02"]  # deleted, the counter not moved
         await membership.read(rows.members)
@@ -341,10 +339,7 @@ def test_a_row_found_gone_is_announced_after_a_move_that_failed() -> None:
             await membership.act()  # its move throttled
         except TimeoutError:
             pass
-        for _ in range(3):
-            await membership.read(rows.members)
-            await membership.act()
-            clock.t += 1.0
+        await _read_and_act(rows, membership, clock, cycles=3)
         assert rows.members == members + 1
 
     asyncio.run(main())
