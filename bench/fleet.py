@@ -800,14 +800,18 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b else "-"
 
 
-def kept_up(case: Case, dynamodb: str) -> tuple[bool, str]:
-    """Whether the local stack kept up with this size, and if not, the symptoms."""
+def kept_up(case: Case, dynamodb: str) -> tuple[bool, str, list[str]]:
+    """Whether the local stack kept up with this size, and if not, the symptoms and the phases that
+    showed them (a steady window that kept up is a measure even where another phase was not)."""
     symptoms = []
+    lagging = []
     for name in ("start", "busy", "idle", "join", "takeover"):
         window = getattr(case, name)
         if not window:
             symptoms.append(f"{name}: not measured")
+            lagging.append(name)
             continue
+        before = len(symptoms)
         if window["server_cpu"] >= SERVER_SATURATED_CORES[dynamodb]:
             symptoms.append(f"{name}: DynamoDB server at {window['server_cpu']:.0%} CPU")
         if dynamodb == "local" and window["meter_cpu"] >= METER_SATURATED_CORES:
@@ -827,8 +831,10 @@ def kept_up(case: Case, dynamodb: str) -> tuple[bool, str]:
             symptoms.append(f"{name}: event loop p99 lag {window['loop_lag_p99_ms'] / 1000:.1f} s")
         if window["in_doubt"]:
             symptoms.append(f"{name}: {window['in_doubt']} leases-in-doubt events")
+        if len(symptoms) > before:
+            lagging.append(name)
     symptoms += case.notes
-    return not symptoms, "; ".join(symptoms)
+    return not symptoms, "; ".join(symptoms), lagging
 
 
 def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
@@ -955,11 +961,10 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
                 f"{w['own_cpu_ms_per_request']:.1f} | {w['load']:.1f} | "
                 f"{w['loop_lag_p99_ms']:.0f} | {max(0, retries)}, {errors} |"
             )
-        ok, why = kept_up(case, args.dynamodb)
-        verdicts[case.size] = (ok, why)
+        verdicts[case.size] = kept_up(case, args.dynamodb)
     print()
     for case in cases:
-        ok, why = verdicts[case.size]
+        ok, why, _ = verdicts[case.size]
         agrees = {True: "agreed", False: "DID NOT agree", None: "was not read"}[case.table_agrees]
         print(
             f"- {case.size}: "
@@ -981,6 +986,7 @@ def report(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
                 "takeover": c.takeover,
                 "kept_up": verdicts[c.size][0],
                 "why": verdicts[c.size][1],
+                "lagging": verdicts[c.size][2],
                 "notes": c.notes,
             }
             for c in cases

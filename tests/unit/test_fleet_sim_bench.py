@@ -174,6 +174,33 @@ def test_the_simulation_against_dynamodb_local_is_judged_within_a_tenth() -> Non
     local["cases"][0]["kept_up"] = False
     verdicts = run_all._against_local(fleet_sim.compare([sim], local))
     assert not verdicts[0].met and "did not keep up" in verdicts[0].measured, verdicts
+    # Where the run says which phases lagged, a steady window that kept up is judged on its own figures.
+    local["cases"][0].update(lagging=["start", "busy"], idle={**local_window, "read_units_per_s": 85.0})
+    verdicts = run_all._against_local(fleet_sim.compare([sim], local))
+    assert [v.met for v in verdicts] == [False, True], verdicts
+    assert "did not keep up" in verdicts[0].measured and "did not keep up" not in verdicts[1].measured
+
+
+def test_the_local_fleet_names_the_phases_that_did_not_keep_up() -> None:
+    import fleet
+
+    def phase(loop_lag_p99_ms: float) -> dict[str, Any]:
+        return {
+            "server_cpu": 0.2,
+            "meter_cpu": 0.1,
+            "own_cpu": 0.3,
+            "operations": {"GetItem": {}},
+            "latency": {"GetItem": {"p99_ms": 20.0}},
+            "loop_lag_p99_ms": loop_lag_p99_ms,
+            "in_doubt": 0,
+        }
+
+    case = fleet.Case(1024, 16, start=phase(700), busy=phase(510), idle=phase(8), join=phase(20), takeover=phase(30))
+    ok, why, lagging = fleet.kept_up(case, "local")
+    assert not ok and lagging == ["start", "busy"], (why, lagging)
+    assert "busy: event loop p99 lag 0.5 s" in why
+    case.busy = {}
+    assert fleet.kept_up(case, "local")[2] == ["start", "busy"]
 
 
 def test_the_report_names_the_rolling_deploy_s_longest_unread_shard(
