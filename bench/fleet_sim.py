@@ -56,7 +56,10 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     for size in text.split(","):
         if size.strip():
             shards, _, workers = size.strip().lower().partition("x")
-            sizes.append((int(shards), int(workers)))
+            try:
+                sizes.append((int(shards), int(workers)))
+            except ValueError:
+                raise ValueError(f"--sizes {text}: SHARDSxWORKERS, comma-separated, such as 1024x16,4096x64") from None
     return sizes
 
 

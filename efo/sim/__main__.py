@@ -21,9 +21,20 @@ from typing import Any
 from efo.sim import faults
 from efo.sim.dynamodb import Behaviour
 from efo.sim.fleet import FleetConfig
-from efo.sim.run import Report, RunConfig, simulate
+from efo.sim.run import BadRunConfig, Report, RunConfig, simulate
 
 HASH_SEED = "0"
+#: RunConfig's fields by the flag that sets each (``args``' name): a refusal names what was typed.
+FLAGS = {
+    "shards": "shards",
+    "workers": "workers",
+    "duration_s": "minutes",
+    "drain_s": "drain_s",
+    "records_per_shard_s": "records_per_shard_s",
+    "stale_read_s": "stale_read_s",
+    "idle_event_s": "idle_event_s",
+    "window": "window",
+}
 
 
 def _config(args: argparse.Namespace, seed: int) -> RunConfig:
@@ -104,12 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.faults == "none":
         args.faults = ""
     try:
+        if args.command == "seeds" and args.count < 1:
+            raise ValueError(f"--count {args.count}: at least 1")
         configs = [
             _config(args, seed)
             for seed in ([args.seed] if args.command == "run" else range(args.first, args.first + args.count))
         ]
         for config in configs:
             config.check()
+    except BadRunConfig as exc:
+        flag = FLAGS[exc.field]
+        value = getattr(args, flag)
+        typed = value if isinstance(value, str) else f"{value:g}"
+        print(f"efo.sim: --{flag.replace('_', '-')} {typed}: {exc.allowed}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"efo.sim: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -54,17 +55,38 @@ class RunConfig:
     window: tuple[float, float] | None = None
 
     def check(self) -> None:
-        """A size or fault the simulation cannot run is refused, naming what is allowed."""
+        """A size, length or fault the simulation cannot run is refused, naming what is allowed (a
+        length that is not a finite number, or an idle event every 0 s, would never let time move)."""
         fleet = self.fleet
-        if fleet.shards < 1 or fleet.shards > 100_000:
-            raise ValueError(f"shards = {fleet.shards}: from 1 to 100,000")
-        if fleet.workers < 1 or fleet.workers > 4096:
-            raise ValueError(f"workers = {fleet.workers}: from 1 to 4,096")
-        if self.duration_s <= 0 or self.drain_s < 0:
-            raise ValueError("duration_s must be above 0 and drain_s at least 0")
-        if fleet.records_per_shard_s < 0:
-            raise ValueError(f"records_per_shard_s = {fleet.records_per_shard_s}: at least 0")
+
+        def need(ok: bool, field: str, value: object, allowed: str) -> None:
+            if not ok:
+                raise BadRunConfig(field, value, allowed)
+
+        def at_least(field: str, value: float, least: float, *, above: bool = False) -> None:
+            ok = math.isfinite(value) and (value > least if above else value >= least)
+            need(ok, field, value, f"{'above' if above else 'at least'} {least:g}")
+
+        need(1 <= fleet.shards <= 100_000, "shards", fleet.shards, "from 1 to 100,000")
+        need(1 <= fleet.workers <= 4096, "workers", fleet.workers, "from 1 to 4,096")
+        at_least("duration_s", self.duration_s, 0, above=True)
+        at_least("drain_s", self.drain_s, 0)
+        at_least("records_per_shard_s", fleet.records_per_shard_s, 0)
+        at_least("stale_read_s", fleet.dynamodb.stale_read_s, 0)
+        at_least("idle_event_s", fleet.idle_event_s, 0, above=True)
+        if self.window is not None:
+            allowed = f"TO at most the run's {self.duration_s:g} s of traffic"
+            need(self.window[1] <= self.duration_s, "window", self.window, allowed)
         faults.parse(",".join(self.faults))
+
+
+class BadRunConfig(ValueError):
+    """A run the simulation cannot make: which field, its value, and what is allowed."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        super().__init__(f"{field} = {value}: {allowed}")
+        self.field = field
+        self.allowed = allowed
 
 
 @dataclass

@@ -220,3 +220,9 @@ def test_the_report_names_the_rolling_deploy_s_longest_unread_shard(
         "The rolling deploy's longest unread at 4,096 × 64: shardId-000000000010 from 12345.25 s to 12350.5 s "
         "(simulated), read by w060 before and w076 after."
     ]
+
+
+def test_a_size_that_is_not_shards_x_workers_is_refused_with_the_form_expected() -> None:
+    assert fleet_sim.parse_sizes("1024x16, 16384X256") == [(1024, 16), (16384, 256)]
+    with pytest.raises(ValueError, match="--sizes 16x: SHARDSxWORKERS"):
+        fleet_sim.parse_sizes("16x")

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _sim(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "efo.sim", *args], capture_output=True, text=True, timeout=120)
@@ -13,9 +15,39 @@ def _sim(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_an_impossible_size_or_fault_is_refused_naming_what_is_allowed() -> None:
     too_big = _sim("run", "--shards", "0")
-    assert too_big.returncode == 2 and "shards = 0: from 1 to 100,000" in too_big.stderr
+    assert too_big.returncode == 2 and "--shards 0: from 1 to 100,000" in too_big.stderr
     unknown = _sim("run", "--faults", "kill,meteor")
     assert unknown.returncode == 2 and "unknown fault(s) meteor" in unknown.stderr and "throttle-key" in unknown.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--idle-event-s", "0"), "--idle-event-s 0: above 0"),  # hung: events every 0 s, time never moved
+        (("--idle-event-s", "-1"), "--idle-event-s -1: above 0"),
+        (("--minutes", "nan"), "--minutes nan: above 0"),  # hung
+        (("--minutes", "inf"), "--minutes inf: above 0"),
+        (("--stale-read-s", "-1"), "--stale-read-s -1: at least 0"),  # was run as if 0
+        (("--drain-s", "-5"), "--drain-s -5: at least 0"),
+        (("--records-per-shard-s", "-0.5"), "--records-per-shard-s -0.5: at least 0"),
+        (("--minutes", "1", "--window", "30:90"), "--window 30:90: TO at most the run's 60 s of traffic"),
+    ],
+)
+def test_a_flag_out_of_its_range_is_refused_naming_the_flag_its_value_and_what_is_allowed(
+    args: tuple[str, ...], said: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "efo.sim", "run", "--shards", "8", "--workers", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and said in done.stderr, (done.returncode, done.stderr)
+
+
+def test_seeds_refuses_a_count_of_none() -> None:
+    done = _sim("seeds", "--count", "0", "--shards", "8", "--workers", "2")
+    assert done.returncode == 2 and "--count 0: at least 1" in done.stderr, done.stderr
 
 
 def test_a_run_prints_its_report_and_the_same_seed_gives_the_same_run() -> None:
