@@ -5,7 +5,10 @@ A part never calls ``time.monotonic``, ``datetime.now``, ``asyncio.sleep``, ``as
 (the event loop's own time and the system's wall clock); in the fleet simulation
 (:mod:`efo.sim`) and in unit tests it is a clock on an event loop whose time is virtual, which can
 also run one worker's timers late or hold them while the worker is paused. So the same code runs
-in production, in a unit test and in a simulated fleet of hundreds of workers.
+in production, in a unit test and in a simulated fleet of hundreds of workers. The service hands
+its clock to every part it makes (``efo.service.Service(clock=...)``). Outside a worker's event
+loop the system clock is used directly: the settings' checks at load, the driver thread's handoff
+(a thread's condition waits in real time) and the Spark source's engine (``efo.source``).
 
 - :meth:`Clock.now`: monotonic seconds (intervals, deadlines, ages), never compared across hosts;
 - :meth:`Clock.wall`: the wall clock, for what is written to the table or compared with Kinesis's

@@ -12,7 +12,6 @@ import math
 import platform
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TextIO, cast
@@ -33,6 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import HistogramMetricFamily
 
 from efo import __version__
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.stderr_json import JsonLinesStream, wants_json
 
 
@@ -146,10 +146,11 @@ class ShardSeries:
     removed when the claim ends, so a released shard leaves no stale lag behind. Labelled by the
     stream's name and the shard id: two streams of one application have shards of the same ids."""
 
-    def __init__(self, metrics: Metrics, stream: str, shard_id: str) -> None:
+    def __init__(self, metrics: Metrics, stream: str, shard_id: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.stream = stream
         self.shard_id = shard_id
         self._metrics = metrics
+        self._clock = clock
         self._lag: Gauge | None = None  # from the first event on: no "0 s behind" for a shard never read
         labels = {"stream": stream, "shard_id": shard_id}
         self._last_event = metrics.shard_last_event.labels(**labels)
@@ -167,7 +168,7 @@ class ShardSeries:
             if self._lag is None:
                 self._lag = self._metrics.shard_lag.labels(stream=self.stream, shard_id=self.shard_id)
             self._lag.set(lag_ms / 1000)
-        self._last_event.set(time.time())
+        self._last_event.set(self._clock.wall().timestamp())
 
     def stop_lag(self) -> None:
         """Reading stopped here for good (a bounded run cut the shard at its time): its lag leaves
@@ -492,8 +493,8 @@ class Metrics:
             except KeyError:
                 pass
 
-    def shard(self, stream: str, shard_id: str) -> ShardSeries:
-        return ShardSeries(self, stream, shard_id)
+    def shard(self, stream: str, shard_id: str, clock: Clock = SYSTEM_CLOCK) -> ShardSeries:
+        return ShardSeries(self, stream, shard_id, clock)
 
     def forget_shard(self, stream: str, shard_id: str) -> None:
         """Remove a released shard's series (a later claim starts them again)."""

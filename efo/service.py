@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +23,7 @@ import structlog
 
 from efo import progress
 from efo.aws import Clients, Endpoints
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.config import Settings
 from efo.coordinator import Coordinator
 from efo.errors import EfoError, ResourceNotFound, translate
@@ -45,8 +45,9 @@ EXIT_OVERDUE_S = 10.0
 
 
 class Service:
-    def __init__(self, settings: Settings, handoff: Handoff | None = None) -> None:
+    def __init__(self, settings: Settings, handoff: Handoff | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
+        self._clock = clock  # every part's: its now, sleeps and timeouts
         self.handoff = handoff or Handoff()
         self.error: EfoError | None = None
         self.finished = threading.Event()
@@ -120,7 +121,7 @@ class Service:
         sooner would have the kubelet's SIGTERM cut the driver's own exit short (and its last line)."""
         if self._finished_at is None:
             return None
-        ended_s = time.monotonic() - self._finished_at
+        ended_s = self._clock.now() - self._finished_at
         if ended_s <= self.settings.shutdown_timeout_s + EXIT_OVERDUE_S:
             return None
         reason = f"it failed: {self.error}" if self.error is not None else "it stopped"
@@ -155,7 +156,7 @@ class Service:
         finally:
             self.intake_ended.set()
             self.handoff.close()
-            self._finished_at = time.monotonic()
+            self._finished_at = self._clock.now()
             self.finished.set()
 
     async def _main(self) -> None:
@@ -194,7 +195,7 @@ class Service:
         several = len(every) > 1
         # Which streams this worker reads, in its heartbeat rows (workers reading the same deal alike).
         reads = streams_digest(stream.arn for stream, _ in self._checked) if several else None
-        pool = PendingPool.of(self.settings.pool)
+        pool = PendingPool.of(self.settings.pool, clock=self._clock)
         shares = self._shares = StreamShares()  # each stream's cycle counts this worker's share over every stream
         # One pool: its backlog bound counts the uncheckpointed records of every stream still read.
         backlog = self._backlog = SharedBacklog() if several else None
@@ -206,6 +207,7 @@ class Service:
                 app=settings.app,
                 stream_arn=stream.arn,
                 worker_id=settings.worker_id,
+                clock=self._clock,
             )
             if checking and not coordinators:
                 await table.ensure_table()  # one table for every stream of the application
@@ -224,6 +226,7 @@ class Service:
                 heartbeats=table.with_client(await clients.dynamodb()),
                 shares=shares,
                 shared_backlog=backlog,
+                clock=self._clock,
             )
             if checking:
                 await coordinator.check()  # the leases themselves are bootstrapped once the heartbeat runs
@@ -244,8 +247,7 @@ class Service:
         for other in self._read(coordinators)[:1]:
             other.checkpointer.apply_backlog_bound()
 
-    @staticmethod
-    async def _check_stream(kinesis: Any, settings: Settings) -> tuple[StreamInfo, str]:
+    async def _check_stream(self, kinesis: Any, settings: Settings) -> tuple[StreamInfo, str]:
         """The stream described and its consumer found (or registered) and ACTIVE."""
         stream = await describe_stream(kinesis, settings.stream_ref)
         consumer_arn = await ensure_consumer(
@@ -253,6 +255,7 @@ class Service:
             stream_arn=stream.arn,
             name=None if settings.consumer_arn else settings.consumer,
             arn=settings.consumer_arn,
+            clock=self._clock,
         )
         return stream, consumer_arn
 

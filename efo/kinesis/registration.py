@@ -6,14 +6,13 @@ only (``efo consumers deregister``): a data path that deregisters races other wo
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
+from efo.clock import SYSTEM_CLOCK, Clock
 from efo.errors import ResourceNotFound, Retriable, error_code, translate
 
 log = structlog.get_logger("efo.kinesis.registration")
@@ -89,9 +88,10 @@ async def ensure_consumer(
     name: str | None = None,
     arn: str | None = None,
     timeout_s: float = CONSUMER_ACTIVE_TIMEOUT_S,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> str:
     """Return the ARN of an ACTIVE consumer: the given ARN, or the named one, registering it if needed."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.now() + timeout_s
     delay_s = 0.5
     while True:
         description = await describe_consumer(kinesis, stream_arn=stream_arn, name=name, arn=arn)
@@ -107,11 +107,11 @@ async def ensure_consumer(
             return str(description["ConsumerARN"])
         if status == "DELETING":  # a restart onto a consumer still being deleted: wait, then register
             log.warning("consumer.deleting", consumer=name or arn)
-        if time.monotonic() > deadline:
+        if clock.now() > deadline:
             raise ResourceNotFound(
                 f"consumer {name or arn!r} did not become ACTIVE within {timeout_s:.0f} s (last status: {status})"
             )
-        await asyncio.sleep(delay_s)
+        await clock.sleep(delay_s)
         delay_s = min(delay_s * 1.5, 5.0)  # DescribeStreamConsumer allows 20 TPS per stream
 
 

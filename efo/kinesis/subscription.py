@@ -134,7 +134,7 @@ class ShardSubscription:
         self._lease_check = lease_check
         self._on_phase = on_phase
         self._on_first_event = on_first_event
-        self._series = series if series is not None else METRICS.shard(stream, shard_id)
+        self._series = series if series is not None else METRICS.shard(stream, shard_id, clock)
         self._log = logger if logger is not None else log.bind(shard_id=shard_id)
         self._corrupt_logged = False
         self._streaming = False  # the current attempt's call succeeded: errors now come mid-stream

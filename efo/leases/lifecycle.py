@@ -142,7 +142,7 @@ class OwnedShard:
         self.log = structlog.get_logger("efo.shard").bind(
             shard_id=self.shard_id, epoch=self.epoch, worker_id=self.worker_id
         )
-        self.series = METRICS.shard(self.stream, self.shard_id)
+        self.series = METRICS.shard(self.stream, self.shard_id, self.clock)
 
     def subscribed(self, at: datetime) -> None:
         """A SubscribeToShard of this claim succeeded, at ``at`` (the wall clock)."""
