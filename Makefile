@@ -17,7 +17,8 @@ TEST_PROCESSES ?= 3
 XDIST := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 EFO_CHAOS_ITERATIONS ?= 3
 # make chaos also runs the lease plane in simulated time with every fault at random, this many seeds
-# (python -m efo.sim seeds: two processes, one per core; it stops at the first violation and prints it).
+# (bench/sim_seeds.py: python -m efo.sim seeds in two processes, one per core; every seed runs, and each
+# violation is printed with the command that replays its seed; docs/simulation.md lists them).
 EFO_SIM_SEEDS ?= 1000
 EFO_SIM_FIRST_SEED ?= 1
 # The simulation runs with fixed str hashing, as 'python -m efo.sim' does, so a seed a test prints replays.
