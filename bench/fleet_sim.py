@@ -42,7 +42,7 @@ from common import command_line, write_json
 from fleet import READ_LIMIT, WRITE_LIMIT, kcl_model, kcl_times
 
 from efo.sim.fleet import FleetConfig
-from efo.sim.phases import MIN_READY_S, PHASES, PhasesConfig, PhasesReport, run_phases
+from efo.sim.phases import MIN_READY_S, PHASES, PhasesConfig, PhasesReport, finished, run_phases
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -154,7 +154,7 @@ def run_sizes(args: argparse.Namespace) -> list[dict[str, Any]]:
         if out.exists():
             case.update(json.loads(out.read_text()))
         case["wall_s"] = round(time.monotonic() - started, 1)
-        done = [name for name in PHASES if name in case["phases"]]
+        done = finished(case["phases"])
         if code is None:
             case["why"] = f"stopped by the budget of {args.budget_min:g} min after {', '.join(done) or 'no phase'}"
         elif code != 0:
@@ -332,7 +332,7 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
         times = kcl_times(case["shards"], case["workers"])
 
         def cell(phase: str, key: str, p: dict[str, Any] = p) -> str:
-            return _s(p[phase][key]) if phase in p else "not measured"
+            return _s(p[phase].get(key)) if phase in p and key in p[phase] else "not measured"
 
         roll = p.get("rolling")
         doubts = ", ".join(str(p[n]["in_doubt"]) if n in p else "-" for n in PHASES)
@@ -346,7 +346,12 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
         print(
             f"| {size_name(case['shards'], case['workers'])} | {cell('start', 'balanced_s')} | "
             f"{cell('start', 'ready_s')} | {cell('join', 'balanced_s')} | {takeover} | "
-            + (f"{roll['replaced']} of {roll['of']}, {roll['seconds']:.0f} s" if roll else "not measured")
+            + (
+                f"{roll['replaced']} of {roll['of']}, {roll['seconds']:.0f} s"
+                + (" (cut short)" if roll.get("partial") else "")
+                if roll
+                else "not measured"
+            )
             + f" | {cell('rolling', 'longest_unread_s')} | {cell('rolling', 'balanced_s')} | {doubts} | {lost} | "
             f"{times['takeover_2x']}, {times['join_2x']} | {times['takeover_3x']} | {speed} |"
         )

@@ -597,11 +597,12 @@ def _simulated_size_goals(case: dict[str, Any], size: tuple[int, int], failover_
     if roll is None:
         verdicts.append(Verdict(goal, missing, False))
     else:
-        unread, whole = roll["longest_unread_s"], roll["replaced"] == roll["of"]
-        measured = f"{unread:.1f} s ({roll['replaced']} of {roll['of']} workers replaced)"
+        unread, whole = roll["longest_unread_s"], roll["replaced"] == roll["of"] and not roll.get("partial")
+        measured = f"{unread:.1f} s ({roll['replaced']} of {roll['of']} workers replaced"
+        measured += f" when {case.get('why') or 'cut short'})" if roll.get("partial") else ")"
         verdicts.append(Verdict(goal, measured, unread <= 5 and whole))
     goal = f"{name}: no lease in doubt (no fault injected)"
-    done = [phase for phase in PHASES if phase in phases]
+    done = [phase for phase in PHASES if phase in phases and not phases[phase].get("partial")]  # run to their end
     doubts = {phase: phases[phase]["in_doubt"] for phase in done}
     measured = ", ".join(f"{phase} {n}" for phase, n in doubts.items())
     if not done:

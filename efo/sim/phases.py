@@ -48,6 +48,13 @@ from efo.sim.invariants import Oracle, Trace, Violation
 from efo.sim.run import Capture, RunConfig, in_virtual_time, monitor, produce, usage_rates
 
 PHASES = ("start", "busy", "idle", "join", "takeover", "rolling")
+
+
+def finished(phases: dict[str, dict[str, Any]]) -> list[str]:
+    """The phases of a report run to their end (one cut short shows what it measured, ``partial``)."""
+    return [name for name in PHASES if name in phases and not phases[name].get("partial")]
+
+
 HOLD_CYCLES = 2  # balanced for this many lease cycles in a row (bench/fleet.py's HOLD_CYCLES)
 POLL_S = 0.25  # how often balance and unread shards are looked at
 #: helm/efo/values.yaml's minReadySeconds (tests/unit/test_chart.py holds them equal).
@@ -229,6 +236,9 @@ class _Scenario:
         self.unread = Unread(self.fleet)
         self.tasks: list[asyncio.Task[None]] = []
         self.producer: asyncio.Task[None] | None = None
+        #: What a phase measured so far, shown before its end (a rolling deploy's workers replaced, its
+        #: longest unread) with ``partial``: a run stopped by a budget still reports it.
+        self.progress: Callable[[str, dict[str, Any]], None] = lambda name, found: None
 
     # ---- plumbing ------------------------------------------------------------------------------------
 
@@ -391,6 +401,17 @@ class _Scenario:
             stops.append(asyncio.create_task(stop(worker), name=f"stop-{worker.name}"))
             self.tasks.append(stops[-1])  # a failure surfaces in check(); cancelled if the run ends early
             await asyncio.sleep(0)  # its stop has begun
+            self.progress(
+                "rolling",
+                {
+                    "replaced": len(stop_s),  # stopped so far
+                    "of": len(old),
+                    "seconds": self.now() - started,
+                    "not_ready": replaced - len(ready_s),
+                    "longest_unread_s": self.unread.longest_until_now(),
+                    "longest_unread": self.unread.named(),
+                },
+            )
             if replaced < count:
                 (new,) = await fleet.add(1)
         await self.until(lambda: all(task.done() for task in stops), self.config.timeout_s)
@@ -421,6 +442,16 @@ class _Scenario:
             "rolling": self.rolling,
         }
         violation: Violation | None = None
+        before, began = self.counted(), self.now()
+
+        def partial(name: str, found: dict[str, Any]) -> None:
+            report.phases[name] = {**found, **self.events(before), "from_s": round(began, 3), "partial": True}
+            report.simulated_s = round(self.now(), 3)
+            report.wall_s = round(time.perf_counter() - wall_started, 3)
+            if progress is not None:
+                progress(report)
+
+        self.progress = partial
         try:
             for name in PHASES:
                 before, began = self.counted(), self.now()

@@ -4,6 +4,7 @@ scale, and the measures themselves see what they are meant to."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from efo.leases.lifecycle import ShardPhase
 from efo.sim.fleet import FleetConfig
-from efo.sim.phases import PHASES, PhasesConfig, PhasesReport, Unread, _kind, run_phases
+from efo.sim.phases import PHASES, PhasesConfig, PhasesReport, Unread, _kind, finished, run_phases
 
 FAILOVER_S = 10.0
 
@@ -76,13 +77,21 @@ def test_a_seed_replays_the_same_phases() -> None:
     assert first == second
 
 
-def test_progress_is_reported_after_each_phase() -> None:
-    seen: list[list[str]] = []
+def test_progress_is_reported_after_each_phase_and_each_worker_a_rolling_deploy_replaces() -> None:
+    """A run stopped by a budget during a long rolling deploy (256 workers take hours of CPU here)
+    still reports the workers replaced and the longest unread until then, marked ``partial``."""
+    seen: list[tuple[list[str], dict[str, Any] | None]] = []
     run_phases(
-        PhasesConfig(fleet=FleetConfig(shards=8, workers=2), seed=2, settle_s=1, window_s=3, roll=1),
-        progress=lambda report: seen.append(list(report.phases)),
+        PhasesConfig(fleet=FleetConfig(shards=16, workers=3), seed=2, settle_s=1, window_s=3),
+        progress=lambda report: seen.append((finished(report.phases), copy.deepcopy(report.phases.get("rolling")))),
     )
-    assert seen == [list(PHASES[: i + 1]) for i in range(len(PHASES))]
+    phases_done = [done for i, (done, _) in enumerate(seen) if i == 0 or done != seen[i - 1][0]]
+    assert phases_done == [list(PHASES[: i + 1]) for i in range(len(PHASES))]
+    partial = [roll for done, roll in seen if roll is not None and roll.get("partial")]
+    assert [roll["replaced"] for roll in partial] == [0, 1, 2], partial  # as each old worker's stop begins
+    assert all(roll["of"] == 3 and "longest_unread_s" in roll and "in_doubt" in roll for roll in partial)
+    final = seen[-1][1]
+    assert final is not None and "partial" not in final and final["replaced"] == 3
 
 
 def test_an_impossible_size_or_phase_is_refused() -> None:

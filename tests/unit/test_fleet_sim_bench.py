@@ -137,6 +137,34 @@ def test_a_size_missing_from_the_figures_is_not_measured() -> None:
     assert large and all(not v.met and v.measured.startswith("not measured") for v in large), large
 
 
+def test_a_rolling_deploy_cut_short_by_the_budget_shows_what_it_measured_and_is_not_met(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cut = measured_case(16384, 256)
+    cut["phases"]["rolling"] = {
+        "replaced": 24,
+        "of": 256,
+        "seconds": 260.0,
+        "longest_unread_s": 4.25,
+        "in_doubt": 0,
+        "lost": 0,
+        "partial": True,
+    }
+    cut.update(finished=False, why="stopped by the budget of 120 min after start, busy, idle, join, takeover")
+    data = figures(measured_case(4096, 64), cut)
+    verdicts = {
+        v.goal.split(": ", 1)[1]: v for v in size_verdicts(run_all.fleet_simulation_goals(data), "16,384 x 256")
+    }
+    roll = verdicts["a rolling deploy leaves no shard unread longer than 5 s"]
+    assert not roll.met and roll.measured.startswith("4.2 s (24 of 256 workers replaced when stopped by the budget")
+    doubt = verdicts["no lease in doubt (no fault injected)"]
+    assert not doubt.met and "rolling" not in doubt.measured.split(";")[0], doubt  # the cut phase is not counted
+    report(data["cases"], "4096x64,16384x256", monkeypatch, budget_min=120.0)
+    out = capsys.readouterr().out.splitlines()
+    row = next(line for line in out if line.startswith("| 16,384 × 256 |") and "of 256" in line)
+    assert "24 of 256, 260 s (cut short)" in row and "| 4.2 |" in row and "not measured" in row, row
+
+
 def test_a_partial_rolling_deploy_or_a_doubt_is_not_met() -> None:
     case = measured_case(4096, 64)
     case["phases"]["rolling"]["replaced"] = 8
