@@ -143,8 +143,15 @@ class Oracle:
         self.committed_records = 0
         self.duplicate_records = 0
         self.checkpoints = 0
-        #: The end of the last fault that may delay reading (DynamoDB faults, paused or late workers).
+        #: The end of the last fault that may delay reading (DynamoDB's faults; a late or slow worker's,
+        #: which takes its part of a death's leases late): the fleet converges for START_LIMIT_S after it.
+        #: A paused worker delays nothing but its own leases, which are its death's (``died``).
         self.disturbed_until = 0.0
+        #: The end of the last fault in every worker's DynamoDB path: any worker's doubt is excused until
+        #: failover_s after it; a fault in one worker's path excuses that worker's (Fleet.disturbed).
+        self.table_disturbed_until = 0.0
+        #: The end of the last fault of any kind: balance is judged from then on.
+        self.any_disturbed_until = 0.0
         self.membership_changed_at = 0.0
         self.unread_max_s = 0.0  # the longest a readable shard went unread, outside faults
         self.takeovers: list[float] = []  # seconds from a death to its last shard read again
@@ -299,8 +306,14 @@ class Oracle:
                 self.takeovers.append(now - died_at)
                 self._deaths.remove((died_at, shards))
 
-    def disturbed(self, until_s: float) -> None:
-        self.disturbed_until = max(self.disturbed_until, until_s)
+    def disturbed(self, until_s: float, *, everyone: bool, delays_others: bool) -> None:
+        """A fault lasts until ``until_s``: in ``everyone``'s DynamoDB path or in one worker's, which
+        may (late, slow) or may not (paused) delay what the others read."""
+        self.any_disturbed_until = max(self.any_disturbed_until, until_s)
+        if everyone or delays_others:
+            self.disturbed_until = max(self.disturbed_until, until_s)
+        if everyone:
+            self.table_disturbed_until = max(self.table_disturbed_until, until_s)
 
     def _allowed_s(self, unread_since: float) -> float:
         """How long a shard unread since then may stay so, counted from then or the last fault's end."""
@@ -321,7 +334,7 @@ class Oracle:
                 if not worker.doubt_seen:
                     worker.doubt_seen = True
                     self.doubts += 1
-                    if now > self.disturbed_until + self.failover_s and not fleet.disturbed(worker, now):
+                    if now > self.table_disturbed_until + self.failover_s and not fleet.disturbed(worker, now):
                         self.fail(
                             now,
                             "no doubt",
@@ -372,7 +385,7 @@ class Oracle:
         if readable != self._readable:  # a reshard changes the shares as a member does
             self._readable = set(readable)
             self.membership_changed_at = now
-        stable_since = max(self.membership_changed_at, self.disturbed_until)
+        stable_since = max(self.membership_changed_at, self.any_disturbed_until)
         if counts and now - stable_since >= BALANCE_AFTER_S:
             doubled = [shard_id for shard_id, who in readers.items() if len(who) > 1]
             spread = max(counts.values()) - min(counts.values())

@@ -16,10 +16,10 @@ from efo.sim.run import RunConfig, simulate
 from tests.sim.running import run
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_fault_at_once_keeps_every_invariant(seed: int, record_property: pytest.RecordProperty) -> None:
     run(
-        RunConfig(fleet=FleetConfig(shards=128, workers=16), seed=seed, duration_s=150.0, faults=faults.FAULTS),
+        RunConfig(fleet=FleetConfig(shards=256, workers=16), seed=seed, duration_s=180.0, faults=faults.FAULTS),
         record_property,
     )
 
