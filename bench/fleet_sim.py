@@ -159,7 +159,8 @@ def run_sizes(args: argparse.Namespace) -> list[dict[str, Any]]:
             case["why"] = f"stopped by the budget of {args.budget_min:g} min after {', '.join(done) or 'no phase'}"
         elif code != 0:
             tail = (workdir / f"{shards}x{workers}.log").read_text(errors="replace").splitlines()[-5:]
-            case["why"] = f"the simulation exited {code}: {' / '.join(tail)[-300:]}"
+            exited = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+            case["why"] = f"the simulation {exited}" + (f": {' / '.join(tail)[-300:]}" if tail else "")
         elif case.get("violation"):
             case["why"] = f"invariant '{case['invariant']}' violated after {', '.join(done) or 'no phase'}"
         else:
@@ -358,7 +359,11 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
     for case in cases:
         named = case["phases"].get("rolling", {}).get("longest_unread")
         if named:
-            until = f"{_at(named['to_s'])} s" if named.get("to_s") is not None else "the phase's end"
+            until = "the phase's end"
+            if named.get("to_s") is not None:
+                until = f"{_at(named['to_s'])} s"
+            elif case["phases"]["rolling"].get("partial"):
+                until = "when the phase was cut short"
             print(
                 f"\nThe rolling deploy's longest unread at {size_name(case['shards'], case['workers'])}: "
                 f"{named['shard']} from {_at(named['from_s'])} s to {until} (simulated), read by "

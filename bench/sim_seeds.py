@@ -79,7 +79,8 @@ def main() -> int:
         f"{max(takeovers, default=0):.2f} s | {max((float(line['unread']) for line in lines), default=0):.2f} s |",
         "",
         "Takeover here counts from a death to the last of its shards read again, and includes deaths during "
-        "DynamoDB faults (the invariant counts from the fault's end).",
+        "DynamoDB faults (the invariant counts from the fault's end). \"Outside a fault\" leaves out DynamoDB's "
+        "faults and late or slow workers'; a paused worker's shards count from the pause.",
     ]
     if failed:
         page += ["", "## Violations", ""]

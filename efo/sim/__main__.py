@@ -117,12 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "seeds" and args.count < 1:
             raise ValueError(f"--count {args.count}: at least 1")
-        configs = [
-            _config(args, seed)
-            for seed in ([args.seed] if args.command == "run" else range(args.first, args.first + args.count))
-        ]
-        for config in configs:
-            config.check()
+        seeds = [args.seed] if args.command == "run" else range(args.first, args.first + args.count)
+        _config(args, seeds[0]).check()  # the seeds' configs differ in the seed alone
     except BadRunConfig as exc:
         flag = FLAGS[exc.field]
         value = getattr(args, flag)
@@ -133,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"efo.sim: {exc}", file=sys.stderr)
         return 2
     failed = False
-    for config in configs:
+    for seed in seeds:
+        config = _config(args, seed)
         report = simulate(config)
         if args.command == "run" and args.json:
             print(json.dumps(report.to_json(), indent=2))

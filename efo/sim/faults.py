@@ -91,7 +91,7 @@ async def zombie(fleet: Fleet, rng: random.Random, window_s: float) -> None:
     seconds = fleet.settings.lease.failover_s + rng.uniform(2.0, 20.0)
     now = fleet.clock.now()
     fleet.trace.add(now, name, "sim.paused", seconds=round(seconds, 3))
-    fleet.disturb(name, now, now + seconds, delays_others=False)  # its shards are taken over as a death's
+    fleet.disturb(name, now, now + seconds, delays_reading=False)  # its shards are taken over as a death's
     fleet.oracle.died(now, worker.reading())
     worker.clock.pause(seconds)
 

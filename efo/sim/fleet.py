@@ -309,11 +309,12 @@ class Fleet:
         self.trace.add(self.clock.now(), worker.name, "sim.worker_stopped")
         self.oracle.membership_changed_at = self.clock.now()
 
-    def disturb(self, worker: str | None, start_s: float, end_s: float, *, delays_others: bool = True) -> None:
+    def disturb(self, worker: str | None, start_s: float, end_s: float, *, delays_reading: bool = True) -> None:
         """A fault in ``worker``'s DynamoDB path or time (None: every worker's) from ``start_s`` to
-        ``end_s``; ``delays_others``: what the others read may wait for it (not so a paused worker)."""
+        ``end_s``; ``delays_reading``: the fleet's reading converges after it (not after a pause,
+        whose worker's shards are timed as a death's)."""
         self._disturbances.append((worker, start_s, end_s))
-        self.oracle.disturbed(end_s, everyone=worker is None, delays_others=delays_others)
+        self.oracle.disturbed(end_s, delays_reading=delays_reading)
 
     def reads(self, name: str, shard_id: str, counter: int) -> bool:
         """The worker reads ``shard_id`` under the claim ``counter`` and may still trust its leases (its

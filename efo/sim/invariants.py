@@ -23,10 +23,11 @@ Checked every second by :meth:`Oracle.watch` (the fleet's monitor):
   a live worker (or one stopping gracefully, whose driver commits what it reads on) within
   ``failover_s + 2 s`` of when it stopped being read (its owner died, stopped, handed it over, or it
   was born of a reshard), and within :data:`START_LIMIT_S` of the fleet's start
-  or of the end of a fault that could delay it (DynamoDB faults, paused or late workers: the fleet
-  converges again as after a start);
+  or of the end of a fault that could delay it (DynamoDB's faults, a late or slow worker's: the fleet
+  converges again as after a start); a paused worker's shards are its death's, from the pause;
 - **no exit**: no worker's service ends on its own (a fault that heals never ends a worker);
-- **no doubt**: no worker's leases go into doubt unless a fault touched its DynamoDB path or its time;
+- **no doubt**: no worker's leases go into doubt unless a fault touched its own DynamoDB path or time,
+  or the whole table's;
 - **balance**: 30 s after the last change of membership (a start, a join, a stop, a death) with no
   fault since, every shard is read by exactly one worker and their counts differ by at most one.
 
@@ -145,11 +146,9 @@ class Oracle:
         self.checkpoints = 0
         #: The end of the last fault that may delay reading (DynamoDB's faults; a late or slow worker's,
         #: which takes its part of a death's leases late): the fleet converges for START_LIMIT_S after it.
-        #: A paused worker delays nothing but its own leases, which are its death's (``died``).
+        #: A paused worker's own shards are its death's, from the pause (``died``). A doubt is excused by a
+        #: fault in that worker's path or the whole table's alone (:meth:`efo.sim.fleet.Fleet.disturbed`).
         self.disturbed_until = 0.0
-        #: The end of the last fault in every worker's DynamoDB path: any worker's doubt is excused until
-        #: failover_s after it; a fault in one worker's path excuses that worker's (Fleet.disturbed).
-        self.table_disturbed_until = 0.0
         #: The end of the last fault of any kind: balance is judged from then on.
         self.any_disturbed_until = 0.0
         self.membership_changed_at = 0.0
@@ -306,14 +305,12 @@ class Oracle:
                 self.takeovers.append(now - died_at)
                 self._deaths.remove((died_at, shards))
 
-    def disturbed(self, until_s: float, *, everyone: bool, delays_others: bool) -> None:
-        """A fault lasts until ``until_s``: in ``everyone``'s DynamoDB path or in one worker's, which
-        may (late, slow) or may not (paused) delay what the others read."""
+    def disturbed(self, until_s: float, *, delays_reading: bool) -> None:
+        """A fault lasts until ``until_s``; ``delays_reading``: the fleet's reading converges after it
+        (every fault but a pause, whose worker's shards are timed as a death's)."""
         self.any_disturbed_until = max(self.any_disturbed_until, until_s)
-        if everyone or delays_others:
+        if delays_reading:
             self.disturbed_until = max(self.disturbed_until, until_s)
-        if everyone:
-            self.table_disturbed_until = max(self.table_disturbed_until, until_s)
 
     def _allowed_s(self, unread_since: float) -> float:
         """How long a shard unread since then may stay so, counted from then or the last fault's end."""
@@ -334,7 +331,7 @@ class Oracle:
                 if not worker.doubt_seen:
                     worker.doubt_seen = True
                     self.doubts += 1
-                    if now > self.table_disturbed_until + self.failover_s and not fleet.disturbed(worker, now):
+                    if not fleet.disturbed(worker, now):  # a fault in its path or the table's, lately
                         self.fail(
                             now,
                             "no doubt",

@@ -35,6 +35,7 @@ ends the run: the phases before it are reported, the others are not measured.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import Counter
@@ -84,12 +85,16 @@ class PhasesConfig:
     def check(self) -> None:
         """A size or phase length the simulation cannot run is refused, naming what is allowed."""
         RunConfig(fleet=self.fleet, seed=self.seed).check()
-        if self.window_s <= 0 or self.settle_s < 0 or self.timeout_s <= 0:
-            raise ValueError("window_s and timeout_s must be above 0, settle_s at least 0")
+        for name, value, above in (
+            ("window_s", self.window_s, True),
+            ("timeout_s", self.timeout_s, True),
+            ("settle_s", self.settle_s, False),
+            ("min_ready_s", self.min_ready_s, False),
+        ):
+            if not math.isfinite(value) or value < 0 or (above and value == 0):
+                raise ValueError(f"{name} = {value:g}: a finite number {'above' if above else 'at least'} 0")
         if self.roll is not None and self.roll < 0:
             raise ValueError(f"roll = {self.roll}: at least 0 (None: every worker)")
-        if self.min_ready_s < 0:
-            raise ValueError(f"min_ready_s = {self.min_ready_s:g}: at least 0")
 
 
 @dataclass
@@ -99,7 +104,8 @@ class PhasesReport:
     workers: int
     simulated_s: float = 0.0
     wall_s: float = 0.0
-    #: Each phase that ran to its end, by name (PHASES), with what it measured.
+    #: Each phase that ran to its end, by name (PHASES), with what it measured; one cut short (a
+    #: rolling deploy stopped by a budget) with what it measured until then and ``partial`` (:func:`finished`).
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     violation: str | None = None
     invariant: str | None = None

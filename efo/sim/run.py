@@ -32,6 +32,11 @@ from efo.sim.invariants import Oracle, Trace, Violation
 from efo.sim.loop import run as run_virtual
 
 MONITOR_INTERVAL_S = 1.0
+#: Kinesis takes at most 1,000 records a second into a shard.
+MAX_RECORDS_PER_SHARD_S = 1000.0
+#: An empty event at least this far apart (Kinesis sends one every few seconds; far below, the
+#: simulated time would crawl).
+MIN_IDLE_EVENT_S = 0.01
 PRODUCE_INTERVAL_S = 0.2
 DRAIN_POLL_S = 1.0
 #: The collector as `efo run` sets it (efo.gc_tuning), but its young generation collected 10 times
@@ -63,17 +68,18 @@ class RunConfig:
             if not ok:
                 raise BadRunConfig(field, value, allowed)
 
-        def at_least(field: str, value: float, least: float, *, above: bool = False) -> None:
-            ok = math.isfinite(value) and (value > least if above else value >= least)
-            need(ok, field, value, f"{'above' if above else 'at least'} {least:g}")
+        def at_least(field: str, value: float, least: float, *, above: bool = False, most: float = math.inf) -> None:
+            ok = math.isfinite(value) and (value > least if above else value >= least) and value <= most
+            allowed = f"a finite number {'above' if above else 'at least'} {least:g}"
+            need(ok, field, value, allowed + (f", at most {most:,g}" if math.isfinite(most) else ""))
 
         need(1 <= fleet.shards <= 100_000, "shards", fleet.shards, "from 1 to 100,000")
         need(1 <= fleet.workers <= 4096, "workers", fleet.workers, "from 1 to 4,096")
         at_least("duration_s", self.duration_s, 0, above=True)
         at_least("drain_s", self.drain_s, 0)
-        at_least("records_per_shard_s", fleet.records_per_shard_s, 0)
+        at_least("records_per_shard_s", fleet.records_per_shard_s, 0, most=MAX_RECORDS_PER_SHARD_S)
         at_least("stale_read_s", fleet.dynamodb.stale_read_s, 0)
-        at_least("idle_event_s", fleet.idle_event_s, 0, above=True)
+        at_least("idle_event_s", fleet.idle_event_s, MIN_IDLE_EVENT_S)
         if self.window is not None:
             allowed = f"TO at most the run's {self.duration_s:g} s of traffic"
             need(self.window[1] <= self.duration_s, "window", self.window, allowed)

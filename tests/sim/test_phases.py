@@ -5,6 +5,7 @@ scale, and the measures themselves see what they are meant to."""
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -101,8 +102,11 @@ def test_an_impossible_size_or_phase_is_refused() -> None:
         run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), window_s=0))
     with pytest.raises(ValueError, match="roll"):
         run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), roll=-1))
-    with pytest.raises(ValueError, match="min_ready_s = -1: at least 0"):
+    with pytest.raises(ValueError, match="min_ready_s = -1: a finite number at least 0"):
         run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), min_ready_s=-1))
+    for bad in ({"window_s": math.nan}, {"timeout_s": math.nan}, {"settle_s": math.inf}):  # ran, nan in every figure
+        with pytest.raises(ValueError, match="a finite number"):
+            run_phases(PhasesConfig(fleet=FleetConfig(shards=8, workers=2), **bad))
 
 
 def test_writes_are_told_apart_as_the_meter_tells_them() -> None:

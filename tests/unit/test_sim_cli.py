@@ -23,13 +23,18 @@ def test_an_impossible_size_or_fault_is_refused_naming_what_is_allowed() -> None
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("--idle-event-s", "0"), "--idle-event-s 0: above 0"),  # hung: events every 0 s, time never moved
-        (("--idle-event-s", "-1"), "--idle-event-s -1: above 0"),
-        (("--minutes", "nan"), "--minutes nan: above 0"),  # hung
-        (("--minutes", "inf"), "--minutes inf: above 0"),
-        (("--stale-read-s", "-1"), "--stale-read-s -1: at least 0"),  # was run as if 0
-        (("--drain-s", "-5"), "--drain-s -5: at least 0"),
-        (("--records-per-shard-s", "-0.5"), "--records-per-shard-s -0.5: at least 0"),
+        (
+            ("--idle-event-s", "0"),
+            "--idle-event-s 0: a finite number at least 0.01",
+        ),  # hung: events every 0 s, time never moved
+        (("--idle-event-s", "-1"), "--idle-event-s -1: a finite number at least 0.01"),
+        (("--minutes", "nan"), "--minutes nan: a finite number above 0"),  # hung
+        (("--minutes", "inf"), "--minutes inf: a finite number above 0"),
+        (("--stale-read-s", "-1"), "--stale-read-s -1: a finite number at least 0"),  # was run as if 0
+        (("--drain-s", "-5"), "--drain-s -5: a finite number at least 0"),
+        (("--records-per-shard-s", "-0.5"), "--records-per-shard-s -0.5: a finite number at least 0, at most 1,000"),
+        (("--idle-event-s", "1e-9"), "--idle-event-s 1e-09: a finite number at least 0.01"),  # crawled
+        (("--records-per-shard-s", "1e12"), "--records-per-shard-s 1e+12: a finite number at least 0, at most 1,000"),
         (("--minutes", "1", "--window", "30:90"), "--window 30:90: TO at most the run's 60 s of traffic"),
     ],
 )

@@ -106,10 +106,10 @@ def test_a_shard_its_owner_died_with_must_be_read_again_within_failover_plus_two
 
 
 def test_a_paused_worker_s_shards_are_read_again_within_failover_plus_two_seconds_of_the_pause() -> None:
-    """A zombie (paused past its failover) delays no other worker: its shards are its death's, timed
-    from the pause, not from its end (which excused every takeover of the pause before)."""
+    """A zombie (paused past its failover): its shards are its death's, timed from the pause, not
+    from its end (which excused every takeover of the pause before)."""
     oracle, _, _ = _oracle()
-    oracle.disturbed(170.0, everyone=False, delays_others=False)
+    oracle.disturbed(170.0, delays_reading=False)
     oracle.died(150.0, {SHARD})
     with pytest.raises(Violation, match="read again"):
         oracle.first_event(162.5, SHARD)
@@ -119,7 +119,7 @@ def test_after_the_start_or_a_fault_the_fleet_has_thirty_seconds_to_read_every_s
     oracle, _, _ = _oracle()
     oracle.died(10.0, {SHARD})
     oracle.first_event(35.0, SHARD)  # a death during the start's convergence
-    oracle.disturbed(200.0, everyone=True, delays_others=True)
+    oracle.disturbed(200.0, delays_reading=True)
     oracle.died(205.0, {SHARD})
     oracle.first_event(229.0, SHARD)
     with pytest.raises(Violation, match="read again"):
