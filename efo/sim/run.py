@@ -68,18 +68,18 @@ class RunConfig:
             if not ok:
                 raise BadRunConfig(field, value, allowed)
 
-        def at_least(field: str, value: float, least: float, *, above: bool = False, most: float = math.inf) -> None:
+        def number(field: str, value: float, least: float, *, above: bool = False, most: float = math.inf) -> None:
             ok = math.isfinite(value) and (value > least if above else value >= least) and value <= most
             allowed = f"a finite number {'above' if above else 'at least'} {least:g}"
             need(ok, field, value, allowed + (f", at most {most:,g}" if math.isfinite(most) else ""))
 
         need(1 <= fleet.shards <= 100_000, "shards", fleet.shards, "from 1 to 100,000")
         need(1 <= fleet.workers <= 4096, "workers", fleet.workers, "from 1 to 4,096")
-        at_least("duration_s", self.duration_s, 0, above=True)
-        at_least("drain_s", self.drain_s, 0)
-        at_least("records_per_shard_s", fleet.records_per_shard_s, 0, most=MAX_RECORDS_PER_SHARD_S)
-        at_least("stale_read_s", fleet.dynamodb.stale_read_s, 0)
-        at_least("idle_event_s", fleet.idle_event_s, MIN_IDLE_EVENT_S)
+        number("duration_s", self.duration_s, 0, above=True)
+        number("drain_s", self.drain_s, 0)
+        number("records_per_shard_s", fleet.records_per_shard_s, 0, most=MAX_RECORDS_PER_SHARD_S)
+        number("stale_read_s", fleet.dynamodb.stale_read_s, 0)
+        number("idle_event_s", fleet.idle_event_s, MIN_IDLE_EVENT_S)
         if self.window is not None:
             allowed = f"TO at most the run's {self.duration_s:g} s of traffic"
             need(self.window[1] <= self.duration_s, "window", self.window, allowed)
