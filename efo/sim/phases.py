@@ -35,7 +35,6 @@ ends the run: the phases before it are reported, the others are not measured.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections import Counter
@@ -46,7 +45,7 @@ from typing import Any
 from efo.leases.cost import steady_state
 from efo.sim.fleet import Fleet, FleetConfig, SimWorker
 from efo.sim.invariants import Oracle, Trace, Violation
-from efo.sim.run import Capture, RunConfig, in_virtual_time, monitor, produce, usage_rates
+from efo.sim.run import Capture, RunConfig, in_virtual_time, monitor, number, produce, usage_rates
 
 PHASES = ("start", "busy", "idle", "join", "takeover", "rolling")
 
@@ -85,14 +84,10 @@ class PhasesConfig:
     def check(self) -> None:
         """A size or phase length the simulation cannot run is refused, naming what is allowed."""
         RunConfig(fleet=self.fleet, seed=self.seed).check()
-        for name, value, above in (
-            ("window_s", self.window_s, True),
-            ("timeout_s", self.timeout_s, True),
-            ("settle_s", self.settle_s, False),
-            ("min_ready_s", self.min_ready_s, False),
-        ):
-            if not math.isfinite(value) or value < 0 or (above and value == 0):
-                raise ValueError(f"{name} = {value:g}: a finite number {'above' if above else 'at least'} 0")
+        number("window_s", self.window_s, 0, above=True)
+        number("timeout_s", self.timeout_s, 0, above=True)
+        number("settle_s", self.settle_s, 0)
+        number("min_ready_s", self.min_ready_s, 0)
         if self.roll is not None and self.roll < 0:
             raise ValueError(f"roll = {self.roll}: at least 0 (None: every worker)")
 

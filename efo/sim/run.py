@@ -63,16 +63,6 @@ class RunConfig:
         """A size, length or fault the simulation cannot run is refused, naming what is allowed (a
         length that is not a finite number, or an idle event every 0 s, would never let time move)."""
         fleet = self.fleet
-
-        def need(ok: bool, field: str, value: object, allowed: str) -> None:
-            if not ok:
-                raise BadRunConfig(field, value, allowed)
-
-        def number(field: str, value: float, least: float, *, above: bool = False, most: float = math.inf) -> None:
-            ok = math.isfinite(value) and (value > least if above else value >= least) and value <= most
-            allowed = f"a finite number {'above' if above else 'at least'} {least:g}"
-            need(ok, field, value, allowed + (f", at most {most:,g}" if math.isfinite(most) else ""))
-
         need(1 <= fleet.shards <= 100_000, "shards", fleet.shards, "from 1 to 100,000")
         need(1 <= fleet.workers <= 4096, "workers", fleet.workers, "from 1 to 4,096")
         number("duration_s", self.duration_s, 0, above=True)
@@ -90,9 +80,23 @@ class BadRunConfig(ValueError):
     """A run the simulation cannot make: which field, its value, and what is allowed."""
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
-        super().__init__(f"{field} = {value}: {allowed}")
+        super().__init__(f"{field} = {f'{value:g}' if isinstance(value, float) else value}: {allowed}")
         self.field = field
         self.allowed = allowed
+
+
+def need(ok: bool, field: str, value: object, allowed: str) -> None:
+    """``field`` = ``value`` is refused (BadRunConfig) unless ``ok``."""
+    if not ok:
+        raise BadRunConfig(field, value, allowed)
+
+
+def number(field: str, value: float, least: float, *, above: bool = False, most: float = math.inf) -> None:
+    """``value`` must be a finite number from ``least`` (or ``above`` it) to ``most``: a length that is
+    not finite would never let virtual time move, or never end a wait."""
+    ok = math.isfinite(value) and (value > least if above else value >= least) and value <= most
+    allowed = f"a finite number {'above' if above else 'at least'} {least:g}"
+    need(ok, field, value, allowed + (f", at most {most:,g}" if math.isfinite(most) else ""))
 
 
 @dataclass
