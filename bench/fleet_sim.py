@@ -336,6 +336,11 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
             return _s(p[phase].get(key)) if phase in p and key in p[phase] else "not measured"
 
         roll = p.get("rolling")
+        rolled = "not measured"
+        if roll:
+            rolled = f"{roll['replaced']} of {roll['of']}, {roll['seconds']:.0f} s" + (
+                " (cut short)" if roll.get("partial") else ""
+            )
         doubts = ", ".join(str(p[n]["in_doubt"]) if n in p else "-" for n in PHASES)
         lost = ", ".join(str(p[n]["lost"]) if n in p else "-" for n in PHASES)
         takeover = (
@@ -346,14 +351,8 @@ def report(cases: list[dict[str, Any]], args: argparse.Namespace, against: dict[
         )
         print(
             f"| {size_name(case['shards'], case['workers'])} | {cell('start', 'balanced_s')} | "
-            f"{cell('start', 'ready_s')} | {cell('join', 'balanced_s')} | {takeover} | "
-            + (
-                f"{roll['replaced']} of {roll['of']}, {roll['seconds']:.0f} s"
-                + (" (cut short)" if roll.get("partial") else "")
-                if roll
-                else "not measured"
-            )
-            + f" | {cell('rolling', 'longest_unread_s')} | {cell('rolling', 'balanced_s')} | {doubts} | {lost} | "
+            f"{cell('start', 'ready_s')} | {cell('join', 'balanced_s')} | {takeover} | {rolled} | "
+            f"{cell('rolling', 'longest_unread_s')} | {cell('rolling', 'balanced_s')} | {doubts} | {lost} | "
             f"{times['takeover_2x']}, {times['join_2x']} | {times['takeover_3x']} | {speed} |"
         )
     for case in cases:

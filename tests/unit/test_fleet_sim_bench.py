@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import fleet  # noqa: E402
 import fleet_sim  # noqa: E402
 import run_all  # noqa: E402
 
@@ -210,8 +211,6 @@ def test_the_simulation_against_dynamodb_local_is_judged_within_a_tenth() -> Non
 
 
 def test_the_local_fleet_names_the_phases_that_did_not_keep_up() -> None:
-    import fleet
-
     def phase(loop_lag_p99_ms: float) -> dict[str, Any]:
         return {
             "server_cpu": 0.2,
