@@ -60,6 +60,9 @@ class Plan:
     #: claimed in the same cycle in place of those another worker claimed first (workers whose reads
     #: differ by a claim collide, and so may their spares).
     spare: list[Lease] = field(default_factory=list)
+    #: The other workers with a share that hold fewer leases than it (the decision watches for one
+    #: that does not claim what is free: :data:`efo.worker.decision.LAG_CYCLES`).
+    short_workers: frozenset[str] = frozenset()
 
 
 def plan(
@@ -251,7 +254,13 @@ def plan_by_owner(
                 ask = candidates[: min(room, max_steals - asked)]
     taken = {lease.shard_id for lease in claim}  # the stale ones too
     return Plan(
-        claim=claim, shed=shed, ask=ask, target=target, short=short, spare=[s for s in spare if s.shard_id not in taken]
+        claim=claim,
+        shed=shed,
+        ask=ask,
+        target=target,
+        short=short,
+        spare=[s for s in spare if s.shard_id not in taken],
+        short_workers=frozenset(worker for worker, gap in zip(workers, short_of, strict=True) if gap and worker != me),
     )
 
 

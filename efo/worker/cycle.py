@@ -200,6 +200,7 @@ class LeaseCycle:
             exact=self._shares.several and self._same_streams(state),
             room=room,
             leaving=self.view.leaving,
+            failover_s=self._settings.lease.failover_s,
         )
         moves, self._memory = decide(seen, self._memory, now)
         # What it will hold once these land, before any await: the next stream's room counts it (a

@@ -12,14 +12,19 @@ this adds what spans cycles:
 - a worker below its share with nothing free **asks** only once it has been below it for
   :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own; a lease it asked for
   and claimed does not start that count again), and not the workers that declined a request of its
-  own lately (``declined_by``): meanwhile only a worker above its share (what was shed is on its way).
+  own lately (``declined_by``): meanwhile only a worker above its share (what was shed is on its way);
+- a live worker below its share that, :data:`LAG_CYCLES` on, holds no more while a dead worker's
+  lease free then is free still (it claims nothing: it died too and is not found yet, or its claims
+  fail) **lags**: it counts no share, as a stopping one counts none, until it claims or for about
+  ``failover_s``, so the others take the dead worker's leases beyond the ceiling that its share
+  kept them under.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from efo.leases import balance
 from efo.leases.model import Lease
@@ -35,6 +40,15 @@ ASK_AFTER_CYCLES = 3
 #: replaces a worker every second or two changes the shares faster than they settle, and a shard left
 #: so must be read again within 5 s (issue 37's goal; five cycles, and its claim, took longer).
 STALE_FREE_CYCLES = 3
+#: A live worker below its share while a dead worker's leases are free lags when, this many cycles
+#: on, it holds no more and one of those leases is free still; it counts no share until it claims or
+#: ``failover_s`` and two cycles have passed (if it died, it was found dead and reaped by then: its
+#: last heartbeat came before it was first seen so). Two deaths a few seconds apart: when the first is found, the second
+#: still counts as alive, and its part of the first's leases would stay free, every survivor at the
+#: ceiling, until it too is found dead: a shard of the first unread 12.5-13 s (tests/sim/test_deaths.py).
+#: One cycle is the time a live worker takes to claim what it sees free; one whose claim loses this
+#: race gets a lease back once the others hold more than their share.
+LAG_CYCLES = 1
 #: After this worker took stale leases (a short worker did not claim what was free), it hands
 #: nothing over to short workers for this many cycles: at most one such move a minute, no churn.
 QUIET_CYCLES = 60
@@ -59,6 +73,7 @@ class Seen:
     exact: bool = False
     room: int | None = None
     leaving: AbstractSet[str] = frozenset()  # live, stopping: no share of theirs (efo.leases.balance)
+    failover_s: float = 10.0  # lease.failover_s: a worker that lags is found dead within it
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,19 @@ class Memory:
     short_since: float | None = None  # below its share with nothing free: since then
     quiet_until: float = 0.0  # no handing over to short workers before then
     declined_by: Mapping[str, float] = field(default_factory=dict)  # worker -> not asked again before then
+    lags: Mapping[str, Lag] = field(default_factory=dict)  # workers seen below their share, that may lag
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """A worker first seen below its share at ``since`` (on this worker's clock), holding ``held``,
+    while the dead workers' leases ``free`` were free: it lags (``lags``) if :data:`LAG_CYCLES` on it
+    holds no more and one of them is free still."""
+
+    since: float
+    held: int
+    free: frozenset[str]
+    lags: bool = False
 
 
 def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory]:
@@ -83,6 +111,27 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
     stale = {shard_id for shard_id, since in free_since.items() if now - since >= STALE_FREE_CYCLES * seen.interval_s}
     short_for_s = None if memory.short_since is None else now - memory.short_since
     declined_by = {worker: until for worker, until in memory.declined_by.items() if now < until}
+
+    def holding(worker: str) -> int:
+        return len(seen.readable.get(worker, {}))
+
+    dead_free = frozenset(  # a dead (or doubting) worker's leases
+        shard_id
+        for owner, leases in seen.readable.items()
+        if owner is not None and owner not in live
+        for shard_id in leases
+    )
+    lags: dict[str, Lag] = {}
+    for worker, lag in memory.lags.items():
+        given_s = seen.failover_s + 2 * seen.interval_s
+        if worker not in live or holding(worker) > lag.held or now - lag.since >= given_s:
+            continue  # found dead or gone, claimed, or given its time: it counts a share again
+        if not lag.lags and now - lag.since >= LAG_CYCLES * seen.interval_s:
+            if not lag.free & dead_free:
+                continue  # what it could have claimed was taken by others: nothing says it lags
+            lag = replace(lag, lags=True)
+        lags[worker] = lag
+    lagging = {worker for worker, lag in lags.items() if lag.lags}
     plan = balance.plan_by_owner(
         seen.me,
         seen.readable,
@@ -100,8 +149,11 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
         stale_free=stale,
         shed_for_short=now >= memory.quiet_until,
         barred=declined_by.keys(),
-        leaving=seen.leaving,
+        leaving=seen.leaving | lagging,
     )
+    if dead_free:
+        for worker in plan.short_workers - lags.keys():
+            lags[worker] = Lag(now, holding(worker), dead_free)
     quiet_until = memory.quiet_until
     if any(lease.shard_id in stale for lease in plan.claim):
         quiet_until = now + QUIET_CYCLES * seen.interval_s
@@ -109,4 +161,4 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
     asked_for = any(lease.wanted_by == seen.me for lease in plan.claim)
     below = plan.short or (asked_for and held < plan.target)  # what it asked for claimed, still below: asks on
     short_since = None if not below else memory.short_since if memory.short_since is not None else now
-    return plan, Memory(free_since, short_since, quiet_until, declined_by)
+    return plan, Memory(free_since, short_since, quiet_until, declined_by, lags)

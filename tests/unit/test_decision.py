@@ -15,7 +15,17 @@ from efo.leases import balance
 from efo.leases.balance import by_owner
 from efo.leases.model import Lease
 from efo.pipeline.records import Position
-from efo.worker.decision import ASK_AFTER_CYCLES, QUIET_CYCLES, SETTLE_CYCLES, STALE_FREE_CYCLES, Memory, Seen, decide
+from efo.worker.decision import (
+    ASK_AFTER_CYCLES,
+    LAG_CYCLES,
+    QUIET_CYCLES,
+    SETTLE_CYCLES,
+    STALE_FREE_CYCLES,
+    Lag,
+    Memory,
+    Seen,
+    decide,
+)
 
 INTERVAL_S = 1.0
 
@@ -104,7 +114,10 @@ def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stal
     """Each worker deals the extra shards from its own offset (its list of streams differs from the
     others' during a rolling restart) and counts up to three workers that left, holding nothing, as
     live (it has not read their rows since): each may leave a free lease to another. Once a lease
-    has been free for STALE_FREE_CYCLES, whoever has room under its own ceiling takes it."""
+    has been free for STALE_FREE_CYCLES, whoever has room under its own ceiling takes it. (A worker
+    counts no share for ghosts that lag, LAG_CYCLES, and so holds more than the ceiling counted here
+    for a while, then hands the extra over: a shard is unread past the stale cycles only while no
+    worker has room.)"""
     workers, owners = fleet
     alive = set(workers)
     views = {w: alive | {f"gone{g}" for g in range(ghosts[i])} for i, w in enumerate(workers)}
@@ -117,13 +130,73 @@ def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stal
     # Every worker stops claiming at its own ceiling: ceil(leases / the workers it counts). A shard
     # stays unread past the stale cycles only while every live worker is at it (its ghosts take its room).
     ceilings = {w: -(-leases // len(views[w] | {w})) for w in workers}
-    unread_for: dict[str, int] = {}  # cycles each shard has been unread (after the one that shed it)
+    unread_for: dict[str, int] = {}  # cycles each shard has been unread while a worker had room
     for _ in range(12):
         fleet_.cycle()
-        unread_for = {sid: unread_for.get(sid, 0) + 1 for sid in fleet_.unread(alive)}
         held = dict(zip(sorted(alive), fleet_.holdings(alive), strict=True))
         if any(held[w] < ceilings[w] for w in workers):
+            unread_for = {sid: unread_for.get(sid, 0) + 1 for sid in fleet_.unread(alive)}
             assert max(unread_for.values(), default=0) <= STALE_FREE_CYCLES + 1, (unread_for, held, ceilings)
+        else:
+            unread_for = {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=3),
+    st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=40),
+)
+def test_a_dead_workers_leases_are_read_within_lag_cycles_of_being_free_whoever_else_is_counted_alive(
+    acting: int, phantoms: int, owned_by: list[int]
+) -> None:
+    """Workers that every worker counts alive and that claim nothing (they died too and are not found
+    dead yet: tests/sim/test_deaths.py) hold a share that nobody else may take: every other worker
+    stops at a ceiling that counts them. Each counts no share once it held less than its share for
+    LAG_CYCLES with enough free for it (one after another: the share one no longer counts goes to the
+    next), and every lease of the dead worker is read."""
+    workers = [f"w{i}" for i in range(acting)]
+    ghosts = [f"phantom{i}" for i in range(phantoms)]
+    owners: list[str | None] = [None, "dead", *workers, *ghosts]
+    leases = {f"s{i:02d}": owners[n % len(owners)] for i, n in enumerate(owned_by)}
+    fleet_ = Fleet(leases, {w: set(workers) | set(ghosts) for w in workers}, {})
+    for _ in range(phantoms * LAG_CYCLES + 1):
+        fleet_.cycle()
+    assert [sid for sid, lease in fleet_.leases.items() if lease.owner == "dead"] == []
+
+
+def test_a_worker_lags_when_a_dead_workers_lease_it_could_claim_is_free_a_cycle_on_until_it_claims() -> None:
+    """4 shards: w0 and w1 hold one each, the dead worker's two are free. w1 counts alive, holds less
+    than its share, and claims nothing: one cycle on, w0 counts no share for it and takes both."""
+    owners: dict[str, str | None] = {"s0": "w0", "s1": "w1", "s2": "dead", "s3": "dead"}
+    seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1"}, interval_s=INTERVAL_S)
+    plan, memory = decide(seen, Memory(), now=0.0)
+    assert len(plan.claim) == 1 and memory.lags == {"w1": Lag(0.0, 1, frozenset({"s2", "s3"}))}
+    owners[plan.claim[0].shard_id] = "w0"
+    seen = replace(seen, readable=by_owner(_leases(owners).values()))
+    plan, memory = decide(seen, memory, now=LAG_CYCLES * INTERVAL_S)
+    assert [lease.owner for lease in plan.claim] == ["dead"], "w1 lags: no share of its counts"
+    owners[plan.claim[0].shard_id] = "w0"
+    taken = replace(seen, readable=by_owner(_leases(owners).values()))
+    assert decide(taken, memory, now=2.0)[1].lags == memory.lags, "it lags on with nothing free: none is shed to it"
+    given_s = seen.failover_s + 2 * INTERVAL_S
+    assert decide(taken, memory, now=given_s - 1)[1].lags == memory.lags
+    assert decide(taken, memory, now=given_s)[1].lags == {}, "found dead by then if it died: it counts a share again"
+    owners["s0"] = "w1"
+    claimed = replace(seen, readable=by_owner(_leases(owners).values()))
+    assert decide(claimed, memory, now=2.0)[1].lags == {}, "it claimed: it does not lag"
+
+
+def test_a_worker_whose_lease_to_claim_another_took_does_not_lag() -> None:
+    """w1 below its share while the dead worker's lease is free; w2 claims it before w1 does. w1 held
+    no more a cycle on, but nothing of the dead worker's was left for it: it does not lag."""
+    owners: dict[str, str | None] = {"s0": "w0", "s1": "w2", "s2": "dead"}
+    seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1", "w2"}, interval_s=INTERVAL_S)
+    _, memory = decide(seen, Memory(), now=0.0)
+    assert memory.lags.keys() == {"w1"}
+    owners["s2"] = "w2"
+    seen = replace(seen, readable=by_owner(_leases(owners).values()))
+    assert decide(seen, memory, now=LAG_CYCLES * INTERVAL_S)[1].lags == {}
 
 
 def test_a_lease_counts_as_free_from_the_cycle_it_was_first_seen_free() -> None:
