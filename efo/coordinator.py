@@ -451,7 +451,7 @@ class Coordinator:
                 await self.table.remove_worker()  # first: one write, another row
                 await self.table.bump_again()  # releases whose version write the deadline cut short
                 # The others read the rows again (this one has none), and no longer count it as stopping.
-                await self.table.members_changed(not_leaving=[self.table.worker_id])
+                await self.table.members_changed(not_leaving=[self.table.worker_id], about=[self.table.worker_id])
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
         if clean and not failed:

@@ -142,6 +142,7 @@ class LeaseCache:
             versions=control.versions,
             members=control.members,
             leaving=control.leaving,
+            member_changes=control.member_changes,
             parts=parts,
         )
 

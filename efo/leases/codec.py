@@ -4,6 +4,7 @@ of the table is described in :mod:`efo.leases.table`). No client, no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,11 @@ GROWN = "grown: see lease_generations; efo of this table's layout_format or late
 VERSION_KEY = "version"
 #: On the version row: moved by every change of who is alive (efo.leases.membership).
 MEMBERS_ATTRIBUTE = "members"
+#: On the version row: who each of the last moves of the membership counter was about, so that a
+#: reader one or a few moves behind reads those heartbeat rows, not all of them (efo.worker.membership):
+#: ``c<n mod MEMBER_CHANGE_SLOTS>``, a list of the counter ``n`` the move set, then the workers' names.
+MEMBER_CHANGE_PREFIX = "c"
+MEMBER_CHANGE_SLOTS = 8
 #: On the version row: the workers stopping now (a string set), so that every worker's next cycle
 #: counts no share for them (efo.leases.balance) while they read on and release.
 LEAVING_ATTRIBUTE = "leaving"
@@ -182,3 +188,23 @@ def worker_of(item: dict[str, Any]) -> WorkerRow:
 def number_of(item: dict[str, Any] | None, name: str) -> int | None:
     value = (item or {}).get(name, {}).get("N")
     return int(value) if value is not None else None
+
+
+def member_change_attribute(moved_to: int) -> str:
+    """The version row's attribute that names the workers of the move that set the counter to ``moved_to``."""
+    return f"{MEMBER_CHANGE_PREFIX}{moved_to % MEMBER_CHANGE_SLOTS}"
+
+
+def member_change_value(moved_to: int, workers: Iterable[str]) -> dict[str, Any]:
+    """Its value: the counter, then the workers' names."""
+    return {"L": [{"N": str(moved_to)}, *({"S": worker} for worker in workers)]}
+
+
+def member_changes_of(item: Mapping[str, Any]) -> dict[int, frozenset[str]]:
+    """The moves a version row names: the counter each set -> the workers it was about."""
+    changes: dict[int, frozenset[str]] = {}
+    for slot in range(MEMBER_CHANGE_SLOTS):
+        entry = item.get(f"{MEMBER_CHANGE_PREFIX}{slot}", {}).get("L")
+        if entry and "N" in entry[0]:
+            changes[int(entry[0]["N"])] = frozenset(value["S"] for value in entry[1:] if "S" in value)
+    return changes

@@ -172,6 +172,9 @@ class TableState:
     versions: dict[int, int] = field(default_factory=dict)  # lease partition -> its version (none yet: 0)
     members: int = 0  # moved by every change of who is alive: a start, a stop, a death, doubt
     leaving: frozenset[str] = frozenset()  # the workers the version row names as stopping
+    #: The last moves of ``members`` the version row names (efo.leases.codec.MEMBER_CHANGE_PREFIX):
+    #: the counter each set -> the workers whose rows it was about.
+    member_changes: dict[int, frozenset[str]] = field(default_factory=dict)
     #: The same leases by lease partition, each partition's the very mapping of the read before while
     #: that partition was not read again (efo.leases.changes); empty: not known. Read-only.
     parts: dict[int, Mapping[str, Lease]] = field(default_factory=dict)

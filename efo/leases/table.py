@@ -79,6 +79,9 @@ from efo.leases.codec import (
     VERSION_KEY,
     WORKER_PREFIX,
     Update,
+    member_change_attribute,
+    member_change_value,
+    member_changes_of,
     meta_of,
     number_of,
     parse_lease,
@@ -138,6 +141,7 @@ class LeaseTable:
         #: Shard id -> the lease partition its lease was last read from (or written to): a lease never moves.
         self._where: dict[str, int] = {}
         self._relaid_for = -1  # the highest partition beyond the layout that made read_version read it again
+        self._members_read: int | None = None  # the membership counter as this worker last read it
         #: Lease partitions where this client changed a lease, or where a conditional write of it
         #: failed (the lease was not as read), since :meth:`take_changed`: what it read there may be old.
         self._changed_partitions: set[int] = set()
@@ -390,6 +394,7 @@ class LeaseTable:
         state = TableState()
         if "Item" in response:
             self._absorb(state, response["Item"])
+        self._members_read = state.members
         beyond = max(state.versions, default=-1)
         if self._layout is not None and beyond >= self._layout.partitions and beyond > self._relaid_for:
             await self.relayout()  # a failed read is made again at the next cycle
@@ -412,12 +417,17 @@ class LeaseTable:
         """Every worker's heartbeat row (one paginated Query; eventually consistent unless told)."""
         return (await self._read_state(self.partition, prefix=WORKER_PREFIX, consistent=consistent)).workers
 
-    async def read_some_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRow | None]:
-        """These workers' heartbeat rows, eventually consistent, one GetItem each (None: no row)."""
+    async def read_some_workers(
+        self, worker_ids: Iterable[str], *, consistent: bool = False
+    ) -> dict[str, WorkerRow | None]:
+        """These workers' heartbeat rows, one GetItem each (None: no row); eventually consistent
+        unless told."""
         rows: dict[str, WorkerRow | None] = {}
         try:
             for worker_id in worker_ids:
-                response = await self._ddb.get_item(TableName=self.table, Key=self._key(WORKER_PREFIX + worker_id))
+                response = await self._ddb.get_item(
+                    TableName=self.table, Key=self._key(WORKER_PREFIX + worker_id), ConsistentRead=consistent
+                )
                 state = TableState()
                 if "Item" in response:
                     self._absorb(state, response["Item"])
@@ -426,18 +436,46 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         return rows
 
-    async def members_changed(self, *, not_leaving: Iterable[str] = ()) -> None:
+    async def members_changed(self, *, not_leaving: Iterable[str] = (), about: Iterable[str] = ()) -> None:
         """Who is alive changed (this worker started, stopped or recovered, or it found another dead
-        or in doubt): every worker reads the heartbeat rows again at its next cycle. ``not_leaving``:
-        workers struck off the version row's stopping ones (stopped, reaped, or starting again)."""
+        or in doubt): every worker reads the heartbeat rows again at its next cycle: those of the
+        workers it is ``about`` when the version row names them for every move since that worker's
+        last read, else all of them. Named when nobody moved the counter since this worker last read
+        it (the write is conditional on that); else moved unnamed. ``not_leaving``: workers struck
+        off the version row's stopping ones (stopped, reaped, or starting again)."""
         struck = sorted(set(not_leaving))
+        names = sorted(set(about))
+        strike = (f" DELETE {LEAVING_ATTRIBUTE} :struck", {":struck": {"SS": struck}}) if struck else ("", {})
+        read = self._members_read
         try:
-            await self._ddb.update_item(
+            if names and read is not None:
+                moved_to = read + 1
+                try:
+                    await self._ddb.update_item(
+                        TableName=self.table,
+                        Key=self._key(VERSION_KEY),
+                        UpdateExpression=f"SET {MEMBERS_ATTRIBUTE} = :moved, "
+                        f"{member_change_attribute(moved_to)} = :about" + strike[0],
+                        ConditionExpression=f"{MEMBERS_ATTRIBUTE} = :read"
+                        if read
+                        else f"attribute_not_exists({MEMBERS_ATTRIBUTE})",
+                        ExpressionAttributeValues={
+                            ":moved": {"N": str(moved_to)},
+                            ":about": member_change_value(moved_to, names),
+                            **({":read": {"N": str(read)}} if read else {}),
+                            **strike[1],
+                        },
+                    )
+                    self._members_read = moved_to  # a second move before the next read is named too
+                    return
+                except Exception as exc:
+                    if error_code(exc) != "ConditionalCheckFailedException":
+                        raise
+            await self._ddb.update_item(  # another worker moved it since: its readers read every row
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
-                UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one"
-                + (f" DELETE {LEAVING_ATTRIBUTE} :struck" if struck else ""),
-                ExpressionAttributeValues={":one": {"N": "1"}, **({":struck": {"SS": struck}} if struck else {})},
+                UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one" + strike[0],
+                ExpressionAttributeValues={":one": {"N": "1"}, **strike[1]},
             )
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
@@ -551,6 +589,7 @@ class LeaseTable:
             }
             state.members = int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
             state.leaving = frozenset(item.get(LEAVING_ATTRIBUTE, {}).get("SS", ()))
+            state.member_changes = member_changes_of(item)
         elif sort_key.startswith(WORKER_PREFIX):
             row = worker_of(item)
             state.workers[row.worker_id] = row

@@ -134,7 +134,7 @@ class LeaseCycle:
     async def read(self) -> TableState:
         """The table as this cycle sees it (see :class:`~efo.leases.cache.LeaseCache`)."""
         state = await self._cache.read()
-        await self.membership.read(state.members)
+        await self.membership.read(state.members, state.member_changes)
         self.view.saw_leaving(state.leaving)
         self.membership.saw_named(state.leaving, stopping=self._stopping.is_set())
         state.workers = dict(self.membership.rows)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from efo.errors import LeaseLost
+from efo.leases.codec import MEMBER_CHANGE_SLOTS
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.records import SHARD_END, Position, after
@@ -81,6 +82,36 @@ def test_the_version_row_names_the_stopping_workers_until_their_stop_or_a_reap_s
             control = await table.read_control()
             assert control.leaving == frozenset() and control.members == members + 2
             assert (await table.read()).leaving == frozenset()
+
+    run(scenario())
+
+
+def test_a_move_of_the_membership_counter_names_its_workers_unless_another_moved_it_since_its_writer_read_it(
+    local_stack: Any,
+) -> None:
+    """The version row names the workers each of the last MEMBER_CHANGE_SLOTS moves was about, so a
+    reader a few moves behind reads those heartbeat rows alone. The naming write is conditional on
+    the counter as its writer last read it: a move after another worker's lands unnamed (its readers
+    read every row), and the oldest name gives way to the newest."""
+
+    async def scenario() -> None:
+        async with world(local_stack, MemoryKinesis(2)) as w:
+            table, other = w.table, await w.other_worker("w2")
+            members = (await table.read_version()).members
+            await other.read_version()
+            await table.members_changed(about=["w3", "w4"])
+            control = await other.read_version()
+            assert control.members == members + 1 and control.member_changes[members + 1] == {"w3", "w4"}
+            await table.members_changed(about=["w5"])  # its own move since its read: named
+            await other.members_changed(not_leaving=["w9"], about=["w6"])  # read before table's second move
+            control = await table.read_version()
+            assert control.members == members + 3
+            assert control.member_changes[members + 2] == {"w5"} and members + 3 not in control.member_changes
+            for n in range(MEMBER_CHANGE_SLOTS):
+                await table.members_changed(about=[f"x{n}"])
+            control = await other.read_version()
+            assert control.members == members + 3 + MEMBER_CHANGE_SLOTS
+            assert control.member_changes == {members + 4 + n: {f"x{n}"} for n in range(MEMBER_CHANGE_SLOTS)}
 
     run(scenario())
 
