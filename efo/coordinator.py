@@ -450,8 +450,11 @@ class Coordinator:
                     await _cancelled(self._heartbeat)
                 await self.table.remove_worker()  # first: one write, another row
                 await self.table.bump_again()  # releases whose version write the deadline cut short
-                # The others read the rows again (this one has none), and no longer count it as stopping.
-                await self.table.members_changed(not_leaving=[self.table.worker_id], about=[self.table.worker_id])
+                # The others read its row again (it has none), and no longer count it as stopping. The
+                # counter as it is now: a move named on an older one would go out unnamed (every row read).
+                await self.table.read_version()
+                me = [self.table.worker_id]
+                await self.table.members_changed(not_leaving=me, about=me, stopped=True)
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
         if clean and not failed:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from efo.leases.model import Lease, Meta, PendingReset, WorkerRow
+from efo.leases.model import Lease, MemberChange, Meta, PendingReset, WorkerRow
 from efo.pipeline.records import Position
 
 META_KEY = "meta"
@@ -29,6 +29,8 @@ MEMBERS_ATTRIBUTE = "members"
 #: ``c<n mod MEMBER_CHANGE_SLOTS>``, a list of the counter ``n`` the move set, then the workers' names.
 MEMBER_CHANGE_PREFIX = "c"
 MEMBER_CHANGE_SLOTS = 8
+#: A move about more workers than this goes unnamed (every row read: as cheap, for so many).
+MEMBER_CHANGE_MOST_NAMED = 16
 #: On the version row: the workers stopping now (a string set), so that every worker's next cycle
 #: counts no share for them (efo.leases.balance) while they read on and release.
 LEAVING_ATTRIBUTE = "leaving"
@@ -190,21 +192,30 @@ def number_of(item: dict[str, Any] | None, name: str) -> int | None:
     return int(value) if value is not None else None
 
 
+def members_of(item: Mapping[str, Any]) -> int:
+    """The membership counter of a version row (0: none yet)."""
+    return int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
+
+
 def member_change_attribute(moved_to: int) -> str:
     """The version row's attribute that names the workers of the move that set the counter to ``moved_to``."""
     return f"{MEMBER_CHANGE_PREFIX}{moved_to % MEMBER_CHANGE_SLOTS}"
 
 
-def member_change_value(moved_to: int, workers: Iterable[str]) -> dict[str, Any]:
-    """Its value: the counter, then the workers' names."""
-    return {"L": [{"N": str(moved_to)}, *({"S": worker} for worker in workers)]}
+def member_change_value(moved_to: int, workers: Iterable[str], *, stopped: str | None = None) -> dict[str, Any]:
+    """Its value: the counter, then the workers' names; a worker's own stop's name as a string set
+    (so the others tell what a read shows it holding from a dead worker's leases)."""
+    names = [{"S": worker} for worker in workers if worker != stopped]
+    return {"L": [{"N": str(moved_to)}, *names, *([{"SS": [stopped]}] if stopped else [])]}
 
 
-def member_changes_of(item: Mapping[str, Any]) -> dict[int, frozenset[str]]:
+def member_changes_of(item: Mapping[str, Any]) -> dict[int, MemberChange]:
     """The moves a version row names: the counter each set -> the workers it was about."""
-    changes: dict[int, frozenset[str]] = {}
+    changes: dict[int, MemberChange] = {}
     for slot in range(MEMBER_CHANGE_SLOTS):
         entry = item.get(f"{MEMBER_CHANGE_PREFIX}{slot}", {}).get("L")
         if entry and "N" in entry[0]:
-            changes[int(entry[0]["N"])] = frozenset(value["S"] for value in entry[1:] if "S" in value)
+            stopped = frozenset(name for value in entry[1:] for name in value.get("SS", ()))
+            about = frozenset(value["S"] for value in entry[1:] if "S" in value) | stopped
+            changes[int(entry[0]["N"])] = MemberChange(about, stopped)
     return changes

@@ -164,6 +164,15 @@ class WorkerRow:
     reads_generations: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MemberChange:
+    """One move of the membership counter as the version row names it: the workers it was about, and
+    of those the one whose own stop it ended (its row gone, its leases released)."""
+
+    about: frozenset[str]
+    stopped: frozenset[str] = frozenset()
+
+
 @dataclass(slots=True)
 class TableState:
     meta: Meta | None = None
@@ -174,7 +183,7 @@ class TableState:
     leaving: frozenset[str] = frozenset()  # the workers the version row names as stopping
     #: The last moves of ``members`` the version row names (efo.leases.codec.MEMBER_CHANGE_PREFIX):
     #: the counter each set -> the workers whose rows it was about.
-    member_changes: dict[int, frozenset[str]] = field(default_factory=dict)
+    member_changes: dict[int, MemberChange] = field(default_factory=dict)
     #: The same leases by lease partition, each partition's the very mapping of the read before while
     #: that partition was not read again (efo.leases.changes); empty: not known. Read-only.
     parts: dict[int, Mapping[str, Lease]] = field(default_factory=dict)

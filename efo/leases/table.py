@@ -68,6 +68,7 @@ from efo.leases.codec import (
     LEAVING_ATTRIBUTE,
     MARK_ATTRIBUTE,
     MARK_KEY,
+    MEMBER_CHANGE_MOST_NAMED,
     MEMBERS_ATTRIBUTE,
     META_KEY,
     PARENTS_UNCHECKED_ATTRIBUTE,
@@ -82,6 +83,7 @@ from efo.leases.codec import (
     member_change_attribute,
     member_change_value,
     member_changes_of,
+    members_of,
     meta_of,
     number_of,
     parse_lease,
@@ -436,19 +438,25 @@ class LeaseTable:
             raise translate(exc, resource=self._resource()) from None
         return rows
 
-    async def members_changed(self, *, not_leaving: Iterable[str] = (), about: Iterable[str] = ()) -> None:
+    async def members_changed(
+        self, *, not_leaving: Iterable[str] = (), about: Iterable[str] = (), stopped: bool = False
+    ) -> None:
         """Who is alive changed (this worker started, stopped or recovered, or it found another dead
         or in doubt): every worker reads the heartbeat rows again at its next cycle: those of the
         workers it is ``about`` when the version row names them for every move since that worker's
-        last read, else all of them. Named when nobody moved the counter since this worker last read
-        it (the write is conditional on that); else moved unnamed. ``not_leaving``: workers struck
-        off the version row's stopping ones (stopped, reaped, or starting again)."""
+        last read, else all of them. Named by a write conditional on the counter as this worker last
+        read it; one that another worker's move beat is tried once more on the counter that move
+        left, if a move or two came first, else (a mass start) the counter moves unnamed.
+        ``not_leaving``: workers struck off the version row's stopping ones (stopped, reaped, or
+        starting again); ``stopped``: this worker's own stop ends with this move."""
         struck = sorted(set(not_leaving))
         names = sorted(set(about))
         strike = (f" DELETE {LEAVING_ATTRIBUTE} :struck", {":struck": {"SS": struck}}) if struck else ("", {})
-        read = self._members_read
+        read = self._members_read if 0 < len(names) <= MEMBER_CHANGE_MOST_NAMED else None
         try:
-            if names and read is not None:
+            for attempt in range(2):
+                if read is None:
+                    break
                 moved_to = read + 1
                 try:
                     await self._ddb.update_item(
@@ -461,17 +469,21 @@ class LeaseTable:
                         else f"attribute_not_exists({MEMBERS_ATTRIBUTE})",
                         ExpressionAttributeValues={
                             ":moved": {"N": str(moved_to)},
-                            ":about": member_change_value(moved_to, names),
+                            ":about": member_change_value(moved_to, names, stopped=self.worker_id if stopped else None),
                             **({":read": {"N": str(read)}} if read else {}),
                             **strike[1],
                         },
+                        ReturnValuesOnConditionCheckFailure="ALL_OLD",
                     )
                     self._members_read = moved_to  # a second move before the next read is named too
                     return
                 except Exception as exc:
                     if error_code(exc) != "ConditionalCheckFailedException":
                         raise
-            await self._ddb.update_item(  # another worker moved it since: its readers read every row
+                    item = getattr(exc, "response", {}).get("Item")
+                    now = members_of(item) if item else None
+                    read = now if attempt == 0 and now is not None and now - read <= 2 else None
+            await self._ddb.update_item(  # unnamed: its readers read every row
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
                 UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one" + strike[0],
@@ -587,7 +599,7 @@ class LeaseTable:
                 for name, value in item.items()
                 if name.startswith("p") and name[1:].isdigit() and "N" in value
             }
-            state.members = int(item.get(MEMBERS_ATTRIBUTE, {}).get("N", "0"))
+            state.members = members_of(item)
             state.leaving = frozenset(item.get(LEAVING_ATTRIBUTE, {}).get("SS", ()))
             state.member_changes = member_changes_of(item)
         elif sort_key.startswith(WORKER_PREFIX):

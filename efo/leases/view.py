@@ -64,6 +64,9 @@ class TableView:
         #: it, and its leases stay its own until it releases them.
         self.leaving: set[str] = set()
         self._named_leaving: AbstractSet[str] = frozenset()  # by the version row, as last read
+        #: Workers whose row went while they were stopping -> when this worker found it gone: what a
+        #: lease read of before their releases still shows them holding is released, not a dead worker's.
+        self._stopped_at: dict[str, float] = {}
 
     # ---- the workers --------------------------------------------------------------------------
 
@@ -75,7 +78,7 @@ class TableView:
         none)."""
         for worker, row in rows.items():
             if row is None:
-                self._seen.pop(worker, None)
+                self._gone(worker, answered_at)
                 continue
             seen = self._seen.get(worker)
             if seen is None or seen.beat != row.heartbeat:
@@ -86,8 +89,24 @@ class TableView:
                 seen.read_at, seen.in_doubt, seen.leaving = issued_at, row.in_doubt, row.leaving
         if complete:
             for worker in set(self._seen) - set(rows):  # stopped cleanly, or reaped
-                del self._seen[worker]
+                self._gone(worker, answered_at)
         self._derive()
+
+    def _gone(self, worker: str, at: float) -> None:
+        seen = self._seen.pop(worker, None)
+        if seen is not None and (seen.leaving or worker in self._named_leaving):
+            self._stopped_at[worker] = at
+
+    def saw_stopped(self, workers: AbstractSet[str]) -> None:
+        """Moves of the membership counter said these workers' own stops ended (their rows gone)."""
+        for worker in workers:
+            self._stopped_at[worker] = self._clock.now()
+
+    def stopped_lately(self) -> set[str]:
+        """The workers whose row went while they were stopping, within ``failover_s``."""
+        now = self._clock.now()
+        self._stopped_at = {worker: at for worker, at in self._stopped_at.items() if now - at < self.failover_s}
+        return set(self._stopped_at)
 
     def _derive(self) -> None:
         others = {worker: seen for worker, seen in self._seen.items() if worker != self.me}

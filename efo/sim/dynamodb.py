@@ -8,7 +8,8 @@
 What it models:
 
 - **conditional writes** (``ConditionExpression``; a failed one raises
-  ConditionalCheckFailedException and still costs its write units), UpdateItem's ``ReturnValues``;
+  ConditionalCheckFailedException and still costs its write units, with the item as it is when
+  asked: ``ReturnValuesOnConditionCheckFailure``), UpdateItem's ``ReturnValues``;
 - **Query** with a key condition, ``ExclusiveStartKey``, ``Limit`` and pages of at most 1 MB of items
   read (``LastEvaluatedKey``), ``ProjectionExpression``;
 - **consistency**: a strongly consistent read sees every write that landed; an eventually consistent
@@ -344,7 +345,10 @@ class SimDynamoDB:
     def _check(self, operation: str, request: dict[str, Any], current: dict[str, Any] | None) -> None:
         text = request.get("ConditionExpression")
         if text and not expressions.condition(text)(current, request.get("ExpressionAttributeValues", {})):
-            raise client_error(operation, "ConditionalCheckFailedException", "The conditional request failed")
+            error = client_error(operation, "ConditionalCheckFailedException", "The conditional request failed")
+            if request.get("ReturnValuesOnConditionCheckFailure") == "ALL_OLD" and current is not None:
+                error.response["Item"] = dict(current)
+            raise error
 
     # ---- operations ------------------------------------------------------------------------------------
 

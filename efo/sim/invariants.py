@@ -283,7 +283,12 @@ class Oracle:
     # ---- the monitor: every second ---------------------------------------------------------------------
 
     def died(self, now: float, shards: set[str]) -> None:
-        """A worker died (or froze) reading ``shards``: each must be read again in time."""
+        """A worker died (or froze) reading ``shards``: each must be read again in time. One an earlier
+        death left unread (its first event had not come yet) is this death's from now: its new owner
+        took it over, then died too."""
+        for _, unread in self._deaths:
+            unread -= shards
+        self._deaths = [(died_at, unread) for died_at, unread in self._deaths if unread]
         if shards:
             self._deaths.append((now, set(shards)))
         for shard_id in shards:

@@ -201,6 +201,8 @@ class LeaseCycle:
             room=room,
             leaving=self.view.leaving,
             failover_s=self._settings.lease.failover_s,
+            stopped=self.view.stopped_lately(),
+            several_streams=self._shares.several,
         )
         moves, self._memory = decide(seen, self._memory, now)
         # What it will hold once these land, before any await: the next stream's room counts it (a

@@ -74,6 +74,10 @@ class Seen:
     room: int | None = None
     leaving: AbstractSet[str] = frozenset()  # live, stopping: no share of theirs (efo.leases.balance)
     failover_s: float = 10.0  # lease.failover_s: a worker that lags is found dead within it
+    stopped: AbstractSet[str] = frozenset()  # stopped lately: what a read shows them holding is released
+    #: This worker reads several streams: the workers may deal the shares from different offsets for
+    #: a while (their lists of streams differ during a rolling restart), so none is judged to lag.
+    several_streams: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +122,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
     dead_free = frozenset(  # a dead (or doubting) worker's leases
         shard_id
         for owner, leases in seen.readable.items()
-        if owner is not None and owner not in live
+        if owner is not None and owner not in live and owner not in seen.stopped
         for shard_id in leases
     )
     lags: dict[str, Lag] = {}
@@ -132,28 +136,40 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
             lag = replace(lag, lags=True)
         lags[worker] = lag
     lagging = {worker for worker, lag in lags.items() if lag.lags}
-    plan = balance.plan_by_owner(
-        seen.me,
-        seen.readable,
-        live,
-        moved_recently=seen.moved_recently,
-        reserved_for_others=seen.reserved_for_others,
-        stranded=seen.stranded,
-        asked=seen.asked,
-        may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * seen.interval_s,
-        max_leases=seen.max_leases,
-        max_steals=seen.max_steals,
-        rank_offset=seen.rank_offset,
-        exact=seen.exact,
-        room=seen.room,
-        stale_free=stale,
-        shed_for_short=now >= memory.quiet_until,
-        barred=declined_by.keys(),
-        leaving=seen.leaving | lagging,
-    )
-    if dead_free:
+
+    def planned(leaving: AbstractSet[str]) -> balance.Plan:
+        return balance.plan_by_owner(
+            seen.me,
+            seen.readable,
+            live,
+            moved_recently=seen.moved_recently,
+            reserved_for_others=seen.reserved_for_others,
+            stranded=seen.stranded,
+            asked=seen.asked,
+            may_ask=short_for_s is not None and short_for_s >= ASK_AFTER_CYCLES * seen.interval_s,
+            max_leases=seen.max_leases,
+            max_steals=seen.max_steals,
+            rank_offset=seen.rank_offset,
+            exact=seen.exact,
+            room=seen.room,
+            stale_free=stale,
+            shed_for_short=now >= memory.quiet_until,
+            barred=declined_by.keys(),
+            leaving=leaving,
+        )
+
+    plan = planned(seen.leaving)
+    if lagging:
+        # The shares without the workers that lag: only the dead workers' leases are claimed beyond
+        # the plan (what else is free is theirs to claim still), and nothing held is shed for them.
+        wider = planned(seen.leaving | lagging)
+        claimed = {lease.shard_id for lease in plan.claim}
+        extra = [lease for lease in wider.claim if lease.shard_id in dead_free and lease.shard_id not in claimed]
+        plan = replace(plan, claim=plan.claim + extra, shed=[sid for sid in plan.shed if sid in wider.shed])
+    if dead_free and not seen.several_streams:  # one that holds none may be new, or back from doubt
         for worker in plan.short_workers - lags.keys():
-            lags[worker] = Lag(now, holding(worker), dead_free)
+            if holding(worker):
+                lags[worker] = Lag(now, holding(worker), dead_free)
     quiet_until = memory.quiet_until
     if any(lease.shard_id in stale for lease in plan.claim):
         quiet_until = now + QUIET_CYCLES * seen.interval_s

@@ -10,16 +10,17 @@ second on one partition key at 256 workers. Instead:
   doubt by those who watch it. Each move names the workers it is about (the version row keeps the
   last :data:`~efo.leases.codec.MEMBER_CHANGE_SLOTS`: :meth:`~efo.leases.table.LeaseTable.members_changed`):
   when it moved, a cycle reads those rows, strongly (a few GetItems), if the version row names every
-  move since its last read, else every heartbeat row (one Query). A stop or a death in a fleet of W
+  move since its last read, else (or when that Query would cost no more: a small fleet) every
+  heartbeat row (one Query). A stop or a death in a fleet of W
   workers so costs the control key about W read units, not W² / 14 (every worker reading every row
   of about 290 bytes: 4,800 in one second at 256 workers, against the 3,000 the key serves).
 - **Watching.** Each cycle reads the rows of the :data:`WATCHED` workers after this one, in name
   order around the ring (so each worker is watched by the ones before it): a few GetItems,
   eventually consistent. A watched worker whose counter did not change for ``failover_s`` is dead:
   its row is deleted (if still as read: :meth:`~efo.leases.table.LeaseTable.reap_worker`) and the
-  counter moved, so every worker reads the rows again, finds none for it, and takes its leases. One
-  whose row says it is in doubt, or no longer, moves the counter too, and so does a watcher that
-  finds a watched row gone while the counter stays where it was (a stop whose delete landed but
+  counter moved, naming it, so every worker reads its row again, finds none, and takes its leases.
+  One whose row says it is in doubt, or no longer, moves the counter too, and so does a watcher that
+  finds a watched row gone that no move named by its next cycle (a stop whose delete landed but
   whose own move of the counter did not). A stopping worker says so in its heartbeats as its stop
   begins (``leaving``): the ones before it count their watched past it (:meth:`TableView.watched`),
   so its part of the ring is watched while it still reads for a few seconds. A worker that joins or
@@ -48,7 +49,7 @@ import structlog
 from efo.clock import Clock
 from efo.errors import EfoError
 from efo.leases.codec import MEMBER_CHANGE_SLOTS
-from efo.leases.model import WorkerRow
+from efo.leases.model import MemberChange, WorkerRow
 from efo.leases.view import TableView
 from efo.observability import METRICS
 
@@ -56,6 +57,10 @@ log = structlog.get_logger("efo.worker.membership")
 
 #: How many workers after it in name order each worker reads every cycle.
 WATCHED = 2
+#: About what a heartbeat row weighs (measured in the simulated table: 290 bytes), and what one read
+#: unit reads: a move naming as many rows as one Query of every row costs is read as that Query.
+ROW_BYTES = 300
+READ_UNIT_BYTES = 4096
 #: Every heartbeat row is read again about this often (strongly consistent: a few hundred bytes a
 #: worker), from half of it to all of it.
 ALL_ROWS_EVERY_S = 60.0
@@ -73,7 +78,9 @@ class HeartbeatRows(Protocol):
     ) -> dict[str, WorkerRow | None]: ...
     async def read_worker(self, worker_id: str) -> WorkerRow | None: ...
     async def reap_worker(self, worker_id: str, heartbeat: int) -> bool: ...
-    async def members_changed(self, *, not_leaving: Iterable[str] = (), about: Iterable[str] = ()) -> None: ...
+    async def members_changed(
+        self, *, not_leaving: Iterable[str] = (), about: Iterable[str] = (), stopped: bool = False
+    ) -> None: ...
 
 
 class Membership:
@@ -91,7 +98,7 @@ class Membership:
         self._view = view
         self._clock = clock
         self._rng = rng
-        self._members: int | None = None  # the counter as of the last read of every row
+        self._members: int | None = None  # the counter as of the last read of every row, or of those named
         self._full_due = 0.0
         self._doubting: set[str] = set()  # watched workers whose row said "in doubt", at the last read
         self._ring: set[str] = set()  # the WATCHED after this one around the ring, at the last read
@@ -114,7 +121,7 @@ class Membership:
         self._riders: set[str] = set()
         self._log = log.bind(worker_id=table.worker_id)
 
-    async def read(self, members: int, changes: Mapping[int, AbstractSet[str]] | None = None) -> None:
+    async def read(self, members: int, changes: Mapping[int, MemberChange] | None = None) -> None:
         """The heartbeat rows this cycle needs: when the counter moved, those of the workers the
         moves since the last read were about (``changes``: the counter each set -> those workers),
         strongly, or every one when a move is not named (or the safety net is due); and the watched
@@ -122,19 +129,23 @@ class Membership:
         issued_at = self._clock.now()
         named: set[str] = set()
         if members != self._members or issued_at >= self._full_due:
-            about = self._about(members, changes or {}) if issued_at < self._full_due else None
-            if about is None:
-                await self._read_all(members, issued_at)
+            moves = self._moves(members, changes or {}) if issued_at < self._full_due else None
+            about = None if moves is None else set().union(*(move.about for move in moves))
+            stopped = set() if moves is None else set().union(*(move.stopped for move in moves))
+            named = set() if about is None else about - {self._table.worker_id}
+            self._view.saw_stopped(stopped)
+            if about is None or len(named) * READ_UNIT_BYTES >= len(self.rows) * ROW_BYTES:
+                await self._read_all(members, issued_at)  # as cheap as those rows (a small fleet), or needed
                 return
-            self._members = members
-            self._gone -= about
-            self._gone_seen -= about
-            named = about - {self._table.worker_id}
             if named:
                 self._reads.inc(len(named))
                 rows = await self._table.read_some_workers(sorted(named), consistent=True)  # a reap: gone
                 self._saw(rows, issued_at)
                 issued_at = self._clock.now()
+            # Only once they are read: a read that failed is made again at the next cycle.
+            self._members = members
+            self._gone -= about
+            self._gone_seen -= about
         asked = sorted(self.watching - named)
         self._reads.inc(len(asked))
         watched = await self._table.read_some_workers(asked)
@@ -154,17 +165,12 @@ class Membership:
         self._full_due = issued_at + ALL_ROWS_EVERY_S * (JITTER_FROM + (1 - JITTER_FROM) * self._rng())
         self._rewatch()
 
-    def _about(self, members: int, changes: Mapping[int, AbstractSet[str]]) -> set[str] | None:
-        """The workers the moves since the last read were about, if the version row names them all."""
+    def _moves(self, members: int, changes: Mapping[int, MemberChange]) -> list[MemberChange] | None:
+        """The moves since the last read, if the version row names them all."""
         if self._members is None or not self._members < members <= self._members + MEMBER_CHANGE_SLOTS:
             return None
-        about: set[str] = set()
-        for moved_to in range(self._members + 1, members + 1):
-            named = changes.get(moved_to)
-            if named is None:
-                return None
-            about |= named
-        return about
+        moves = [changes.get(moved_to) for moved_to in range(self._members + 1, members + 1)]
+        return None if None in moves else [move for move in moves if move is not None]
 
     def _saw(self, rows: Mapping[str, WorkerRow | None], issued_at: float) -> None:
         """Some heartbeat rows (None: that worker has none), read from ``issued_at`` until now."""

@@ -11,6 +11,7 @@ import pytest
 
 from efo.errors import LeaseLost
 from efo.leases.codec import MEMBER_CHANGE_SLOTS
+from efo.leases.model import MemberChange
 from efo.leases.table import LeaseTable
 from efo.observability import METRICS
 from efo.pipeline.records import SHARD_END, Position, after
@@ -86,13 +87,14 @@ def test_the_version_row_names_the_stopping_workers_until_their_stop_or_a_reap_s
     run(scenario())
 
 
-def test_a_move_of_the_membership_counter_names_its_workers_unless_another_moved_it_since_its_writer_read_it(
+def test_a_move_of_the_membership_counter_names_its_workers_unless_others_moved_it_since_its_writer_read_it(
     local_stack: Any,
 ) -> None:
     """The version row names the workers each of the last MEMBER_CHANGE_SLOTS moves was about, so a
     reader a few moves behind reads those heartbeat rows alone. The naming write is conditional on
-    the counter as its writer last read it: a move after another worker's lands unnamed (its readers
-    read every row), and the oldest name gives way to the newest."""
+    the counter as its writer last read it: beaten by a move or two, it is tried again on the counter
+    DynamoDB returns with the failure; by more (a mass start), the counter moves unnamed (its readers
+    read every row). A stop's own move says so. The oldest name gives way to the newest."""
 
     async def scenario() -> None:
         async with world(local_stack, MemoryKinesis(2)) as w:
@@ -101,17 +103,30 @@ def test_a_move_of_the_membership_counter_names_its_workers_unless_another_moved
             await other.read_version()
             await table.members_changed(about=["w3", "w4"])
             control = await other.read_version()
-            assert control.members == members + 1 and control.member_changes[members + 1] == {"w3", "w4"}
+            assert control.members == members + 1 and control.member_changes[members + 1].about == {"w3", "w4"}
             await table.members_changed(about=["w5"])  # its own move since its read: named
-            await other.members_changed(not_leaving=["w9"], about=["w6"])  # read before table's second move
+            await other.members_changed(not_leaving=["w9"], about=["w6"])  # one move behind: named again
             control = await table.read_version()
             assert control.members == members + 3
-            assert control.member_changes[members + 2] == {"w5"} and members + 3 not in control.member_changes
+            assert control.member_changes[members + 2].about == {"w5"}
+            assert control.member_changes[members + 3].about == {"w6"}
+            for name in ("w7", "w8", "w9"):
+                await table.members_changed(about=[name])
+            await other.members_changed(about=["w10"])  # three moves behind: unnamed
+            control = await table.read_version()
+            assert control.members == members + 7 and members + 7 not in control.member_changes
+            await table.members_changed(not_leaving=[table.worker_id], about=[table.worker_id], stopped=True)
+            control = await other.read_version()
+            assert control.member_changes[members + 8] == MemberChange(
+                frozenset({table.worker_id}), frozenset({table.worker_id})
+            )
             for n in range(MEMBER_CHANGE_SLOTS):
                 await table.members_changed(about=[f"x{n}"])
             control = await other.read_version()
-            assert control.members == members + 3 + MEMBER_CHANGE_SLOTS
-            assert control.member_changes == {members + 4 + n: {f"x{n}"} for n in range(MEMBER_CHANGE_SLOTS)}
+            assert control.members == members + 8 + MEMBER_CHANGE_SLOTS
+            assert {n: change.about for n, change in control.member_changes.items()} == {
+                members + 9 + n: {f"x{n}"} for n in range(MEMBER_CHANGE_SLOTS)
+            }
 
     run(scenario())
 

@@ -55,6 +55,7 @@ class Fleet:
                 live=self.views[worker] | {worker},
                 interval_s=INTERVAL_S,
                 rank_offset=self.offsets.get(worker, 0),
+                several_streams=any(self.offsets.values()),  # shares dealt from different offsets
             )
             plan, self.memory[worker] = decide(seen, self.memory[worker], self.now)
             for lease in plan.claim:
@@ -114,10 +115,7 @@ def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stal
     """Each worker deals the extra shards from its own offset (its list of streams differs from the
     others' during a rolling restart) and counts up to three workers that left, holding nothing, as
     live (it has not read their rows since): each may leave a free lease to another. Once a lease
-    has been free for STALE_FREE_CYCLES, whoever has room under its own ceiling takes it. (A worker
-    counts no share for ghosts that lag, LAG_CYCLES, and so holds more than the ceiling counted here
-    for a while, then hands the extra over: a shard is unread past the stale cycles only while no
-    worker has room.)"""
+    has been free for STALE_FREE_CYCLES, whoever has room under its own ceiling takes it."""
     workers, owners = fleet
     alive = set(workers)
     views = {w: alive | {f"gone{g}" for g in range(ghosts[i])} for i, w in enumerate(workers)}
@@ -130,15 +128,13 @@ def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stal
     # Every worker stops claiming at its own ceiling: ceil(leases / the workers it counts). A shard
     # stays unread past the stale cycles only while every live worker is at it (its ghosts take its room).
     ceilings = {w: -(-leases // len(views[w] | {w})) for w in workers}
-    unread_for: dict[str, int] = {}  # cycles each shard has been unread while a worker had room
+    unread_for: dict[str, int] = {}  # cycles each shard has been unread (after the one that shed it)
     for _ in range(12):
         fleet_.cycle()
+        unread_for = {sid: unread_for.get(sid, 0) + 1 for sid in fleet_.unread(alive)}
         held = dict(zip(sorted(alive), fleet_.holdings(alive), strict=True))
         if any(held[w] < ceilings[w] for w in workers):
-            unread_for = {sid: unread_for.get(sid, 0) + 1 for sid in fleet_.unread(alive)}
             assert max(unread_for.values(), default=0) <= STALE_FREE_CYCLES + 1, (unread_for, held, ceilings)
-        else:
-            unread_for = {}
 
 
 @settings(max_examples=150, deadline=None)
@@ -150,15 +146,16 @@ def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stal
 def test_a_dead_workers_leases_are_read_within_lag_cycles_of_being_free_whoever_else_is_counted_alive(
     acting: int, phantoms: int, owned_by: list[int]
 ) -> None:
-    """Workers that every worker counts alive and that claim nothing (they died too and are not found
-    dead yet: tests/sim/test_deaths.py) hold a share that nobody else may take: every other worker
-    stops at a ceiling that counts them. Each counts no share once it held less than its share for
+    """Workers that every worker counts alive, that hold leases and claim nothing (they died too and
+    are not found dead yet: tests/sim/test_deaths.py) hold a share that nobody else may take: every
+    other worker stops at a ceiling that counts them. Each counts no share once it held less than its share for
     LAG_CYCLES with enough free for it (one after another: the share one no longer counts goes to the
     next), and every lease of the dead worker is read."""
     workers = [f"w{i}" for i in range(acting)]
     ghosts = [f"phantom{i}" for i in range(phantoms)]
     owners: list[str | None] = [None, "dead", *workers, *ghosts]
     leases = {f"s{i:02d}": owners[n % len(owners)] for i, n in enumerate(owned_by)}
+    leases |= {f"p{i}": ghost for i, ghost in enumerate(ghosts)}  # each read a shard (a new worker holds none)
     fleet_ = Fleet(leases, {w: set(workers) | set(ghosts) for w in workers}, {})
     for _ in range(phantoms * LAG_CYCLES + 1):
         fleet_.cycle()
@@ -190,11 +187,11 @@ def test_a_worker_lags_when_a_dead_workers_lease_it_could_claim_is_free_a_cycle_
 def test_a_worker_whose_lease_to_claim_another_took_does_not_lag() -> None:
     """w1 below its share while the dead worker's lease is free; w2 claims it before w1 does. w1 held
     no more a cycle on, but nothing of the dead worker's was left for it: it does not lag."""
-    owners: dict[str, str | None] = {"s0": "w0", "s1": "w2", "s2": "dead"}
+    owners: dict[str, str | None] = {"s0": "w0", "s1": "w0", "s2": "w1", "s3": "w2", "s4": "w2", "s5": "dead"}
     seen = Seen(me="w0", readable=by_owner(_leases(owners).values()), live={"w0", "w1", "w2"}, interval_s=INTERVAL_S)
     _, memory = decide(seen, Memory(), now=0.0)
     assert memory.lags.keys() == {"w1"}
-    owners["s2"] = "w2"
+    owners["s5"] = "w2"
     seen = replace(seen, readable=by_owner(_leases(owners).values()))
     assert decide(seen, memory, now=LAG_CYCLES * INTERVAL_S)[1].lags == {}
 
