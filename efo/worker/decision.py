@@ -13,11 +13,13 @@ this adds what spans cycles:
   :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own; a lease it asked for
   and claimed does not start that count again), and not the workers that declined a request of its
   own lately (``declined_by``): meanwhile only a worker above its share (what was shed is on its way);
-- a live worker below its share that, :data:`LAG_CYCLES` on, holds no more while a dead worker's
-  lease free then is free still (it claims nothing: it died too and is not found yet, or its claims
-  fail) **lags**: it counts no share, as a stopping one counts none, until it claims or for about
-  ``failover_s``, so the others take the dead worker's leases beyond the ceiling that its share
-  kept them under.
+- a live worker that holds leases, below its share, that :data:`LAG_CYCLES` on holds no more while
+  a dead worker's lease free then is free still (it claims nothing: it died too and is not found
+  yet, or its claims fail) **lags**: this worker claims the dead workers' leases as the shares
+  would be without it (nothing else beyond its own share, nothing shed meanwhile), until it claims
+  or for about ``failover_s``; so no survivor stops at a ceiling that counts a dead worker's share.
+  Not where several streams deal the shares from different offsets (the workers may disagree on
+  them), and not from a stop's releases, read before they landed (``stopped``).
 """
 
 from __future__ import annotations
@@ -40,14 +42,14 @@ ASK_AFTER_CYCLES = 3
 #: replaces a worker every second or two changes the shares faster than they settle, and a shard left
 #: so must be read again within 5 s (issue 37's goal; five cycles, and its claim, took longer).
 STALE_FREE_CYCLES = 3
-#: A live worker below its share while a dead worker's leases are free lags when, this many cycles
-#: on, it holds no more and one of those leases is free still; it counts no share until it claims or
+#: A live worker holding leases, below its share while a dead worker's leases are free, lags when this
+#: many cycles on it holds no more and one of those leases is free still, until it claims or
 #: ``failover_s`` and two cycles have passed (if it died, it was found dead and reaped by then: its
-#: last heartbeat came before it was first seen so). Two deaths a few seconds apart: when the first is found, the second
-#: still counts as alive, and its part of the first's leases would stay free, every survivor at the
-#: ceiling, until it too is found dead: a shard of the first unread 12.5-13 s (tests/sim/test_deaths.py).
-#: One cycle is the time a live worker takes to claim what it sees free; one whose claim loses this
-#: race gets a lease back once the others hold more than their share.
+#: last heartbeat came before it was first seen so). Two deaths a few seconds apart: when the first
+#: is found the second still counts as alive, and its part of the first's leases would stay free,
+#: every survivor at the ceiling, until it too is found dead: a shard of the first unread 12.5-13 s
+#: (tests/sim/test_deaths.py). One cycle: a live worker claims what it sees free at its next cycle;
+#: one that learned of the death later and lost the race gets that lease back when the lag ends.
 LAG_CYCLES = 1
 #: After this worker took stale leases (a short worker did not claim what was free), it hands
 #: nothing over to short workers for this many cycles: at most one such move a minute, no churn.
