@@ -33,6 +33,7 @@ written and the leases released, and :attr:`Coordinator.completed` says the run 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -452,9 +453,10 @@ class Coordinator:
                 await self.table.bump_again()  # releases whose version write the deadline cut short
                 # The others read its row again (it has none), and no longer count it as stopping. The
                 # counter as it is now: a move named on an older one would go out unnamed (every row read).
-                await self.table.read_version()
+                with contextlib.suppress(EfoError):
+                    await self.table.read_version()
                 me = [self.table.worker_id]
-                await self.table.members_changed(not_leaving=me, about=me, stopped=True)
+                await self.table.members_changed(not_leaving=me, about=me, stopped=clean and not failed)
         except (TimeoutError, EfoError) as exc:  # the row ages out: other workers see it dead after failover_s
             self._log.warning("worker.remove_failed", error=str(exc) or type(exc).__name__)
         if clean and not failed:

@@ -203,9 +203,10 @@ def member_change_attribute(moved_to: int) -> str:
 
 
 def member_change_value(moved_to: int, workers: Iterable[str], *, stopped: str | None = None) -> dict[str, Any]:
-    """Its value: the counter, then the workers' names; a worker's own stop's name as a string set
-    (so the others tell what a read shows it holding from a dead worker's leases)."""
-    names = [{"S": worker} for worker in workers if worker != stopped]
+    """Its value: the counter, then the workers' names; the name of a worker whose own stop released
+    every lease again, as a string set (so the others tell what a read shows it holding from a dead
+    worker's leases)."""
+    names = [{"S": worker} for worker in workers]
     return {"L": [{"N": str(moved_to)}, *names, *([{"SS": [stopped]}] if stopped else [])]}
 
 

@@ -167,7 +167,7 @@ class WorkerRow:
 @dataclass(frozen=True, slots=True)
 class MemberChange:
     """One move of the membership counter as the version row names it: the workers it was about, and
-    of those the one whose own stop it ended (its row gone, its leases released)."""
+    of those the one whose own stop it ended with every lease released (its row gone)."""
 
     about: frozenset[str]
     stopped: frozenset[str] = frozenset()

@@ -64,8 +64,9 @@ class TableView:
         #: it, and its leases stay its own until it releases them.
         self.leaving: set[str] = set()
         self._named_leaving: AbstractSet[str] = frozenset()  # by the version row, as last read
-        #: Workers whose row went while they were stopping -> when this worker found it gone: what a
-        #: lease read of before their releases still shows them holding is released, not a dead worker's.
+        #: Workers whose stop ended with every lease released (a move of the membership counter says
+        #: so) -> when this worker read that: what a lease read from before their releases still
+        #: shows them holding is released, not a dead worker's.
         self._stopped_at: dict[str, float] = {}
 
     # ---- the workers --------------------------------------------------------------------------
@@ -78,7 +79,7 @@ class TableView:
         none)."""
         for worker, row in rows.items():
             if row is None:
-                self._gone(worker, answered_at)
+                self._seen.pop(worker, None)
                 continue
             seen = self._seen.get(worker)
             if seen is None or seen.beat != row.heartbeat:
@@ -89,13 +90,8 @@ class TableView:
                 seen.read_at, seen.in_doubt, seen.leaving = issued_at, row.in_doubt, row.leaving
         if complete:
             for worker in set(self._seen) - set(rows):  # stopped cleanly, or reaped
-                self._gone(worker, answered_at)
+                del self._seen[worker]
         self._derive()
-
-    def _gone(self, worker: str, at: float) -> None:
-        seen = self._seen.pop(worker, None)
-        if seen is not None and (seen.leaving or worker in self._named_leaving):
-            self._stopped_at[worker] = at
 
     def saw_stopped(self, workers: AbstractSet[str]) -> None:
         """Moves of the membership counter said these workers' own stops ended (their rows gone)."""

@@ -92,7 +92,7 @@ async def zombie(fleet: Fleet, rng: random.Random, window_s: float) -> None:
     now = fleet.clock.now()
     fleet.trace.add(now, name, "sim.paused", seconds=round(seconds, 3))
     fleet.disturb(name, now, now + seconds, delays_reading=False)  # its shards are taken over as a death's
-    fleet.oracle.died(now, worker.reading())
+    fleet.oracle.died(now, worker.reading(), name)
     worker.clock.pause(seconds)
 
 

@@ -300,7 +300,7 @@ class Fleet:
         shards = worker.reading()
         await worker.kill()
         self.trace.add(self.clock.now(), worker.name, "sim.worker_killed", shards=len(shards))
-        self.oracle.died(self.clock.now(), shards)
+        self.oracle.died(self.clock.now(), shards, worker.name)
 
     async def terminate(self, worker: SimWorker) -> None:
         self.trace.add(self.clock.now(), worker.name, "sim.worker_stopping", shards=len(worker.reading()))

@@ -154,7 +154,7 @@ class Oracle:
         self.membership_changed_at = 0.0
         self.unread_max_s = 0.0  # the longest a readable shard went unread, outside faults
         self.takeovers: list[float] = []  # seconds from a death to its last shard read again
-        self._deaths: list[tuple[float, set[str]]] = []
+        self._deaths: list[tuple[float, set[str], str]] = []  # (when, its shards still unread, who)
         self.doubts = 0
         self._readable: set[str] = set()
         self._members: set[str] = set()
@@ -282,22 +282,24 @@ class Oracle:
 
     # ---- the monitor: every second ---------------------------------------------------------------------
 
-    def died(self, now: float, shards: set[str]) -> None:
-        """A worker died (or froze) reading ``shards``: each must be read again in time. One an earlier
-        death left unread (its first event had not come yet) is this death's from now: its new owner
-        took it over, then died too."""
-        for _, unread in self._deaths:
-            unread -= shards
-        self._deaths = [(died_at, unread) for died_at, unread in self._deaths if unread]
+    def died(self, now: float, shards: set[str], who: str) -> None:
+        """Worker ``who`` died (or froze) reading ``shards``: each must be read again in time. One
+        another worker's earlier death left unread (its first event had not come yet) is this
+        death's from now: ``who`` took it over, then died too."""
+        for _, unread, earlier in self._deaths:
+            if earlier != who:
+                unread -= shards
+        self._deaths = [death for death in self._deaths if death[1]]
         if shards:
-            self._deaths.append((now, set(shards)))
+            self._deaths.append((now, set(shards), who))
         for shard_id in shards:
             self._shard(shard_id).unread_since = now
         self.membership_changed_at = now
 
     def first_event(self, now: float, shard_id: str) -> None:
         """A claim of ``shard_id`` received its first event (a worker reads it now)."""
-        for died_at, shards in list(self._deaths):
+        for death in list(self._deaths):
+            died_at, shards, _ = death
             if shard_id not in shards:
                 continue
             shards.discard(shard_id)
@@ -308,7 +310,7 @@ class Oracle:
                 )
             if not shards:
                 self.takeovers.append(now - died_at)
-                self._deaths.remove((died_at, shards))
+                self._deaths.remove(death)
 
     def disturbed(self, until_s: float, *, delays_reading: bool) -> None:
         """A fault lasts until ``until_s``; ``delays_reading``: the fleet's reading converges after it
@@ -382,7 +384,7 @@ class Oracle:
                     f"{shard_id} has been readable and unread for {now - since:.1f} s (limit {allowed_s:g} s)",
                     shard_id,
                 )
-        for _died_at, shards in self._deaths:
+        for _died_at, shards, _who in self._deaths:
             shards &= readable  # finished meanwhile: nothing left to take over
         if readable != self._readable:  # a reshard changes the shares as a member does
             self._readable = set(readable)

@@ -16,10 +16,11 @@ this adds what spans cycles:
 - a live worker that holds leases, below its share, that :data:`LAG_CYCLES` on holds no more while
   a dead worker's lease free then is free still (it claims nothing: it died too and is not found
   yet, or its claims fail) **lags**: this worker claims the dead workers' leases as the shares
-  would be without it (nothing else beyond its own share, nothing shed meanwhile), until it claims
-  or for about ``failover_s``; so no survivor stops at a ceiling that counts a dead worker's share.
-  Not where several streams deal the shares from different offsets (the workers may disagree on
-  them), and not from a stop's releases, read before they landed (``stopped``).
+  would be without it (no more than those shares would claim; nothing else beyond its own share;
+  only what those shares would shed too is shed), until it claims or for about ``failover_s``, so
+  no survivor stops at a ceiling that counts a dead worker's share. Not where several streams deal
+  the shares from different offsets (the workers may disagree on them), and not from a graceful
+  stop's releases read before they landed (``stopped``).
 """
 
 from __future__ import annotations
@@ -163,11 +164,19 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
     plan = planned(seen.leaving)
     if lagging:
         # The shares without the workers that lag: only the dead workers' leases are claimed beyond
-        # the plan (what else is free is theirs to claim still), and nothing held is shed for them.
+        # the plan (what else is free is theirs to claim still), never more than those shares would
+        # claim (their ceiling, room and limit), and only what they would shed too is shed.
         wider = planned(seen.leaving | lagging)
         claimed = {lease.shard_id for lease in plan.claim}
         extra = [lease for lease in wider.claim if lease.shard_id in dead_free and lease.shard_id not in claimed]
-        plan = replace(plan, claim=plan.claim + extra, shed=[sid for sid in plan.shed if sid in wider.shed])
+        extra = extra[: max(0, len(wider.claim) - len(plan.claim))]
+        taken = claimed | {lease.shard_id for lease in extra}
+        plan = replace(
+            plan,
+            claim=plan.claim + extra,
+            shed=[sid for sid in plan.shed if sid in wider.shed],
+            spare=[lease for lease in plan.spare if lease.shard_id not in taken],
+        )
     if dead_free and not seen.several_streams:  # one that holds none may be new, or back from doubt
         for worker in plan.short_workers - lags.keys():
             if holding(worker):

@@ -129,12 +129,13 @@ class Membership:
         issued_at = self._clock.now()
         named: set[str] = set()
         if members != self._members or issued_at >= self._full_due:
-            moves = self._moves(members, changes or {}) if issued_at < self._full_due else None
-            about = None if moves is None else set().union(*(move.about for move in moves))
-            stopped = set() if moves is None else set().union(*(move.stopped for move in moves))
-            named = set() if about is None else about - {self._table.worker_id}
-            self._view.saw_stopped(stopped)
-            if about is None or len(named) * READ_UNIT_BYTES >= len(self.rows) * ROW_BYTES:
+            moves = self._moves(members, changes or {})
+            if moves is not None:
+                self._view.saw_stopped(set().union(*(move.stopped for move in moves)))
+            about: set[str] = set() if moves is None else set().union(*(move.about for move in moves))
+            named = about - {self._table.worker_id}
+            full = moves is None or issued_at >= self._full_due
+            if full or len(named) * READ_UNIT_BYTES >= len(self.rows) * ROW_BYTES:
                 await self._read_all(members, issued_at)  # as cheap as those rows (a small fleet), or needed
                 return
             if named:

@@ -89,6 +89,8 @@ async def shed_one_to(a: World, other: LeaseTable) -> str:
     ``a`` keeps: ``a`` now holds its share, and it handed a lease over lately."""
     await until(lambda: holdings(a) == {"w1": 2}, what="w1 alone holds both")
     await other.heartbeat()
+    await other.read_version()  # and says so, as a worker's start does: the others read its row
+    await other.members_changed(about=[other.worker_id])
     await until(lambda: len(a.coordinator.owned) == 1, what="w1 handing one over to w2")  # released
     (kept,) = a.coordinator.owned
     shed = next(lease for lease in (await other.read()).leases.values() if lease.shard_id != kept)

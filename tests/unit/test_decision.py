@@ -8,6 +8,7 @@ import math
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
@@ -182,6 +183,30 @@ def test_a_worker_lags_when_a_dead_workers_lease_it_could_claim_is_free_a_cycle_
     owners["s0"] = "w1"
     claimed = replace(seen, readable=by_owner(_leases(owners).values()))
     assert decide(claimed, memory, now=2.0)[1].lags == {}, "it claimed: it does not lag"
+
+
+@pytest.mark.parametrize(("max_leases", "room"), [(4, None), (None, 3), (None, None)])
+def test_a_lag_claims_no_more_than_the_shares_without_the_lagging_worker_would(
+    max_leases: int | None, room: int | None
+) -> None:
+    """Found in review: the claims of a dead worker's leases beyond the plan were added to the plan's
+    own, with no limit: w1 held 7 with max_leases 4, 5 with room 3. Now at most what the shares
+    without w0 claim, which keep every limit, and none of them offered again as a spare."""
+    owners: dict[str, str | None] = {"a0": "w1", "b0": "w0", "d0": "dead", "d1": "dead", "d2": "dead"}
+    owners |= {"d3": "dead", "n0": None, "n1": None}
+    seen = Seen(
+        me="w1",
+        readable=by_owner(_leases(owners).values()),
+        live={"w0", "w1"},
+        interval_s=INTERVAL_S,
+        max_leases=max_leases,
+        room=room,
+    )
+    memory = Memory(lags={"w0": Lag(0.0, 1, frozenset({"d0", "d1", "d2", "d3"}), lags=True)})
+    plan, _ = decide(seen, memory, now=1.0)
+    wider = balance.plan_by_owner("w1", seen.readable, {"w0", "w1"}, max_leases=max_leases, room=room, leaving={"w0"})
+    assert len(plan.claim) <= len(wider.claim) and 1 + len(plan.claim) <= min(max_leases or 99, room or 99)
+    assert not {lease.shard_id for lease in plan.claim} & {lease.shard_id for lease in plan.spare}
 
 
 def test_a_worker_whose_lease_to_claim_another_took_does_not_lag() -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+
+import pytest
 
 from efo.errors import Retriable
 from efo.leases.codec import MEMBER_CHANGE_SLOTS
@@ -71,13 +74,13 @@ class Rows:
         if self.failing:
             self.failing -= 1
             raise TimeoutError("throttled")
-        self._move(set(about))
+        self._move(set(about), stopped={self.worker_id} if stopped else set())
         self.struck.append(set(not_leaving))
 
-    def _move(self, about: set[str]) -> None:
+    def _move(self, about: set[str], *, stopped: AbstractSet[str] = frozenset()) -> None:
         self.members += 1
         if self.named:
-            self.changes[self.members] = MemberChange(frozenset(about))
+            self.changes[self.members] = MemberChange(frozenset(about), frozenset(stopped))
 
 
 def _worker(me: str, others: tuple[str, ...]) -> tuple[ManualClock, Rows, Membership]:
@@ -495,3 +498,22 @@ def test_a_named_read_that_fails_is_made_again_at_the_next_cycle() -> None:
         assert "w05" not in membership.rows
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("crowd", [CROWD, ()], ids=["named rows read", "every row read"])
+def test_a_stop_that_released_everything_is_known_as_one_on_either_read(crowd: tuple[str, ...]) -> None:
+    """A move that ends a stop which released every lease says so: what a lease read from before the
+    releases shows that worker holding is not a dead worker's (decision.Lag). Known whether the rows
+    named are read or every row is (a small fleet, the safety net); a reap is not a stop."""
+    clock, rows, membership = _worker("w01", ("w02", "w03", "w05", *crowd))
+
+    async def main() -> None:
+        await _read_and_act(rows, membership, clock, cycles=1)
+        del rows.beats["w05"]
+        rows._move({"w05"}, stopped={"w05"})
+        del rows.beats["w03"]
+        rows._move({"w03"})  # reaped
+        await _read_and_act(rows, membership, clock, cycles=1)
+
+    asyncio.run(main())
+    assert membership._view.stopped_lately() == {"w05"}

@@ -96,11 +96,11 @@ def test_a_child_subscribed_before_its_parent_ended_breaks_parents_first() -> No
 
 def test_a_shard_its_owner_died_with_must_be_read_again_within_failover_plus_two_seconds() -> None:
     oracle, _, _ = _oracle()
-    oracle.died(100.0, {SHARD})
+    oracle.died(100.0, {SHARD}, "w1")
     with pytest.raises(Violation, match="read again"):
         oracle.first_event(112.5, SHARD)
     oracle, _, _ = _oracle()
-    oracle.died(100.0, {SHARD})
+    oracle.died(100.0, {SHARD}, "w1")
     oracle.first_event(111.5, SHARD)
     assert oracle.takeovers == [11.5]
 
@@ -110,18 +110,34 @@ def test_a_paused_worker_s_shards_are_read_again_within_failover_plus_two_second
     from its end (which excused every takeover of the pause before)."""
     oracle, _, _ = _oracle()
     oracle.disturbed(170.0, delays_reading=False)
-    oracle.died(150.0, {SHARD})
+    oracle.died(150.0, {SHARD}, "w1")
     with pytest.raises(Violation, match="read again"):
         oracle.first_event(162.5, SHARD)
 
 
 def test_after_the_start_or_a_fault_the_fleet_has_thirty_seconds_to_read_every_shard_again() -> None:
     oracle, _, _ = _oracle()
-    oracle.died(10.0, {SHARD})
+    oracle.died(10.0, {SHARD}, "w1")
     oracle.first_event(35.0, SHARD)  # a death during the start's convergence
     oracle.disturbed(200.0, delays_reading=True)
-    oracle.died(205.0, {SHARD})
+    oracle.died(205.0, {SHARD}, "w1")
     oracle.first_event(229.0, SHARD)
     with pytest.raises(Violation, match="read again"):
-        oracle.died(300.0, {SHARD})
+        oracle.died(300.0, {SHARD}, "w1")
         oracle.first_event(313.0, SHARD)
+
+
+def test_a_shard_taken_over_and_left_unread_by_a_second_death_is_timed_from_the_second() -> None:
+    """w2 took over a shard of w1's death and died before its first event: the shard is w2's death's
+    to take over. Not so for a worker that dies twice (a zombie killed in its pause): its shards stay
+    timed from the first."""
+    oracle, _, _ = _oracle()
+    oracle.died(100.0, {SHARD}, "w1")
+    oracle.died(108.0, {SHARD}, "w2")
+    oracle.first_event(118.0, SHARD)
+    assert oracle.takeovers == [10.0]
+    oracle, _, _ = _oracle()
+    oracle.died(100.0, {SHARD}, "w1")
+    oracle.died(108.0, {SHARD}, "w1")
+    with pytest.raises(Violation, match="read again"):
+        oracle.first_event(118.0, SHARD)
