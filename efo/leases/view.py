@@ -99,7 +99,7 @@ class TableView:
             self._stopped_at[worker] = self._clock.now()
 
     def stopped_lately(self) -> set[str]:
-        """The workers whose row went while they were stopping, within ``failover_s``."""
+        """The workers whose stop ended with every lease released, as moves read within ``failover_s`` said."""
         now = self._clock.now()
         self._stopped_at = {worker: at for worker, at in self._stopped_at.items() if now - at < self.failover_s}
         return set(self._stopped_at)

@@ -129,8 +129,8 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
         for shard_id in leases
     )
     lags: dict[str, Lag] = {}
+    given_s = seen.failover_s + 2 * seen.interval_s
     for worker, lag in memory.lags.items():
-        given_s = seen.failover_s + 2 * seen.interval_s
         if worker not in live or holding(worker) > lag.held or now - lag.since >= given_s:
             continue  # found dead or gone, claimed, or given its time: it counts a share again
         if not lag.lags and now - lag.since >= LAG_CYCLES * seen.interval_s:
