@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache as memoized
+from typing import Any
 
 from efo.config import Settings
 from efo.leases import cache
@@ -26,20 +27,50 @@ VERSION_ENTRY_B = 8
 #: DynamoDB's read unit (strongly consistent; eventually consistent costs half) and ListShards' page.
 READ_UNIT_B = 4096
 SHARDS_PER_LIST_PAGE = 1000
+#: A Query answers at most this much a page.
+QUERY_PAGE_B = 1024 * 1024
 #: On-demand list prices: a write unit costs five read units.
 WRITE_PRICE = 5.0
 
 
 @dataclass(frozen=True)
 class Cost:
-    read_units_per_s: float
+    """The lease plane's use of DynamoDB and Kinesis at steady state, and the checkpoints'."""
+
+    read_units_per_s: float  # the lease plane's (everything but the checkpoints)
     write_units_per_s: float
     list_shards_per_min: float
+    requests_per_min: Mapping[str, float]  # the lease plane's, by DynamoDB operation
+    checkpoint_write_units_per_s: float  # one unit (a row under 1 KB) a busy shard a checkpoint interval
+    control_key_read_units_per_s: float  # the version and heartbeat rows' partition key
+    control_key_write_units_per_s: float
+    lease_key_read_units_per_s: float  # the largest lease partition's key
+    lease_key_write_units_per_s: float  # its checkpoints
 
     @property
     def per_s(self) -> float:
         """Read-unit equivalents a second (a write priced at five reads)."""
         return self.read_units_per_s + WRITE_PRICE * self.write_units_per_s
+
+    @property
+    def busiest_key_read_units_per_s(self) -> float:
+        return max(self.control_key_read_units_per_s, self.lease_key_read_units_per_s)
+
+    @property
+    def busiest_key_write_units_per_s(self) -> float:
+        return max(self.control_key_write_units_per_s, self.lease_key_write_units_per_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "read_units_per_s": round(self.read_units_per_s, 3),
+            "write_units_per_s": round(self.write_units_per_s, 3),
+            "cost_per_s": round(self.per_s, 3),
+            "list_shards_per_min": round(self.list_shards_per_min, 2),
+            "requests_per_min": {name: round(rate, 2) for name, rate in sorted(self.requests_per_min.items())},
+            "checkpoint_write_units_per_s": round(self.checkpoint_write_units_per_s, 3),
+            "busiest_key_read_units_per_s": round(self.busiest_key_read_units_per_s, 3),
+            "busiest_key_write_units_per_s": round(self.busiest_key_write_units_per_s, 3),
+        }
 
 
 def _mean_interval_s(interval_s: float, jitter_from: float) -> float:
@@ -47,30 +78,65 @@ def _mean_interval_s(interval_s: float, jitter_from: float) -> float:
     return interval_s * (1 + jitter_from) / 2
 
 
-def steady_state(settings: Settings, *, workers: int, shards: int, partition_rows: Sequence[int] | None = None) -> Cost:
-    """The lease plane's use (everything but the checkpoints) of ``workers`` sharing ``shards`` once
-    nothing changes: no worker starts or stops, no lease moves. ``partition_rows``: the lease rows of
-    each lease partition (a table whose layout grew: efo.leases.model.Layout); by default, those of a
-    table whose first start had ``shards``, spread evenly."""
+def _pages(rows: int, row_b: int) -> int:
+    """Query pages of ``rows`` rows (at least one: an empty partition still answers)."""
+    return max(1, math.ceil(rows * row_b / QUERY_PAGE_B))
+
+
+def busy_shards(shards: int, records_per_shard_s: float, interval_s: float) -> float:
+    """Of ``shards`` whose records arrive at random, ``records_per_shard_s`` each, how many have a new
+    record to checkpoint at each ``interval_s`` (a Poisson arrival: one less the chance of none)."""
+    return shards * -math.expm1(-records_per_shard_s * interval_s)
+
+
+def steady_state(
+    settings: Settings,
+    *,
+    workers: int,
+    shards: int,
+    partition_rows: Sequence[int] | None = None,
+    busy: float = 0.0,
+) -> Cost:
+    """The use of ``workers`` sharing ``shards`` once nothing changes: no worker starts or stops, no
+    lease moves. ``partition_rows``: the lease rows of each lease partition (a table whose layout grew:
+    efo.leases.model.Layout); by default, those of a table whose first start had ``shards``, spread
+    evenly (the largest as CRC-32 spreads Kinesis's numbered shard ids). ``busy``: the shards with a
+    new record to checkpoint at each ``checkpoint.interval_s`` (:func:`busy_shards`)."""
     lease = settings.lease
     if partition_rows is None:
         partitions = lease_partitions_for(shards)
-        per_partition = math.ceil(shards / partitions * LEASE_ROW_B / READ_UNIT_B) * 0.5
-        read_all = partitions * per_partition
+        partition_rows = [math.ceil(shards / partitions)] * partitions
+        largest = largest_partition(shards)
     else:
         partitions = len(partition_rows)
-        read_all = sum(math.ceil(rows * LEASE_ROW_B / READ_UNIT_B) or 1 for rows in partition_rows) * 0.5
+        largest = max(partition_rows, default=0)
+    read_all = sum(math.ceil(rows * LEASE_ROW_B / READ_UNIT_B) or 1 for rows in partition_rows) * 0.5
+    read_largest = (math.ceil(largest * LEASE_ROW_B / READ_UNIT_B) or 1) * 0.5
     watched = min(membership.WATCHED, workers - 1)
     version = math.ceil(partitions * VERSION_ENTRY_B / READ_UNIT_B)  # a counter per lease partition
     every_cycle = version + 0.5 * watched  # the version row, strongly; the watched rows, eventually
-    every_row = math.ceil(workers * HEARTBEAT_ROW_B / READ_UNIT_B) / _mean_interval_s(
-        membership.ALL_ROWS_EVERY_S, membership.JITTER_FROM
-    )
-    safety_net = read_all / _mean_interval_s(lease.full_read_interval_s, cache.JITTER_FROM)
+    rows_interval_s = _mean_interval_s(membership.ALL_ROWS_EVERY_S, membership.JITTER_FROM)
+    every_row = math.ceil(workers * HEARTBEAT_ROW_B / READ_UNIT_B) / rows_interval_s
+    safety_net_interval_s = _mean_interval_s(lease.full_read_interval_s, cache.JITTER_FROM)
+    heartbeats = workers / lease.heartbeat_interval_s  # a unit each: a row under 1 KB
+    checkpoints = busy / settings.checkpoint.interval_s
+    control_reads = workers * (every_cycle / lease.sync_interval_s + every_row)
+    queries = _pages(workers, HEARTBEAT_ROW_B) / rows_interval_s
+    queries += sum(_pages(rows, LEASE_ROW_B) for rows in partition_rows) / safety_net_interval_s
     return Cost(
-        read_units_per_s=workers * (every_cycle / lease.sync_interval_s + every_row + safety_net),
-        write_units_per_s=workers / lease.heartbeat_interval_s,
+        read_units_per_s=control_reads + workers * read_all / safety_net_interval_s,
+        write_units_per_s=heartbeats,
         list_shards_per_min=60 * math.ceil(shards / SHARDS_PER_LIST_PAGE) / settings.shards.sync_interval_s,
+        requests_per_min={
+            "GetItem": 60 * workers * (1 + watched) / lease.sync_interval_s,
+            "PutItem": 60 * heartbeats,
+            "Query": 60 * workers * queries,
+        },
+        checkpoint_write_units_per_s=checkpoints,
+        control_key_read_units_per_s=control_reads,
+        control_key_write_units_per_s=heartbeats,
+        lease_key_read_units_per_s=workers * read_largest / safety_net_interval_s,
+        lease_key_write_units_per_s=checkpoints * largest / shards if shards else 0.0,
     )
 
 

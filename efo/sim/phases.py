@@ -42,10 +42,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from efo.leases.cost import steady_state
 from efo.sim.fleet import Fleet, FleetConfig, SimWorker
 from efo.sim.invariants import Oracle, Trace, Violation
-from efo.sim.run import Capture, RunConfig, in_virtual_time, monitor, number, produce, usage_rates
+from efo.sim.run import Capture, RunConfig, expected, in_virtual_time, monitor, number, produce, usage_rates
 
 PHASES = ("start", "busy", "idle", "join", "takeover", "rolling")
 
@@ -332,14 +331,8 @@ class _Scenario:
         rates["writes_per_min"] = {kind: round(60 * n / seconds, 2) for kind, n in sorted(kinds.items())}
         rates["heartbeats_per_min"] = round(60 * kinds["heartbeat"] / seconds, 2)
         rates["other_writes_per_min"] = round(60 * (sum(kinds.values()) - kinds["heartbeat"]) / seconds, 2)
-        live = fleet.live()
-        rates["workers"] = len(live)
-        formula = steady_state(fleet.settings, workers=len(live), shards=len(fleet.stream.shards))
-        rates["formula"] = {
-            "read_units_per_s": round(formula.read_units_per_s, 3),
-            "write_units_per_s": round(formula.write_units_per_s, 3),
-            "cost_per_s": round(formula.per_s, 3),
-        }
+        rates["workers"] = len(fleet.live())
+        rates["formula"] = expected(fleet, fleet.config.records_per_shard_s if self.producer else 0.0).to_json()
         return rates
 
     # ---- the phases ------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import structlog
 
 from efo import gc_tuning
-from efo.leases.cost import WRITE_PRICE, steady_state
+from efo.leases.cost import WRITE_PRICE, Cost, busy_shards, steady_state
 from efo.sim import faults
 from efo.sim.fleet import Fleet, FleetConfig
 from efo.sim.invariants import Oracle, Trace, Violation
@@ -272,13 +272,15 @@ async def _measure(fleet: Fleet, window: tuple[float, float], into: dict[str, An
     into["peak_second"] = peaks
     into["list_shards_per_min"] = round(60 * (fleet.stream.list_calls - lists) / (end_s - start_s), 2)
     into["workers"] = len(fleet.live())
-    formula = steady_state(fleet.settings, workers=len(fleet.live()), shards=len(fleet.stream.shards))
-    into["formula"] = {
-        "read_units_per_s": round(formula.read_units_per_s, 3),
-        "write_units_per_s": round(formula.write_units_per_s, 3),
-        "cost_per_s": round(formula.per_s, 3),
-        "list_shards_per_min": round(formula.list_shards_per_min, 2),
-    }
+    into["formula"] = expected(fleet, fleet.config.records_per_shard_s).to_json()
+
+
+def expected(fleet: Fleet, records_per_shard_s: float) -> Cost:
+    """What the README's formula says the fleet as it is now asks for, its shards' records arriving at
+    ``records_per_shard_s`` each (the producer's keys fall on shards at random)."""
+    shards = len(fleet.stream.open_shards())
+    busy = busy_shards(shards, records_per_shard_s, fleet.settings.checkpoint.interval_s)
+    return steady_state(fleet.settings, workers=len(fleet.live()), shards=len(fleet.stream.shards), busy=busy)
 
 
 #: The figures of :func:`usage_rates` whose largest value over the seconds of a window it gives as well.

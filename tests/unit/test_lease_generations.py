@@ -347,7 +347,7 @@ def test_the_safety_net_of_a_grown_table_reads_each_partition_by_its_own_rows(mo
     assert layout.sizes == (8, 32, 128, 512)
     fresh = cost.steady_state(settings, workers=256, shards=16_384)
     even = cost.steady_state(settings, workers=256, shards=16_384, partition_rows=[64] * 256)
-    assert even == fresh
+    assert (even.read_units_per_s, even.requests_per_min) == (fresh.read_units_per_s, fresh.requests_per_min)
     rows = [0] * (layout.partitions - 512) + [32] * 512
     grown = cost.steady_state(settings, workers=256, shards=16_384, partition_rows=rows)
     version = 256 * (math.ceil(layout.partitions * cost.VERSION_ENTRY_B / cost.READ_UNIT_B) - 1)  # 2 units, not 1
