@@ -48,7 +48,8 @@ class Service:
     def __init__(self, settings: Settings, handoff: Handoff | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self._clock = clock  # every part's: its now, sleeps and timeouts
-        self.handoff = handoff or Handoff()
+        # Not ``handoff or``: an empty Handoff is falsy (its length), and the caller's must be the one used.
+        self.handoff = handoff if handoff is not None else Handoff()
         self.error: EfoError | None = None
         self.finished = threading.Event()
         #: The service stops on its own (one stream's fatal error stops every stream): the driver

@@ -4,15 +4,26 @@ time in a test or the simulation as they run on the system clock in production."
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import functools
+import random
+import time
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from efo.clock import SYSTEM_CLOCK
+from efo.config import load_settings
 from efo.errors import ResourceNotFound
-from efo.kinesis.registration import ensure_consumer
+from efo.kinesis.registration import StreamInfo, ensure_consumer
 from efo.observability import Metrics
+from efo.pipeline.handoff import Handoff
+from efo.service import Service
 from efo.sim.clock import EPOCH, SimClock
+from efo.sim.dynamodb import SimDynamoDB
+from efo.sim.kinesis import SimKinesisClient, SimStream
 from efo.sim.loop import run as run_virtual
 
 
@@ -56,3 +67,107 @@ def test_a_consumer_that_never_becomes_active_times_out_on_the_injected_clock() 
 
     waited_s = run_virtual(scenario())
     assert 120.0 < waited_s < 130.0 and kinesis.calls > 20  # backoff from 0.5 s to 5 s, in virtual time
+
+
+class SimClients:
+    """efo.aws.Clients' methods, answered by the simulation's DynamoDB and Kinesis."""
+
+    def __init__(self, db: SimDynamoDB, stream: SimStream, clock: SimClock) -> None:
+        self._db, self._kinesis, self._clock = db, SimKinesisClient(stream, clock, lambda: 0.01), clock
+
+    async def kinesis(self) -> SimKinesisClient:
+        return self._kinesis
+
+    async def dynamodb(self) -> Any:
+        return self._db.client("w1", self._clock)
+
+    def subscriber(self, read_timeout_s: float) -> SimKinesisClient:
+        return self._kinesis
+
+
+#: What reads time without asking a clock: the system clock's object and the functions a part would
+#: keep to call later.
+SYSTEM_TIME = (SYSTEM_CLOCK, time.monotonic, time.time, time.perf_counter)
+
+
+def _system_time_in(root: object) -> tuple[list[str], set[str]]:
+    """The paths from ``root``, through efo's objects and the containers they hold, to anything in
+    :data:`SYSTEM_TIME` (a default ``clock=`` nobody overrode, or a bound method of one), and the names
+    of the classes of efo's objects walked through."""
+    found: list[str] = []
+    walked: set[str] = set()
+    seen: set[int] = set()
+    todo: list[tuple[object, str]] = [(root, type(root).__name__)]
+    while todo:
+        obj, path = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        owner = getattr(obj, "__self__", None)  # a bound method: what it is bound to
+        if any(obj is system or owner is system for system in SYSTEM_TIME):
+            found.append(path)
+            continue
+        if isinstance(obj, dict):
+            todo.extend((value, f"{path}[{key!r}]") for key, value in obj.items())
+        elif isinstance(obj, list | tuple | set | frozenset | collections.deque):
+            todo.extend((value, f"{path}[]") for value in obj)
+        elif owner is not None:
+            todo.append((owner, f"{path}.__self__"))
+        elif isinstance(obj, functools.partial):
+            todo.extend((part, f"{path}.partial") for part in (obj.func, *obj.args, *obj.keywords.values()))
+        elif type(obj).__module__.startswith("efo.") and not isinstance(obj, SimClock | SimDynamoDB | SimStream):
+            walked.add(type(obj).__name__)
+            attributes = dict(getattr(obj, "__dict__", {}))
+            for cls in type(obj).__mro__:
+                for name in getattr(cls, "__slots__", ()):
+                    if hasattr(obj, name):
+                        attributes[name] = getattr(obj, name)
+            todo.extend((value, f"{path}.{name}") for name, value in attributes.items())
+        elif callable(obj) and getattr(obj, "__closure__", None):  # a lambda or closure: what it holds
+            todo.extend((cell.cell_contents, f"{path}.<closure>") for cell in obj.__closure__ if _filled(cell))
+    return found, walked
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def test_a_service_hands_its_clock_to_every_part_it_makes() -> None:
+    """``Service(clock=...)``: every part it makes, and every part those make while they run (the
+    lease cycle, liveness, membership, runner, subscriptions, checkpointer, pool), keeps that clock
+    and nothing that reads the system's time. A part built with its default ``clock=`` would run on
+    the system clock in the simulation, which builds coordinators itself and so would not notice. The
+    handoff is the caller's (the driver thread's: real time in production, efo/clock.py)."""
+
+    async def scenario() -> tuple[list[str], set[str]]:
+        clock = SimClock()
+        db = SimDynamoDB(random.Random(1))
+        stream = SimStream("orders", 4, clock=clock)
+        settings = load_settings(
+            environment=False, stream=stream.arn, app="a", table="t", sink="console", region="us-east-1"
+        )
+        service = Service(settings, Handoff(clock=clock.now), clock=clock)
+        consumer_arn = f"{stream.arn}/consumer/a:1"
+        service._checked = [(StreamInfo("orders", stream.arn, EPOCH, "ACTIVE", 4), consumer_arn)]
+        db.create_table("t")
+        coordinators = await service._prepare(SimClients(db, stream, clock))  # type: ignore[arg-type]
+        stop, driver_done = asyncio.Event(), asyncio.Event()
+        for coordinator in coordinators:
+            await coordinator.check()
+        running = [asyncio.create_task(c.run(stop, driver_done)) for c in coordinators]
+        await clock.sleep(30.0)  # leases claimed, shards read, checkpoints due
+        assert all(len(c.owned) == 4 for c in coordinators), [len(c.owned) for c in coordinators]
+        found = _system_time_in([service, coordinators])
+        stop.set()
+        driver_done.set()
+        await asyncio.gather(*running)
+        return found
+
+    found, walked = run_virtual(scenario())
+    assert found == []
+    parts = {"LeaseTable", "LeaseCache", "PendingPool", "Checkpointer", "Liveness", "Membership", "LeaseCycle"}
+    assert parts <= walked, sorted(parts - walked)
