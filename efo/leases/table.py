@@ -143,7 +143,7 @@ class LeaseTable:
         #: Shard id -> the lease partition its lease was last read from (or written to): a lease never moves.
         self._where: dict[str, int] = {}
         self._relaid_for = -1  # the highest partition beyond the layout that made read_version read it again
-        self._members_read: int | None = None  # the membership counter as this worker last read it
+        self._members_read: int | None = None  # the membership counter as this worker last read or moved it
         #: Lease partitions where this client changed a lease, or where a conditional write of it
         #: failed (the lease was not as read), since :meth:`take_changed`: what it read there may be old.
         self._changed_partitions: set[int] = set()
@@ -445,7 +445,7 @@ class LeaseTable:
         or in doubt): every worker reads the heartbeat rows again at its next cycle: those of the
         workers it is ``about`` when the version row names them for every move since that worker's
         last read, else all of them. Named by a write conditional on the counter as this worker last
-        read it; one that another worker's move beat is tried once more on the counter that move
+        read or moved it; one that another worker's move beat is tried once more on the counter that move
         left, if a move or two came first, else (a mass start) the counter moves unnamed.
         ``not_leaving``: workers struck off the version row's stopping ones (stopped, reaped, or
         starting again); ``stopped``: this worker's own stop ends with this move."""
@@ -483,12 +483,17 @@ class LeaseTable:
                     item = getattr(exc, "response", {}).get("Item")
                     now = members_of(item) if item else None
                     read = now if attempt == 0 and now is not None and now - read <= 2 else None
-            await self._ddb.update_item(  # unnamed: its readers read every row
+            answer = await self._ddb.update_item(  # unnamed: its readers read every row
                 TableName=self.table,
                 Key=self._key(VERSION_KEY),
                 UpdateExpression=f"ADD {MEMBERS_ATTRIBUTE} :one" + strike[0],
                 ExpressionAttributeValues={":one": {"N": "1"}, **strike[1]},
+                ReturnValues="UPDATED_NEW",
             )
+            # The counter this move set: a second move before the next read is named, unless another
+            # worker's move comes first (then it is tried on the counter that move left, as above).
+            moved = answer.get("Attributes", {})
+            self._members_read = members_of(moved) if MEMBERS_ATTRIBUTE in moved else None
         except Exception as exc:
             raise translate(exc, resource=self._resource()) from None
 

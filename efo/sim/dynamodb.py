@@ -9,7 +9,7 @@ What it models:
 
 - **conditional writes** (``ConditionExpression``; a failed one raises
   ConditionalCheckFailedException and still costs its write units, with the item as it is when
-  asked: ``ReturnValuesOnConditionCheckFailure``), UpdateItem's ``ReturnValues``;
+  asked: ``ReturnValuesOnConditionCheckFailure``), UpdateItem's ``ReturnValues`` (``ALL_NEW``, ``UPDATED_NEW``);
 - **Query** with a key condition, ``ExclusiveStartKey``, ``Limit`` and pages of at most 1 MB of items
   read (``LastEvaluatedKey``), ``ProjectionExpression``;
 - **consistency**: a strongly consistent read sees every write that landed; an eventually consistent
@@ -396,6 +396,10 @@ class SimDynamoDB:
         self._write(table, pk, sk, updated, now, item_bytes)
         if request.get("ReturnValues") == "ALL_NEW":
             return {"Attributes": dict(updated)}
+        if request.get("ReturnValues") == "UPDATED_NEW":
+            names = expressions.updated(request["UpdateExpression"])
+            attributes = {name: value for name, value in updated.items() if name in names}
+            return {"Attributes": attributes} if attributes else {}
         return {}
 
     def _DeleteItem(self, table: _Table, request: dict[str, Any], now: float, rng: random.Random) -> dict[str, Any]:

@@ -268,15 +268,22 @@ def _remove(part: str) -> Update:
     return lambda item, values: item.pop(name, None)  # type: ignore[return-value]
 
 
-@functools.cache
-def update(text: str) -> Update:
-    """The change an UpdateExpression makes to an item (in place)."""
+def _clauses(text: str) -> list[tuple[str, list[str]]]:
+    """An UpdateExpression's clauses: each keyword, with its comma-separated parts."""
     pieces = _CLAUSE.split(text)
     if pieces[0].strip():
         raise UnsupportedExpression(f"update {text!r}")
+    return [
+        (keyword, [p.strip() for p in body.split(",") if p.strip()])
+        for keyword, body in zip(pieces[1::2], pieces[2::2], strict=True)
+    ]
+
+
+@functools.cache
+def update(text: str) -> Update:
+    """The change an UpdateExpression makes to an item (in place)."""
     steps: list[Update] = []
-    for keyword, body in zip(pieces[1::2], pieces[2::2], strict=True):
-        parts = [p.strip() for p in body.split(",") if p.strip()]
+    for keyword, parts in _clauses(text):
         if keyword == "SET":
             steps += [_set(p) for p in parts]
         elif keyword == "REMOVE":
@@ -293,6 +300,19 @@ def update(text: str) -> Update:
             step(item, values)
 
     return apply
+
+
+@functools.cache
+def updated(text: str) -> frozenset[str]:
+    """The attributes an UpdateExpression sets, adds to or deletes from (not those it removes): those
+    of them the item still has after it are what UpdateItem's ``ReturnValues="UPDATED_NEW"`` answers
+    (a DELETE that empties a set leaves no attribute to answer). :func:`update` checks the text."""
+    return frozenset(
+        re.split(r"[\s=]", part, maxsplit=1)[0]
+        for keyword, parts in _clauses(text)
+        if keyword != "REMOVE"
+        for part in parts
+    )
 
 
 @functools.cache

@@ -1,9 +1,10 @@
 """Membership alone, on the fake clock: which heartbeat rows a worker reads each cycle, and whom it
-finds dead."""
+finds dead; and the moves of the counter that name whom they were about, on the simulated DynamoDB."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 
@@ -12,8 +13,11 @@ import pytest
 from efo.errors import Retriable
 from efo.leases.codec import MEMBER_CHANGE_SLOTS
 from efo.leases.model import MemberChange, WorkerRow
+from efo.leases.table import LeaseTable
 from efo.leases.view import TableView
-from efo.sim.clock import ManualClock
+from efo.sim.clock import ManualClock, SimClock
+from efo.sim.dynamodb import Behaviour, SimDynamoDB
+from efo.sim.loop import run
 from efo.worker.membership import WATCHED, Membership
 
 FAILOVER_S = 10.0
@@ -517,3 +521,43 @@ def test_a_stop_that_released_everything_is_known_as_one_on_either_read(crowd: t
 
     asyncio.run(main())
     assert membership._view.stopped_lately() == {"w05"}
+
+
+def test_a_move_after_an_unnamed_one_of_this_worker_s_own_is_named() -> None:
+    """Found in review: a move that went unnamed (three moves of others since this worker's read, a
+    mass start) left the counter as this worker knew it at that read, so its next move before a read
+    was conditional on a counter long gone and went unnamed too: every worker read every heartbeat
+    row again. The unnamed move tells this worker the counter it set: its next move is named."""
+    db = SimDynamoDB(random.Random(1), Behaviour())
+    db.create_table("t")
+
+    async def scenario() -> None:
+        clock = SimClock()
+        tables = [
+            LeaseTable(
+                db.client(name, clock, random.Random(seed)),
+                table="t",
+                app="a",
+                stream_arn="s",
+                worker_id=name,
+                clock=clock,
+            )
+            for seed, name in enumerate(("w1", "w2"))
+        ]
+        table, other = tables
+        members = (await table.read_version()).members
+        await other.read_version()
+        for name in ("w3", "w4", "w5"):
+            await other.members_changed(about=[name])
+        await table.members_changed(about=["w6"])  # three moves behind: unnamed
+        await table.members_changed(about=["w7"])  # nobody moved since its own move: named
+        control = await other.read_version()
+        assert control.members == members + 5
+        assert {n - members: set(change.about) for n, change in control.member_changes.items()} == {
+            1: {"w3"},
+            2: {"w4"},
+            3: {"w5"},
+            5: {"w7"},
+        }
+
+    run(scenario())

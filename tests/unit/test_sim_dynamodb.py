@@ -59,6 +59,46 @@ def test_a_conditional_update_lands_only_while_its_condition_holds() -> None:
     run(scenario())
 
 
+def test_an_update_asked_for_its_updated_new_values_answers_the_attributes_it_set_added_or_deleted() -> None:
+    """As DynamoDB does (DynamoDB Local answers these very updates so): only the attributes the
+    expression set, added to or deleted from, as they are after it (not the key, nor an attribute it
+    left alone or removed, nor a set it emptied)."""
+
+    async def scenario() -> None:
+        _, client = _db()
+        await client.put_item(
+            TableName=TABLE,
+            Item={**_key("p", "a"), "n": {"N": "1"}, "kept": {"S": "k"}, "gone": {"S": "g"}, "s": {"SS": ["a", "b"]}},
+        )
+
+        async def update(expression: str) -> Any:
+            answer = await client.update_item(
+                TableName=TABLE,
+                Key=_key("p", "a"),
+                UpdateExpression=expression,
+                ExpressionAttributeValues={
+                    ":one": {"N": "1"},
+                    ":v": {"S": "v"},
+                    ":a": {"SS": ["a"]},
+                    ":b": {"SS": ["b"]},
+                },
+                ReturnValues="UPDATED_NEW",
+            )
+            return answer.get("Attributes")
+
+        assert await update("SET who = :v, n = n + :one ADD c :one DELETE s :a REMOVE gone") == {
+            "who": {"S": "v"},
+            "n": {"N": "2"},
+            "c": {"N": "1"},
+            "s": {"SS": ["b"]},
+        }
+        assert await update("ADD n :one, t :a DELETE s :b") == {"n": {"N": "3"}, "t": {"SS": ["a"]}}, "s emptied"
+        assert await update("DELETE t :b") == {"t": {"SS": ["a"]}}, "deleted from, though it held no b"
+        assert await update("REMOVE who") is None, "nothing updated is left: no attributes"
+
+    run(scenario())
+
+
 def test_add_and_delete_of_a_string_set_are_a_union_and_a_difference_and_no_set_is_left_empty() -> None:
     async def scenario() -> None:
         db, client = _db()
