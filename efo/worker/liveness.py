@@ -18,7 +18,9 @@ Heartbeats go out every ``heartbeat_interval_s`` whatever the last one's latency
 at most the validity, a few under way at once): a DynamoDB that answers in 5 s leaves every worker
 trusted, where waiting for each answer before the next interval put them in doubt. A heartbeat
 written in doubt says so (``in_doubt``), so the others take this worker's leases at once rather
-than watching a counter that moves while nobody reads its shards (race d of issue 37). Such a
+than watching a counter that moves while nobody reads its shards (race d of issue 37); the first
+goes out the moment the doubt begins (an older heartbeat's late answer may end it before the next
+on the schedule would, and the leases are dropped already). Such a
 heartbeat landing proves DynamoDB answers again, but the row still says "in doubt": the worker is
 RECOVERING, writes the next heartbeat at once, and claims again only once that one (which does not
 say it) has landed, so that nobody takes back from it what it claims.
@@ -173,7 +175,7 @@ class Liveness:
             while True:
                 try:
                     async with self._clock.timeout(max(0.0, due_at - self._clock.now())):
-                        await self._beat_now.wait()  # recovering: the next one at once
+                        await self._beat_now.wait()  # in doubt or recovering: the next one at once
                 except TimeoutError:
                     pass
                 self._beat_now.clear()
@@ -218,6 +220,11 @@ class Liveness:
         self._enter(Trust.IN_DOUBT)
         self._log.warning("lease.in_doubt", validity_s=self.validity_s)
         self._on_expired()
+        # Say so at once, not at the next beat on the schedule: an older heartbeat's late answer may
+        # make this worker trusted again before that one goes out (each answer read just after the
+        # validity, on a loop running late), and then no row ever says "in doubt" while the others
+        # watch a counter that moves and nobody reads the shards just dropped.
+        self._beat_now.set()
 
     def close(self) -> None:
         if self._deadline is not None:

@@ -167,6 +167,36 @@ def test_heartbeats_go_out_on_schedule_so_a_slow_dynamodb_below_the_validity_kee
     assert writer.beats >= 28  # one every 2 s, each answered 5 s later
 
 
+def test_a_worker_whose_trust_lapses_between_two_heartbeats_says_so_at_once() -> None:
+    """Found by the simulation (seeds 3 and 24 of 64 x 8, every fault, a worker's loop 3.7-3.9 s late):
+    each heartbeat's answer was read just after the validity of the one before ran out, so the worker
+    was in doubt for a moment before each landing and dropped its leases every time, but no
+    heartbeat went out in those moments: every row it wrote said it was well, its counter kept
+    moving, and nobody took the shards it no longer read (13 s and more). Here: trust lasts 7 s,
+    every answer comes 5.5 s after its send, every 2 s; each lapse lasts 0.5 s between two sends."""
+    writer, events = Writer(), []
+    liveness = Liveness(
+        writer,
+        LeaseSettings(heartbeat_interval_s=2.0, failover_s=9.0),
+        on_expired=lambda: events.append("expired"),
+        on_recovered=lambda: events.append("recovered"),
+        clock=SimClock(),
+    )
+
+    async def scenario() -> None:
+        assert await liveness.beat()  # at 0: trusted until 7
+        writer.latency_s = 5.5
+        task = asyncio.ensure_future(liveness.run())
+        await asyncio.sleep(20.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        liveness.close()
+
+    run(scenario())
+    assert events[0] == "expired", events
+    assert [in_doubt for _, in_doubt in writer.written].count(True) >= 1, "the row never said in doubt"
+
+
 def test_a_heartbeat_written_in_doubt_says_so(parts: tuple[Liveness, Writer, list[str]]) -> None:
     """Race d of issue 37: a worker whose heartbeats land after its validity stayed in doubt (reading
     nothing) while the others saw its counter move and left its leases alone. Written in doubt, the
