@@ -20,7 +20,10 @@ trusted, where waiting for each answer before the next interval put them in doub
 written in doubt says so (``in_doubt``), so the others take this worker's leases at once rather
 than watching a counter that moves while nobody reads its shards (race d of issue 37); the first
 goes out the moment the doubt begins (an older heartbeat's late answer may end it before the next
-on the schedule would, and the leases are dropped already). Such a
+on the schedule would, and the leases are dropped already). So a DynamoDB, or a loop, slow enough
+that each answer comes after the last one's validity ran out (over ``failover_s`` minus two
+intervals: 6 s at the defaults) leaves the worker in doubt, saying so, and the others take its
+leases: it drops them at every lapse anyway, and a row that said it was well left them unread. Such a
 heartbeat landing proves DynamoDB answers again, but the row still says "in doubt": the worker is
 RECOVERING, writes the next heartbeat at once, and claims again only once that one (which does not
 say it) has landed, so that nobody takes back from it what it claims.
@@ -99,7 +102,8 @@ class Liveness:
         self._on_recovered = on_recovered
         self._clock = clock
         self._deadline: Timer | None = None
-        self._beat_now = asyncio.Event()
+        self._wake = asyncio.Event()  # run(): a heartbeat was asked for at once, or one under way ended
+        self._asked = False  # one was asked for at once and has not gone out yet
         self.landed_at: float | None = None  # when the last heartbeat that landed was sent
         self._sent = 0  # heartbeats sent, in the order of their counters in the row
         self._last_in_doubt = 0  # the number of the last one written in doubt (0: none)
@@ -164,29 +168,47 @@ class Liveness:
     async def run(self, before_beat: Callable[[], None] = lambda: None) -> None:
         """A heartbeat every ``heartbeat_interval_s`` until cancelled, on a fixed schedule: the next
         goes out on time while the last is still under way (at most as many as fit in the validity).
+        One asked for at once (the doubt begins, or a recovery's) is one more, off the schedule, as
+        soon as one under way leaves room for it.
         ``before_beat`` runs before each (the coordinator's: has a batch stalled in the sink); what it
         raises ends the run. Given here, not to the constructor: the checkpointer that answers it is
         built after this part, with this part as its :class:`LeaseTrust`."""
         interval_s = self._settings.heartbeat_interval_s
         most = max(1, math.ceil(self.validity_s / interval_s))
         under_way: set[asyncio.Task[bool]] = set()
+
+        def ended(task: asyncio.Task[bool]) -> None:
+            under_way.discard(task)
+            if self._asked:
+                self._wake.set()  # a beat asked for at once waited for this room
+
         async with asyncio.TaskGroup() as beats:
             due_at = self._clock.now() + interval_s
             while True:
                 try:
                     async with self._clock.timeout(max(0.0, due_at - self._clock.now())):
-                        await self._beat_now.wait()  # in doubt or recovering: the next one at once
+                        await self._wake.wait()  # one asked for at once (in doubt, recovering), or room for it
                 except TimeoutError:
                     pass
-                self._beat_now.clear()
-                due_at += interval_s
-                if due_at < self._clock.now():  # woke late (a busy loop, a pause): on from now
-                    due_at = self._clock.now() + interval_s
+                self._wake.clear()
+                now = self._clock.now()
+                if now >= due_at:  # the schedule's
+                    due_at += interval_s
+                    if due_at < now:  # woke late (a busy loop, a pause): on from now
+                        due_at = now + interval_s
+                elif not self._asked:
+                    continue
                 before_beat()
-                if len(under_way) < most:
+                if len(under_way) < most:  # else the schedule's waits for the next slot, one asked for for room
+                    self._asked = False
                     task = beats.create_task(self.beat(), name="heartbeat-write")
                     under_way.add(task)
-                    task.add_done_callback(under_way.discard)
+                    task.add_done_callback(ended)
+
+    def _ask(self) -> None:
+        """A heartbeat now, besides the schedule's (as soon as one under way leaves room for it)."""
+        self._asked = True
+        self._wake.set()
 
     def landed(self, sent_at: float, number: int, *, written_in_doubt: bool = False) -> None:
         """Heartbeat ``number``, sent at ``sent_at``, landed. Only the newest one sent counts, and only
@@ -206,7 +228,7 @@ class Liveness:
         if written_in_doubt:
             if previous is Trust.IN_DOUBT:
                 self._enter(Trust.RECOVERING)
-                self._beat_now.set()  # the next one, which does not say "in doubt", at once
+                self._ask()  # the next one, which does not say "in doubt", at once
             return
         if previous is not Trust.TRUSTED:
             self._enter(Trust.TRUSTED)
@@ -224,7 +246,7 @@ class Liveness:
         # make this worker trusted again before that one goes out (each answer read just after the
         # validity, on a loop running late), and then no row ever says "in doubt" while the others
         # watch a counter that moves and nobody reads the shards just dropped.
-        self._beat_now.set()
+        self._ask()
 
     def close(self) -> None:
         if self._deadline is not None:

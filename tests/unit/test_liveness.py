@@ -197,6 +197,50 @@ def test_a_worker_whose_trust_lapses_between_two_heartbeats_says_so_at_once() ->
     assert [in_doubt for _, in_doubt in writer.written].count(True) >= 1, "the row never said in doubt"
 
 
+def test_a_heartbeat_asked_for_at_once_while_the_most_are_under_way_goes_out_when_one_ends() -> None:
+    """Found in review: the heartbeat asked for at the start of a doubt was dropped when as many as
+    fit in the validity were under way (DynamoDB throttling every one, each error back after 7.9 s),
+    and the schedule moved on a slot as if it had gone out: the first written in doubt went out at
+    12 s, later than the schedule's own at 10 s. It now waits for the first under way to end."""
+    sent: list[tuple[float, bool]] = []
+    throttled = False
+
+    class Throttled:
+        worker_id = "me"
+
+        async def heartbeat(self, *, in_doubt: bool = False, leaving: bool = False) -> bool:
+            sent.append((asyncio.get_running_loop().time(), in_doubt))
+            if throttled:
+                await asyncio.sleep(7.9)
+                raise Retriable("ProvisionedThroughputExceededException")
+            return True
+
+    liveness = Liveness(
+        Throttled(),
+        LeaseSettings(heartbeat_interval_s=2.0, failover_s=10.0),  # valid 8 s; at most 4 under way
+        on_expired=lambda: None,
+        on_recovered=lambda: None,
+        clock=SimClock(),
+    )
+
+    async def scenario() -> None:
+        nonlocal throttled
+        assert await liveness.beat()
+        task = asyncio.ensure_future(liveness.run())  # at 2, 4, 6, 8, ...
+        await asyncio.sleep(1.5)
+        assert await liveness.beat()  # off the schedule (as a recovery's): valid until 9.5
+        throttled = True
+        await asyncio.sleep(14.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        liveness.close()
+
+    run(scenario())
+    in_doubt = [round(at, 3) for at, doubt in sent if doubt]
+    assert in_doubt[0] == 9.9, sent  # the one sent at 2 s ended: in doubt since 9.5
+    assert in_doubt[1:] == [12.0, 14.0], "the schedule goes on as it was"
+
+
 def test_a_heartbeat_written_in_doubt_says_so(parts: tuple[Liveness, Writer, list[str]]) -> None:
     """Race d of issue 37: a worker whose heartbeats land after its validity stayed in doubt (reading
     nothing) while the others saw its counter move and left its leases alone. Written in doubt, the
