@@ -224,7 +224,8 @@ class LeaseSettings(_Section):
     )
     failover_s: PositiveDurationS = Field(
         10.0,
-        description="A worker whose heartbeat has not changed for this long is dead; its leases are taken.",
+        description="A worker whose heartbeat has not changed for this long is dead; its leases are taken. At "
+        "least three heartbeat intervals.",
     )
     sync_interval_s: PositiveDurationS = Field(
         1.0,
@@ -252,9 +253,11 @@ class LeaseSettings(_Section):
 
     @model_validator(mode="after")
     def _failover_outlasts_heartbeats(self) -> LeaseSettings:
-        if self.failover_s < 2 * self.heartbeat_interval_s:
+        # A worker trusts its leases for failover_s less one interval after a heartbeat's send: at
+        # least two intervals, so that a heartbeat may take up to one to land (efo.worker.liveness).
+        if self.failover_s < 3 * self.heartbeat_interval_s:
             raise ValueError(
-                f"lease.failover_s (EFO_LEASE__FAILOVER_S) = {self.failover_s} must be at least twice "
+                f"lease.failover_s (EFO_LEASE__FAILOVER_S) = {self.failover_s} must be at least three times "
                 f"lease.heartbeat_interval_s (EFO_LEASE__HEARTBEAT_INTERVAL_S) = {self.heartbeat_interval_s}"
             )
         return self

@@ -451,8 +451,8 @@ def test_every_duration_setting_is_found_by_its_name() -> None:
 def test_every_duration_setting_takes_a_number_of_seconds_or_a_unit(
     monkeypatch: pytest.MonkeyPatch, location: tuple[str, ...], text: str, seconds: float
 ) -> None:
-    # lease.failover_s must stay at least twice the heartbeat interval, whatever is set here.
-    lease = {"EFO_LEASE__FAILOVER_S": "1d", "EFO_LEASE__HEARTBEAT_INTERVAL_S": "1"}
+    # lease.failover_s must stay at least three heartbeat intervals, whatever is set here.
+    lease = {"EFO_LEASE__FAILOVER_S": "1d", "EFO_LEASE__HEARTBEAT_INTERVAL_S": "0.5"}
     _env(monkeypatch, **{**REQUIRED, **lease, _env_of(location): text})
     value: Any = load_settings()
     for name in location:
@@ -548,3 +548,24 @@ def test_a_duration_that_is_not_a_number_is_refused_as_before_units(tmp_path: Pa
         with pytest.raises(ConfigError) as refused:
             load_settings(config, **required)
         assert "= nan: allowed: a duration" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("failover", "heartbeat", "accepted"), [("4", "2", False), ("5.9", "2", False), ("6", "2", True)]
+)
+def test_the_failover_is_at_least_three_heartbeat_intervals(
+    monkeypatch: pytest.MonkeyPatch, failover: str, heartbeat: str, accepted: bool
+) -> None:
+    """Found in review: at twice the interval a worker trusts its leases for one interval after a
+    heartbeat's send (efo.worker.liveness), so any latency at all ran out each one's validity before
+    the next landed: in doubt at every beat (30 lapses in 60 s at 50 ms), its leases taken each time.
+    At three intervals a heartbeat may take up to one interval to land."""
+    _env(monkeypatch, **REQUIRED, EFO_LEASE__FAILOVER_S=failover, EFO_LEASE__HEARTBEAT_INTERVAL_S=heartbeat)
+    if accepted:
+        assert load_settings().lease.failover_s == float(failover)
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert "lease.failover_s (EFO_LEASE__FAILOVER_S)" in message and "three times" in message, message
+    assert "lease.heartbeat_interval_s (EFO_LEASE__HEARTBEAT_INTERVAL_S)" in message, message
