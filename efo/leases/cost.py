@@ -19,9 +19,13 @@ from efo.leases import cache
 from efo.leases.model import lease_partition_of, lease_partitions_for
 from efo.worker import membership
 
-#: Sizes of the rows read, as DynamoDB counts them (measured at the wire: a lease about 181 B).
-HEARTBEAT_ROW_B = 250
-LEASE_ROW_B = 200
+#: Sizes of the rows read, as DynamoDB counts them, for a production worker's names (tests/unit/
+#: test_cost_rows.py writes them with the lease table's code): a lease, most of it its partition key
+#: (the application and the stream's ARN), its owner's name and a 56-digit sequence number; a
+#: heartbeat row, with the consumer's ARN; a lease partition's mark, read with every Query of it.
+LEASE_ROW_B = 360
+HEARTBEAT_ROW_B = 370
+MARK_ROW_B = 100
 #: The version row's counter of one lease partition (``p<n>``: its name and number), about 8 B.
 VERSION_ENTRY_B = 8
 #: DynamoDB's read unit (strongly consistent; eventually consistent costs half) and ListShards' page.
@@ -70,17 +74,14 @@ class Cost:
             "checkpoint_write_units_per_s": round(self.checkpoint_write_units_per_s, 3),
             "busiest_key_read_units_per_s": round(self.busiest_key_read_units_per_s, 3),
             "busiest_key_write_units_per_s": round(self.busiest_key_write_units_per_s, 3),
+            "busiest_lease_key_read_units_per_s": round(self.lease_key_read_units_per_s, 3),
+            "busiest_lease_key_write_units_per_s": round(self.lease_key_write_units_per_s, 3),
         }
 
 
 def _mean_interval_s(interval_s: float, jitter_from: float) -> float:
     """The mean of an interval drawn uniformly from ``jitter_from`` × ``interval_s`` to ``interval_s``."""
     return interval_s * (1 + jitter_from) / 2
-
-
-def _pages(rows: int, row_b: int) -> int:
-    """Query pages of ``rows`` rows (at least one: an empty partition still answers)."""
-    return max(1, math.ceil(rows * row_b / QUERY_PAGE_B))
 
 
 def busy_shards(shards: int, records_per_shard_s: float, interval_s: float) -> float:
@@ -96,33 +97,32 @@ def steady_state(
     shards: int,
     partition_rows: Sequence[int] | None = None,
     busy: float = 0.0,
+    lease_row_b: int = LEASE_ROW_B,
+    heartbeat_row_b: int = HEARTBEAT_ROW_B,
 ) -> Cost:
     """The use of ``workers`` sharing ``shards`` once nothing changes: no worker starts or stops, no
     lease moves. ``partition_rows``: the lease rows of each lease partition (a table whose layout grew:
-    efo.leases.model.Layout); by default, those of a table whose first start had ``shards``, spread
-    evenly (the largest as CRC-32 spreads Kinesis's numbered shard ids). ``busy``: the shards with a
-    new record to checkpoint at each ``checkpoint.interval_s`` (:func:`busy_shards`)."""
+    efo.leases.model.Layout); by default, those of a table whose first start had ``shards`` (as CRC-32
+    spreads Kinesis's numbered shard ids). ``busy``: the shards with a new record to checkpoint at
+    each ``checkpoint.interval_s`` (:func:`busy_shards`). The rows' sizes: production's by default."""
     lease = settings.lease
     if partition_rows is None:
-        partitions = lease_partitions_for(shards)
-        partition_rows = [math.ceil(shards / partitions)] * partitions
-        largest = largest_partition(shards)
-    else:
-        partitions = len(partition_rows)
-        largest = max(partition_rows, default=0)
-    read_all = sum(math.ceil(rows * LEASE_ROW_B / READ_UNIT_B) or 1 for rows in partition_rows) * 0.5
-    read_largest = (math.ceil(largest * LEASE_ROW_B / READ_UNIT_B) or 1) * 0.5
+        partition_rows = spread(shards)
+    partitions = len(partition_rows)
+    largest = max(partition_rows, default=0)
+    read_all = sum(partition_units(rows, lease_row_b) for rows in partition_rows) * 0.5
+    read_largest = partition_units(largest, lease_row_b) * 0.5
     watched = min(membership.WATCHED, workers - 1)
     version = math.ceil(partitions * VERSION_ENTRY_B / READ_UNIT_B)  # a counter per lease partition
     every_cycle = version + 0.5 * watched  # the version row, strongly; the watched rows, eventually
     rows_interval_s = _mean_interval_s(membership.ALL_ROWS_EVERY_S, membership.JITTER_FROM)
-    every_row = math.ceil(workers * HEARTBEAT_ROW_B / READ_UNIT_B) / rows_interval_s
+    every_row = math.ceil(workers * heartbeat_row_b / READ_UNIT_B) / rows_interval_s
     safety_net_interval_s = _mean_interval_s(lease.full_read_interval_s, cache.JITTER_FROM)
     heartbeats = workers / lease.heartbeat_interval_s  # a unit each: a row under 1 KB
     checkpoints = busy / settings.checkpoint.interval_s
     control_reads = workers * (every_cycle / lease.sync_interval_s + every_row)
-    queries = _pages(workers, HEARTBEAT_ROW_B) / rows_interval_s
-    queries += sum(_pages(rows, LEASE_ROW_B) for rows in partition_rows) / safety_net_interval_s
+    queries = _pages(workers * heartbeat_row_b) / rows_interval_s
+    queries += sum(_pages(rows * lease_row_b + MARK_ROW_B) for rows in partition_rows) / safety_net_interval_s
     return Cost(
         read_units_per_s=control_reads + workers * read_all / safety_net_interval_s,
         write_units_per_s=heartbeats,
@@ -140,6 +140,17 @@ def steady_state(
     )
 
 
+def partition_units(rows: int, lease_row_b: int = LEASE_ROW_B) -> int:
+    """Read units of one strongly consistent Query of a lease partition of ``rows`` leases and its
+    mark (DynamoDB rounds a Query's bytes up to 4 KB once; eventually consistent costs half)."""
+    return math.ceil((rows * lease_row_b + MARK_ROW_B) / READ_UNIT_B)
+
+
+def _pages(size_b: int) -> int:
+    """Query pages of ``size_b`` bytes (at least one: an empty partition still answers)."""
+    return max(1, math.ceil(size_b / QUERY_PAGE_B))
+
+
 #: The share of eventually consistent answers that come from before the change they follow (read again
 #: once more): about none on AWS, whose replicas trail by milliseconds; about half in the simulation,
 #: whose eventually consistent reads see the table as of a moment up to a second ago.
@@ -148,12 +159,17 @@ BEHIND_AT_MOST = 1.0
 
 
 @memoized
-def largest_partition(shards: int) -> int:
-    """The lease rows of the largest lease partition of a stream created with ``shards`` shards (Kinesis
+def spread(shards: int) -> tuple[int, ...]:
+    """The lease rows of each lease partition of a stream created with ``shards`` shards (Kinesis
     numbers shard ids in order: CRC-32 spreads them within a few rows of the mean)."""
     partitions = lease_partitions_for(shards)
     rows = Counter(lease_partition_of(f"shardId-{n:012d}", partitions) for n in range(shards))
-    return max(rows.values(), default=0)
+    return tuple(rows[partition] for partition in range(partitions))
+
+
+def largest_partition(shards: int) -> int:
+    """The lease rows of the largest lease partition of a stream created with ``shards`` shards."""
+    return max(spread(shards), default=0)
 
 
 @dataclass(frozen=True)
@@ -170,7 +186,7 @@ def during_changes(settings: Settings, *, workers: int, shards: int, behind: flo
     """One lease partition changed by one worker at every cycle: that worker reads it again strongly,
     every other eventually consistent, ``1 + behind`` times (efo.leases.cache)."""
     rows = largest_partition(shards)
-    units = math.ceil(rows * LEASE_ROW_B / READ_UNIT_B)
+    units = partition_units(rows)
     per_cycle = units + (workers - 1) * (1 + behind) * 0.5 * units
     interval_s = settings.lease.sync_interval_s
     return KeyPeak(

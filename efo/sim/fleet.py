@@ -19,10 +19,11 @@ from typing import Any, Generic, TypeVar
 
 from efo.config import Settings, load_settings
 from efo.coordinator import Coordinator
+from efo.devstack.units import item_size
 from efo.errors import EfoError
 from efo.kinesis.graph import Shard
 from efo.kinesis.registration import StreamInfo
-from efo.leases.codec import parse_lease
+from efo.leases.codec import WORKER_PREFIX, parse_lease
 from efo.leases.lifecycle import Commit
 from efo.leases.rows import LeaseRows, PartitionRows
 from efo.leases.table import LeaseTable
@@ -368,6 +369,18 @@ class Fleet:
     def finished(self, shard_id: str) -> bool:
         """SHARD_END landed on the shard's lease (which may have been deleted since)."""
         return self.oracle.finished(shard_id)
+
+    def row_sizes_b(self) -> tuple[int, int]:
+        """The mean size of the table's lease rows and of its heartbeat rows now, as DynamoDB counts
+        them (the simulation's names are shorter than production's: efo.leases.cost.LEASE_ROW_B)."""
+        leases = [item_size(row) for row in self.lease_rows.values()]
+        heartbeats = [
+            version.size
+            for partition in self.db.tables[TABLE].partitions.values()
+            for key, row in partition.rows.items()
+            if key.startswith(WORKER_PREFIX) and (version := row.latest()) is not None and version.item is not None
+        ]
+        return round(sum(leases) / max(1, len(leases))), round(sum(heartbeats) / max(1, len(heartbeats)))
 
     def readable(self) -> set[str]:
         """Shards that must be read now: not finished, every parent finished."""

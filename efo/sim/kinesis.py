@@ -41,7 +41,8 @@ MAX_RECORDS_PER_EVENT = 10_000
 SUBSCRIPTION_LIFETIME_S = 300.0
 TAKEOVER_AFTER_S = 5.0
 PUSH_DELAY_S = 0.07  # from a put to the event that carries it (EFO's propagation delay)
-FIRST_SEQUENCE = 49_600_000_000_000_000_000_000  # long, as Kinesis's are
+#: 56 digits, as Kinesis's are (they make most of a lease row's size: efo.leases.cost.LEASE_ROW_B).
+FIRST_SEQUENCE = 49_590_338_271_490_256_608_559_692_538_361_571_095_921_575_989_136_500_000
 
 
 def hash_key(partition_key: str) -> int:

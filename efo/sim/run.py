@@ -277,10 +277,19 @@ async def _measure(fleet: Fleet, window: tuple[float, float], into: dict[str, An
 
 def expected(fleet: Fleet, records_per_shard_s: float) -> Cost:
     """What the README's formula says the fleet as it is now asks for, its shards' records arriving at
-    ``records_per_shard_s`` each (the producer's keys fall on shards at random)."""
+    ``records_per_shard_s`` each (the producer's keys fall on shards at random), its rows the size
+    they are here."""
     shards = len(fleet.stream.open_shards())
     busy = busy_shards(shards, records_per_shard_s, fleet.settings.checkpoint.interval_s)
-    return steady_state(fleet.settings, workers=len(fleet.live()), shards=len(fleet.stream.shards), busy=busy)
+    lease_row_b, heartbeat_row_b = fleet.row_sizes_b()
+    return steady_state(
+        fleet.settings,
+        workers=len(fleet.live()),
+        shards=len(fleet.stream.shards),
+        busy=busy,
+        lease_row_b=lease_row_b,
+        heartbeat_row_b=heartbeat_row_b,
+    )
 
 
 #: The figures of :func:`usage_rates` whose largest value over the seconds of a window it gives as well.
