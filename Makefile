@@ -77,6 +77,7 @@ chaos: install
 	EFO_CHAOS_SIZE=full EFO_CHAOS_ITERATIONS=$(EFO_CHAOS_ITERATIONS) EFO_CHAOS_TABLE=docs/chaos.md \
 		$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 	EFO_LONG_TESTS=1 $(BIN)/python -m pytest tests -m long $(PYTEST_ARGS)
+	EFO_HYPOTHESIS=explore $(BIN)/python -m pytest tests/unit -m "not long" $(PYTEST_ARGS)
 	$(BIN)/python bench/sim_seeds.py --count $(EFO_SIM_SEEDS) --first $(EFO_SIM_FIRST_SEED) --out docs/simulation.md
 
 lint: install

@@ -146,10 +146,12 @@ def plan_by_owner(
     shed_for_short: bool = True,
     barred: AbstractSet[str] = frozenset(),
     leaving: AbstractSet[str] = frozenset(),
+    first_of: AbstractSet[str] = frozenset(),
 ) -> Plan:
     """:func:`plan` of the readable leases grouped by owner (owner, None for nobody -> shard -> lease,
     as :func:`by_owner` groups them or :class:`efo.leases.readable.ReadableLeases` keeps them): what it
-    costs grows with the free leases and this worker's, not with every lease."""
+    costs grows with the free leases and this worker's, not with every lease. ``first_of``: free
+    leases to claim before the others (efo.worker.decision's lag: the dead workers')."""
     alive = set(live) | {me}
     workers = sorted((alive - set(leaving)) | {me})
     count, width = sum(len(leases) for leases in readable.values()), len(workers)
@@ -183,7 +185,7 @@ def plan_by_owner(
     # list (its rank's share of the way along), so that workers claiming at once do not all race
     # for the same leases.
     first = sorted(
-        (lease for lease in free if lease.wanted_by == me or lease.shard_id in stranded),
+        (lease for lease in free if lease.wanted_by == me or lease.shard_id in stranded or lease.shard_id in first_of),
         key=lambda lease: (lease.wanted_by != me, lease.shard_id),
     )
     taken_first = {lease.shard_id for lease in first}

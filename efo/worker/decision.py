@@ -140,7 +140,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
         lags[worker] = lag
     lagging = {worker for worker, lag in lags.items() if lag.lags}
 
-    def planned(leaving: AbstractSet[str]) -> balance.Plan:
+    def planned(leaving: AbstractSet[str], first_of: AbstractSet[str] = frozenset()) -> balance.Plan:
         return balance.plan_by_owner(
             seen.me,
             seen.readable,
@@ -159,14 +159,18 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
             shed_for_short=now >= memory.quiet_until,
             barred=declined_by.keys(),
             leaving=leaving,
+            first_of=first_of,
         )
 
     plan = planned(seen.leaving)
+    short_workers = plan.short_workers
     if lagging:
         # The shares without the workers that lag: only the dead workers' leases are claimed beyond
         # the plan (what else is free is theirs to claim still), never more than those shares would
-        # claim (their ceiling, room and limit), and only what they would shed too is shed.
-        wider = planned(seen.leaving | lagging)
+        # claim (their ceiling, room and limit), and only what they would shed too is shed. Those
+        # shares claim the dead workers' first: another free lease before them would take their place.
+        wider = planned(seen.leaving | lagging, first_of=dead_free)
+        short_workers |= wider.short_workers  # the share a lagging one no longer counts goes to the next
         claimed = {lease.shard_id for lease in plan.claim}
         extra = [lease for lease in wider.claim if lease.shard_id in dead_free and lease.shard_id not in claimed]
         extra = extra[: max(0, len(wider.claim) - len(plan.claim))]
@@ -178,7 +182,7 @@ def decide(seen: Seen, memory: Memory, now: float) -> tuple[balance.Plan, Memory
             spare=[lease for lease in plan.spare if lease.shard_id not in taken],
         )
     if dead_free and not seen.several_streams:  # one that holds none may be new, or back from doubt
-        for worker in plan.short_workers - lags.keys():
+        for worker in short_workers - lags.keys():
             if holding(worker):
                 lags[worker] = Lag(now, holding(worker), dead_free)
     quiet_until = memory.quiet_until

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 import pytest
-from hypothesis import given, settings, target
+from hypothesis import example, given, settings, target
 from hypothesis import strategies as st
 
 from efo.leases import balance
@@ -45,10 +46,10 @@ class Fleet:
         self.offsets = offsets
         self.memory = {worker: Memory() for worker in views}
         self.now = 0.0
-        self.shed: set[str] = set()  # in the last cycle: free at its end, for the next to claim
+        self.shed: dict[str, str] = {}  # in the last cycle, by whom: free at its end, for the next to claim
 
     def cycle(self) -> None:
-        self.shed = set()
+        self.shed = {}
         for worker in sorted(self.views):
             seen = Seen(
                 me=worker,
@@ -65,7 +66,7 @@ class Fleet:
             for shard_id in plan.shed:
                 lease = self.leases[shard_id]
                 self.leases[shard_id] = replace(lease, owner=None, counter=lease.counter + 1)
-                self.shed.add(shard_id)
+                self.shed[shard_id] = worker
         self.now += INTERVAL_S
 
     def unread(self, alive: set[str]) -> list[str]:
@@ -73,7 +74,10 @@ class Fleet:
         return sorted(sid for sid, lease in self.leases.items() if lease.owner not in alive and sid not in self.shed)
 
     def holdings(self, alive: set[str]) -> list[int]:
-        return [sum(1 for lease in self.leases.values() if lease.owner == worker) for worker in sorted(alive)]
+        """What each holds, counting what it handed over in the last cycle (on its way to another)."""
+        held = Counter(lease.owner for lease in self.leases.values())
+        handed = Counter(self.shed.values())
+        return [held[worker] + handed[worker] for worker in sorted(alive)]
 
 
 fleets = st.integers(min_value=1, max_value=8).flatmap(
@@ -110,6 +114,10 @@ def test_workers_that_agree_read_every_shard_after_one_cycle_and_balance_within_
     st.lists(st.integers(min_value=0, max_value=7), min_size=8, max_size=8),
     st.lists(st.integers(min_value=0, max_value=3), min_size=8, max_size=8),
 )
+# Found by hypothesis once the lag claimed the dead worker's lease first: w0, at its ceiling, handed
+# the lease it claimed for w1's lag to a short ghost as the lag ended, and took a stale one at the
+# next cycle; at the end of the first it had room only because of that handover (now counted held).
+@example(fleet=(["w0", "w1"], [None, None, None, None, None, "dead", None]), offsets=[0] * 8, ghosts=[1, 2] + [0] * 6)
 def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stale_cycles(
     fleet: tuple[list[str], list[str | None]], offsets: list[int], ghosts: list[int]
 ) -> None:
@@ -144,6 +152,16 @@ def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stal
     st.integers(min_value=1, max_value=3),
     st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=40),
 )
+# Found by hypothesis in a run of make test: w0 at its share of 3, phantom2 lagging; without it the
+# share is 4, but the one more it would claim was s00 (free, nobody's) before s01 (the dead
+# worker's), and a lag claims only a dead worker's leases: s01 stayed unread for ever.
+@example(acting=1, phantoms=3, owned_by=[0, 1, 0, 0, 0, 3, 3, 4, 4])
+# Found by hypothesis too (and failing before the fix above as well): phantom1 is short only once
+# phantom0 lags, and lags a cycle after that: two phantoms took four cycles, the test allowed three.
+@example(acting=1, phantoms=2, owned_by=[1, 1, 4, 0, 0])
+# And: phantom2 held its share as four count shares, below it as two do once the other two lag, and
+# was never found short (only the four's shortfalls were looked at): s03 stayed free for ever.
+@example(acting=1, phantoms=3, owned_by=[1, 1, 1, 1, 5, 0, 0])
 def test_a_dead_workers_leases_are_read_within_lag_cycles_of_being_free_whoever_else_is_counted_alive(
     acting: int, phantoms: int, owned_by: list[int]
 ) -> None:
@@ -158,7 +176,7 @@ def test_a_dead_workers_leases_are_read_within_lag_cycles_of_being_free_whoever_
     leases = {f"s{i:02d}": owners[n % len(owners)] for i, n in enumerate(owned_by)}
     leases |= {f"p{i}": ghost for i, ghost in enumerate(ghosts)}  # each read a shard (a new worker holds none)
     fleet_ = Fleet(leases, {w: set(workers) | set(ghosts) for w in workers}, {})
-    for _ in range(phantoms * LAG_CYCLES + 1):
+    for _ in range(phantoms * (LAG_CYCLES + 1)):  # each found short a cycle after the one before lags
         fleet_.cycle()
     assert [sid for sid, lease in fleet_.leases.items() if lease.owner == "dead"] == []
 
