@@ -185,16 +185,22 @@ def plan_by_owner(
     # list (its rank's share of the way along), so that workers claiming at once do not all race
     # for the same leases.
     first = sorted(
-        (lease for lease in free if lease.wanted_by == me or lease.shard_id in stranded or lease.shard_id in first_of),
+        (lease for lease in free if lease.wanted_by == me or lease.shard_id in stranded),
         key=lambda lease: (lease.wanted_by != me, lease.shard_id),
     )
     taken_first = {lease.shard_id for lease in first}
+    preferred = sorted(
+        (lease for lease in free if lease.shard_id in first_of and lease.shard_id not in taken_first),
+        key=lambda lease: lease.shard_id,
+    )
+    taken_first |= {lease.shard_id for lease in preferred}
     rest = sorted((lease for lease in free if lease.shard_id not in taken_first), key=lambda lease: lease.shard_id)
-    # Each worker's slice of the free leases starts after what the workers before it in name order
-    # are missing: workers that read the same table claim disjoint leases in the same cycle.
+    # Each worker's slice of the free leases (of the preferred ones, then of the rest) starts after
+    # what the workers before it in name order are missing: workers that read the same table claim
+    # disjoint leases in the same cycle.
     short_of = [max(0, share(worker) - load[worker]) for worker in workers]
-    start = sum(short_of[: workers.index(me)]) % len(rest) if rest else 0
-    free = first + rest[start:] + rest[:start]
+    before_me = sum(short_of[: workers.index(me)])
+    free = first + _from(preferred, before_me) + _from(rest, before_me)
     missing = sum(short_of)
     most = min(ceiling, max_leases) if max_leases is not None else ceiling
     if room is not None:
@@ -264,6 +270,12 @@ def plan_by_owner(
         spare=[s for s in spare if s.shard_id not in taken],
         short_workers=frozenset(worker for worker, gap in zip(workers, short_of, strict=True) if gap and worker != me),
     )
+
+
+def _from(leases: list[Lease], at: int) -> list[Lease]:
+    """``leases`` from the ``at``-th on, around."""
+    start = at % len(leases) if leases else 0
+    return leases[start:] + leases[:start]
 
 
 def by_owner(leases: Iterable[Lease]) -> dict[str | None, dict[str, Lease]]:

@@ -182,11 +182,13 @@ class KeyPeak:
     write_units_per_s: float  # the changes' writes and marks, one worker's each cycle, and its checkpoints
 
 
-def during_changes(settings: Settings, *, workers: int, shards: int, behind: float = BEHIND_ON_AWS) -> KeyPeak:
+def during_changes(
+    settings: Settings, *, workers: int, shards: int, behind: float = BEHIND_ON_AWS, lease_row_b: int = LEASE_ROW_B
+) -> KeyPeak:
     """One lease partition changed by one worker at every cycle: that worker reads it again strongly,
     every other eventually consistent, ``1 + behind`` times (efo.leases.cache)."""
     rows = largest_partition(shards)
-    units = partition_units(rows)
+    units = partition_units(rows, lease_row_b)
     per_cycle = units + (workers - 1) * (1 + behind) * 0.5 * units
     interval_s = settings.lease.sync_interval_s
     return KeyPeak(

@@ -272,6 +272,7 @@ async def _measure(fleet: Fleet, window: tuple[float, float], into: dict[str, An
     into["peak_second"] = peaks
     into["list_shards_per_min"] = round(60 * (fleet.stream.list_calls - lists) / (end_s - start_s), 2)
     into["workers"] = len(fleet.live())
+    into["row_sizes_b"] = dict(zip(("lease", "heartbeat"), fleet.row_sizes_b(), strict=True))
     into["formula"] = expected(fleet, fleet.config.records_per_shard_s).to_json()
 
 

@@ -13,7 +13,8 @@ this adds what spans cycles:
   :data:`ASK_AFTER_CYCLES` cycles (time for the others to shed on their own; a lease it asked for
   and claimed does not start that count again), and not the workers that declined a request of its
   own lately (``declined_by``): meanwhile only a worker above its share (what was shed is on its way);
-- a live worker that holds leases, below its share, that :data:`LAG_CYCLES` on holds no more while
+- a live worker that holds leases, below its share (or below it in the shares without the workers
+  that lag already: one after another), that :data:`LAG_CYCLES` on holds no more while
   a dead worker's lease free then is free still (it claims nothing: it died too and is not found
   yet, or its claims fail) **lags**: this worker claims the dead workers' leases as the shares
   would be without it (no more than those shares would claim; nothing else beyond its own share;
@@ -96,7 +97,8 @@ class Memory:
 
 @dataclass(frozen=True, slots=True)
 class Lag:
-    """A worker first seen below its share at ``since`` (on this worker's clock), holding ``held``,
+    """A worker first seen below its share (or below it in the shares without those that lag) at
+    ``since`` (on this worker's clock), holding ``held``,
     while the dead workers' leases ``free`` were free: it lags (``lags``) if :data:`LAG_CYCLES` on it
     holds no more and one of them is free still."""
 

@@ -168,8 +168,8 @@ class Liveness:
     async def run(self, before_beat: Callable[[], None] = lambda: None) -> None:
         """A heartbeat every ``heartbeat_interval_s`` until cancelled, on a fixed schedule: the next
         goes out on time while the last is still under way (at most as many as fit in the validity).
-        One asked for at once (the doubt begins, or a recovery's) is one more, off the schedule, as
-        soon as one under way leaves room for it.
+        One asked for at once (the doubt begins, or a recovery's) goes out off the schedule as soon as
+        one under way leaves room for it (a beat the schedule sends meanwhile finds no room).
         ``before_beat`` runs before each (the coordinator's: has a batch stalled in the sink); what it
         raises ends the run. Given here, not to the constructor: the checkpointer that answers it is
         built after this part, with this part as its :class:`LeaseTrust`."""

@@ -93,7 +93,7 @@ def test_while_leases_change_no_lease_partition_is_read_more_than_once_strongly_
     assert window is not None
     peak = window["peak_second"]
     settings = worker_settings(FleetConfig(), "arn:sim")
-    strong = cost.partition_units(cost.largest_partition(shards))
+    strong = cost.partition_units(cost.largest_partition(shards), window["row_sizes_b"]["lease"])
     at_scale = cost.during_changes(settings, workers=256, shards=16_384)
     bound = cost.during_changes(settings, workers=256, shards=16_384, behind=cost.BEHIND_AT_MOST)
     record_property(

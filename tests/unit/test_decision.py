@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections import Counter
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
@@ -115,8 +116,9 @@ def test_workers_that_agree_read_every_shard_after_one_cycle_and_balance_within_
     st.lists(st.integers(min_value=0, max_value=3), min_size=8, max_size=8),
 )
 # Found by hypothesis once the lag claimed the dead worker's lease first: w0, at its ceiling, handed
-# the lease it claimed for w1's lag to a short ghost as the lag ended, and took a stale one at the
-# next cycle; at the end of the first it had room only because of that handover (now counted held).
+# the lease it claimed for w1's lag to a worker it counts short (a ghost, here) as the lag ended, as
+# a lag's extras are given back, and took a stale one at the next cycle: at the end of the first it
+# had room only because of that handover, which is now counted as held (on its way to another).
 @example(fleet=(["w0", "w1"], [None, None, None, None, None, "dead", None]), offsets=[0] * 8, ghosts=[1, 2] + [0] * 6)
 def test_workers_that_disagree_on_the_shares_leave_no_shard_unread_past_the_stale_cycles(
     fleet: tuple[list[str], list[str | None]], offsets: list[int], ghosts: list[int]
@@ -727,3 +729,45 @@ def test_a_declined_asker_asks_the_decliner_again_only_once_its_bar_is_over(setu
         again = [ask.at for ask in fleet.asks if ask.asker == asker and ask.owner == decliner and ask.at > seen_at]
         assert min(again, default=math.inf) >= seen_at + FAILOVER_S, (asker, decliner, seen_at, again)
     assert all(ask.above_share for ask in fleet.asks if ask.barred), fleet.asks
+
+
+def _at_once(survivors: list[str], per: int, lagger_held: int, dead: int) -> tuple[int | None, set[str]]:
+    """Survivors whose cycles fall in the same second: each decides from one read of the table, and
+    their claims land in a random order, each only on the lease as read. ``per`` leases each; a
+    worker that died too and is not found yet ("lag") holds ``lagger_held``; the dead one found holds
+    ``dead``. The cycles until every lease is held, and the survivors ever judged to lag."""
+    owners = [*(w for w in survivors for _ in range(per)), *["lag"] * lagger_held, *["dead"] * dead]
+    leases = _leases({f"s{n:03d}": owner for n, owner in enumerate(owners)})
+    memory = {w: Memory() for w in survivors}
+    order, judged = list(survivors), set()
+    rng = random.Random(0)
+    for cycle in range(12):
+        readable = by_owner(leases.values())
+        plans = {}
+        for w in survivors:
+            seen = Seen(me=w, readable=readable, live={*survivors, "lag"}, interval_s=INTERVAL_S)
+            plans[w], memory[w] = decide(seen, memory[w], float(cycle))
+            judged |= {other for other, lag in memory[w].lags.items() if lag.lags and other != "lag"}
+        rng.shuffle(order)
+        for w in order:
+            for lease in plans[w].claim:
+                if leases[lease.shard_id] == lease:
+                    leases[lease.shard_id] = replace(lease, owner=w, counter=lease.counter + 1)
+        if all(lease.owner not in ("dead", None) for lease in leases.values()):
+            return cycle + 1, judged
+    return None, judged
+
+
+@pytest.mark.parametrize(("survivors", "per", "lagger_held", "dead"), [(6, 5, 2, 3), (3, 4, 1, 3), (8, 8, 3, 5)])
+def test_survivors_claiming_at_once_take_a_dead_workers_leases_without_judging_each_other_to_lag(
+    survivors: int, per: int, lagger_held: int, dead: int
+) -> None:
+    """Found in review of be13c4f: the shares without a lagging worker put the dead workers' leases
+    first in shard-id order for every survivor, undoing the rotation that keeps workers claiming at
+    once off the same leases: five of six claimed s032, the losers were short a cycle later with a
+    dead lease free, and were judged to lag (for failover_s, holding back every shed; 11 moves
+    instead of 5). The dead workers' leases come first, each survivor from its own place in them."""
+    workers = [f"w{i}" for i in range(survivors)]
+    cycles, judged = _at_once(workers, per, lagger_held, dead)
+    assert judged == set()
+    assert cycles == 2, cycles  # the lag found, then its leases claimed

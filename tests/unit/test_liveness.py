@@ -238,7 +238,7 @@ def test_a_heartbeat_asked_for_at_once_while_the_most_are_under_way_goes_out_whe
     run(scenario())
     in_doubt = [round(at, 3) for at, doubt in sent if doubt]
     assert in_doubt[0] == 9.9, sent  # the one sent at 2 s ended: in doubt since 9.5
-    assert in_doubt[1:] == [12.0, 14.0], "the schedule goes on as it was"
+    assert in_doubt[1:] == [12.0, 14.0], "then the schedule's, on its slots (the one due at 10 had no room)"
 
 
 def test_a_heartbeat_written_in_doubt_says_so(parts: tuple[Liveness, Writer, list[str]]) -> None:
