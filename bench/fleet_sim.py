@@ -208,6 +208,8 @@ def add_models(cases: list[dict[str, Any]]) -> None:
                 window["models"] = models
                 window["ratio_2x"] = cost / models["2.x"]["cost_per_s"]
                 window["ratio_3x"] = cost / models["3.x"]["cost_per_s"]
+                if "steady_state" in window:  # the formula at steady state, production's row sizes
+                    window["ratio_3x_steady"] = window["steady_state"]["cost_per_s"] / models["3.x"]["cost_per_s"]
 
 
 def compare(cases: list[dict[str, Any]], against: dict[str, Any]) -> dict[str, Any] | None:

@@ -623,11 +623,17 @@ def _simulated_size_goals(case: dict[str, Any], size: tuple[int, int], failover_
         worst = max(busy["ratio_3x"], idle["ratio_3x"])
         cost = max(busy["cost_per_s"], idle["cost_per_s"])
         model = busy["models"]["3.x"]["cost_per_s"]
+        measured = f"{worst:.3f} ({cost:,.1f} vs {model:,.1f} read units/s)"
+        # The windows come before any worker's first safety-net read: judged by the formula at steady
+        # state (production's row sizes) as well, whichever is higher.
+        steady = [w["ratio_3x_steady"] for w in (busy, idle) if "ratio_3x_steady" in w]
+        if steady:
+            at_steady = max(busy["steady_state"]["cost_per_s"], idle["steady_state"]["cost_per_s"])
+            measured += f"; at steady state by the formula {max(steady):.3f} ({at_steady:,.1f})"
+            worst = max(worst, *steady)
         verdicts.append(
             Verdict(
-                f"{name}: lease-plane cost <= 1/10 of the KCL 3.x model's (write = 5 reads)",
-                f"{worst:.3f} ({cost:,.1f} vs {model:,.1f} read units/s)",
-                worst <= 0.1,
+                f"{name}: lease-plane cost <= 1/10 of the KCL 3.x model's (write = 5 reads)", measured, worst <= 0.1
             )
         )
         reads = max(busy["busiest_key_read_units_per_s"], idle["busiest_key_read_units_per_s"])

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import structlog
 
 from efo import gc_tuning
-from efo.leases.cost import WRITE_PRICE, Cost, busy_shards, steady_state
+from efo.leases.cost import HEARTBEAT_ROW_B, LEASE_ROW_B, WRITE_PRICE, Cost, busy_shards, steady_state
 from efo.sim import faults
 from efo.sim.fleet import Fleet, FleetConfig
 from efo.sim.invariants import Oracle, Trace, Violation
@@ -276,13 +276,13 @@ async def _measure(fleet: Fleet, window: tuple[float, float], into: dict[str, An
     into["formula"] = expected(fleet, fleet.config.records_per_shard_s).to_json()
 
 
-def expected(fleet: Fleet, records_per_shard_s: float) -> Cost:
+def expected(fleet: Fleet, records_per_shard_s: float, *, rows_here: bool = True) -> Cost:
     """What the README's formula says the fleet as it is now asks for, its shards' records arriving at
     ``records_per_shard_s`` each (the producer's keys fall on shards at random), its rows the size
-    they are here."""
+    they are here (``rows_here``) or the size a production worker's are (longer names)."""
     shards = len(fleet.stream.open_shards())
     busy = busy_shards(shards, records_per_shard_s, fleet.settings.checkpoint.interval_s)
-    lease_row_b, heartbeat_row_b = fleet.row_sizes_b()
+    lease_row_b, heartbeat_row_b = fleet.row_sizes_b() if rows_here else (LEASE_ROW_B, HEARTBEAT_ROW_B)
     return steady_state(
         fleet.settings,
         workers=len(fleet.live()),
