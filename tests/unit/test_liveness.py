@@ -36,6 +36,15 @@ class Writer:
         return True
 
 
+async def _run_for(liveness: Liveness, seconds: float) -> None:
+    """The heartbeat loop for ``seconds`` of virtual time, then stopped (as a worker's end does)."""
+    task = asyncio.ensure_future(liveness.run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    liveness.close()
+
+
 @pytest.fixture
 def parts() -> tuple[Liveness, Writer, list[str]]:
     writer, events = Writer(), []
@@ -156,11 +165,7 @@ def test_heartbeats_go_out_on_schedule_so_a_slow_dynamodb_below_the_validity_kee
     async def scenario() -> None:
         await liveness.beat()
         writer.latency_s = 5.0
-        task = asyncio.ensure_future(liveness.run())
-        await asyncio.sleep(60.0)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        liveness.close()
+        await _run_for(liveness, 60.0)
 
     run(scenario())
     assert events == [], "the leases went into doubt"
@@ -186,11 +191,7 @@ def test_a_worker_whose_trust_lapses_between_two_heartbeats_says_so_at_once() ->
     async def scenario() -> None:
         assert await liveness.beat()  # at 0: trusted until 7
         writer.latency_s = 5.5
-        task = asyncio.ensure_future(liveness.run())
-        await asyncio.sleep(20.0)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        liveness.close()
+        await _run_for(liveness, 20.0)
 
     run(scenario())
     assert events[0] == "expired", events
@@ -250,11 +251,7 @@ def test_a_heartbeat_written_in_doubt_says_so(parts: tuple[Liveness, Writer, lis
     async def scenario() -> None:
         await liveness.beat()
         writer.latency_s = 9.0  # past the validity of 8 s: each one lands, too late to count
-        task = asyncio.ensure_future(liveness.run())
-        await asyncio.sleep(40.0)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        liveness.close()
+        await _run_for(liveness, 40.0)
 
     run(scenario())
     assert events == ["expired"]
